@@ -1,0 +1,1 @@
+"""grpo-service HTTP API: FastAPI routes, job rules, persistence. Never imports torch."""

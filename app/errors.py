@@ -1,0 +1,60 @@
+"""Domain errors carry their HTTP status; `app.error_handlers` renders every one the same way:
+{"error": {"type": ..., "message": ..., "param": ...}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+    def __init__(
+        self, message: str, *, param: str | None = None, details: list[Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.details = details
+
+
+class InvalidRequest(ApiError):
+    status_code = 422
+
+
+class Unauthorized(ApiError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class NotFound(ApiError):
+    status_code = 404
+    error_type = "not_found"
+
+
+class Conflict(ApiError):
+    status_code = 409
+    error_type = "conflict"
+
+
+class IdempotencyKeyReused(ApiError):
+    status_code = 422
+    error_type = "idempotency_key_reused"
+
+
+class PayloadTooLarge(ApiError):
+    status_code = 413
+    error_type = "payload_too_large"
+
+
+class ServiceUnavailable(ApiError):
+    status_code = 503
+    error_type = "service_unavailable"
+
+
+class IllegalTransition(ApiError):
+    """A job status change the state machine does not allow (or lost a race)."""
+
+    status_code = 409
+    error_type = "invalid_state"

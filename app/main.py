@@ -1,0 +1,30 @@
+"""The FastAPI application factory. `app.main:create_app` is what uvicorn serves."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from app import error_handlers
+from app.limits import BodySizeLimit
+from app.queue import Dispatcher
+from app.routes import files, health, jobs
+from app.settings import Settings, build_settings
+from app.state import build_state
+
+API_DESCRIPTION = """\
+GRPO fine-tuning as a service. Submit a job spec (model, prompts, graders, GRPO settings),
+then follow its status, events and metrics. Every request needs `Authorization: Bearer <key>`.
+Errors always look like `{"error": {"type", "message", "param"}}`.
+"""
+
+
+def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None = None) -> FastAPI:
+    settings = settings or build_settings()
+    app = FastAPI(title="grpo-service", version="0.1.0", description=API_DESCRIPTION)
+    app.state.grpo = build_state(settings, dispatcher)
+    error_handlers.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(files.router)
+    return app

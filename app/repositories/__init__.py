@@ -1,0 +1,1 @@
+"""Queries, one module per aggregate. No business rules and no commits here."""

@@ -1,0 +1,19 @@
+"""Job event queries (the audit log of a job)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.models import JobEvent
+
+
+def list_after(
+    session: Session, job_id: str, *, after: int | None, limit: int
+) -> tuple[list[JobEvent], bool]:
+    """Oldest first, strictly after the event id `after`."""
+    query = select(JobEvent).where(JobEvent.job_id == job_id)
+    if after is not None:
+        query = query.where(JobEvent.id > after)
+    rows = list(session.scalars(query.order_by(JobEvent.id).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit

@@ -1,0 +1,20 @@
+"""Projects and API keys."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.models import ApiKey, Project
+
+
+def find_key_by_prefix(session: Session, prefix: str) -> ApiKey | None:
+    return session.scalars(select(ApiKey).where(ApiKey.prefix == prefix)).one_or_none()
+
+
+def find_project_by_name(session: Session, name: str) -> Project | None:
+    return session.scalars(select(Project).where(Project.name == name)).one_or_none()
+
+
+def count_keys(session: Session) -> int:
+    return int(session.scalar(select(func.count()).select_from(ApiKey)) or 0)

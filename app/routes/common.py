@@ -1,0 +1,17 @@
+"""Error responses documented on every route, so the published schema matches what we send."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.schemas import ErrorResponse
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorResponse, "description": "Missing or invalid API key."},
+    404: {"model": ErrorResponse, "description": "No such object in this project."},
+    413: {"model": ErrorResponse, "description": "Request body too large."},
+    422: {"model": ErrorResponse, "description": "Invalid request; `param` names the field."},
+    503: {"model": ErrorResponse, "description": "Database unavailable."},
+}
+
+CONFLICT: dict[str, Any] = {"model": ErrorResponse, "description": "Conflict."}

@@ -1,0 +1,40 @@
+"""/v1/files: upload a JSONL dataset once, reference it from many jobs by id."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, Path, UploadFile
+
+from app.deps import PrincipalDep, SessionDep
+from app.routes.common import ERRORS
+from app.schemas import FileOut
+from app.services import files as files_service
+
+router = APIRouter(prefix="/v1/files", tags=["files"], responses=ERRORS)
+
+
+def _out(row: object) -> FileOut:
+    return FileOut.model_validate(row, from_attributes=True)
+
+
+@router.post("", status_code=201, response_model=FileOut, summary="Upload a JSONL dataset")
+def upload_file(
+    principal: PrincipalDep,
+    session: SessionDep,
+    file: Annotated[UploadFile, File(description='JSONL: one {"prompt", "answer"} per line.')],
+    purpose: Annotated[Literal["train"], Form()] = "train",
+) -> FileOut:
+    content = file.file.read()
+    row = files_service.create_file(
+        session, principal.project_id, file.filename or "upload.jsonl", purpose, content
+    )
+    session.commit()
+    return _out(row)
+
+
+@router.get("/{file_id}", response_model=FileOut, summary="Get a file's metadata")
+def get_file(
+    file_id: Annotated[str, Path(max_length=64)], principal: PrincipalDep, session: SessionDep
+) -> FileOut:
+    return _out(files_service.get_file(session, principal.project_id, file_id))

@@ -1,0 +1,106 @@
+"""Response bodies of the HTTP API (requests are the job spec itself, trainer.config.JobSpec)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class ErrorBody(BaseModel):
+    type: str = Field(description="Machine-readable error class.")
+    message: str = Field(description="What went wrong, for people.")
+    param: str | None = Field(default=None, description="Path of the offending field, if any.")
+    details: list[Any] | None = Field(default=None, description="Every problem found, if several.")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class JobError(BaseModel):
+    code: str
+    message: str | None
+
+
+class JobProgress(BaseModel):
+    step: int = Field(description="Last completed step.")
+    total_steps: int
+    last_metrics: dict[str, float] | None = None
+    heartbeat_age_s: float | None = Field(
+        default=None, description="Seconds since the worker last reported; null when not running."
+    )
+    eta_s: float | None = Field(default=None, description="Estimated seconds to finish.")
+
+
+class JobOut(BaseModel):
+    object: Literal["job"] = "job"
+    id: str
+    name: str | None
+    status: str
+    model: str
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempt: int
+    max_attempts: int
+    error: JobError | None
+    progress: JobProgress
+    metadata: dict[str, str]
+    spec: dict[str, Any] = Field(description="The resolved job spec, every default filled in.")
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobOut]
+    has_more: bool
+    next_after: str | None = Field(description="Pass as `after` to get the next page.")
+
+
+class EventOut(BaseModel):
+    object: Literal["job.event"] = "job.event"
+    id: int
+    job_id: str
+    attempt: int
+    type: str
+    level: str
+    message: str
+    data: dict[str, Any] | None
+    created_at: datetime
+
+
+class EventList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EventOut]
+    has_more: bool
+    next_after: int | None
+
+
+class ValidationResult(BaseModel):
+    object: Literal["job.validation"] = "job.validation"
+    valid: Literal[True] = True
+    spec: dict[str, Any] = Field(description="The resolved spec with every default filled in.")
+    warnings: list[str]
+    dataset_rows: int | None = Field(description="Rows the dataset resolves to, when known.")
+
+
+class FileOut(BaseModel):
+    object: Literal["file"] = "file"
+    id: str
+    filename: str
+    purpose: str
+    bytes: int
+    row_count: int
+    created_at: datetime
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    status: Literal["ok", "unavailable"]
+    database: str
+    broker: str

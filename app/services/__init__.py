@@ -1,0 +1,1 @@
+"""Business rules of the API: what may happen to jobs, keys and files."""

@@ -1,0 +1,193 @@
+"""The job state machine: the only code that assigns `jobs.status`.
+
+    queued -> running -> succeeded | failed | cancelled
+    running -> cancelling (cancel asked) -> cancelled
+    running | cancelling -> queued (lease released: worker lost or shut down; attempt kept)
+
+Every change is a compare-and-set `UPDATE ... WHERE status = :seen [AND attempt = :attempt]` plus
+an event row in the same transaction, so concurrent finishers, cancellers and reapers can never
+both win, and a worker that lost its lease (stale attempt) changes nothing.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import ColumnElement, select, update
+from sqlalchemy.orm import Session
+
+from app.clock import utcnow
+from app.errors import IllegalTransition, NotFound
+from app.models import Job, JobEvent
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+ACTIVE = frozenset({JobStatus.RUNNING, JobStatus.CANCELLING})
+
+ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED, JobStatus.FAILED}),
+    JobStatus.RUNNING: frozenset(
+        {
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.CANCELLING,
+            JobStatus.CANCELLED,
+            JobStatus.QUEUED,
+        }
+    ),
+    JobStatus.CANCELLING: frozenset(
+        {JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.SUCCEEDED}
+    ),
+    JobStatus.SUCCEEDED: frozenset(),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
+}
+
+# Timestamps stamped when a job enters a state.
+_ENTRY_STAMPS: dict[JobStatus, str] = {
+    JobStatus.SUCCEEDED: "finished_at",
+    JobStatus.FAILED: "finished_at",
+    JobStatus.CANCELLED: "finished_at",
+    JobStatus.CANCELLING: "cancel_requested_at",
+}
+
+
+def is_allowed(source: JobStatus | str, target: JobStatus | str) -> bool:
+    return JobStatus(target) in ALLOWED[JobStatus(source)]
+
+
+def add_event(
+    session: Session,
+    job_id: str,
+    event_type: str,
+    message: str,
+    *,
+    attempt: int = 0,
+    level: str = "info",
+    data: dict[str, Any] | None = None,
+) -> JobEvent:
+    event = JobEvent(
+        job_id=job_id,
+        attempt=attempt,
+        type=event_type,
+        level=level,
+        message=message,
+        data=data,
+        created_at=utcnow(),
+    )
+    session.add(event)
+    session.flush()
+    return event
+
+
+def record_created(session: Session, job: Job) -> None:
+    """Insert a new job in `queued` with its `created` event."""
+    job.status = JobStatus.QUEUED
+    session.add(job)
+    session.flush()
+    add_event(session, job.id, "created", "job created", data={"status": JobStatus.QUEUED.value})
+
+
+def transition(
+    session: Session,
+    job_id: str,
+    target: JobStatus,
+    *,
+    attempt: int | None = None,
+    message: str | None = None,
+    error_code: str | None = None,
+    values: dict[str, Any] | None = None,
+    level: str = "info",
+    only_if: list[ColumnElement[bool]] | None = None,
+) -> JobStatus:
+    """Move a job to `target`; return the status it left.
+
+    `attempt`, when given, fences the write: a worker whose lease was taken over (the job's
+    attempt moved on) gets IllegalTransition and changes nothing.
+    Raises NotFound for an unknown job and IllegalTransition for a change the state machine
+    does not allow from the job's current status. `only_if` adds conditions to the
+    compare-and-set (the reaper uses it to re-check that the heartbeat is still stale).
+    """
+    row = session.execute(select(Job.status, Job.attempt).where(Job.id == job_id)).one_or_none()
+    if row is None:
+        raise NotFound(f"job {job_id} not found", param="job_id")
+    source = JobStatus(row.status)
+    if attempt is not None and row.attempt != attempt:
+        raise IllegalTransition(
+            f"job {job_id} attempt {attempt} no longer holds the lease (attempt is {row.attempt})"
+        )
+    if not is_allowed(source, target):
+        raise IllegalTransition(f"job {job_id} cannot go from {source} to {target}")
+    now = utcnow()
+    changes: dict[str, Any] = {"status": target.value, "updated_at": now, **(values or {})}
+    stamp = _ENTRY_STAMPS.get(target)
+    if stamp:
+        changes.setdefault(stamp, now)
+    if error_code is not None:
+        changes["error_code"] = error_code
+        changes["error_message"] = message
+    condition = [Job.id == job_id, Job.status == source.value]
+    if attempt is not None:
+        condition.append(Job.attempt == attempt)
+    condition.extend(only_if or [])
+    result = session.execute(
+        update(Job).where(*condition).values(**changes).execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise IllegalTransition(f"job {job_id} changed concurrently; {target} not applied")
+    add_event(
+        session,
+        job_id,
+        "status",
+        message or f"{source} -> {target}",
+        attempt=row.attempt,
+        level="error" if target == JobStatus.FAILED else level,
+        data={"from": source.value, "to": target.value, "error_code": error_code},
+    )
+    return source
+
+
+def claim(session: Session, job_id: str, owner: str) -> int | None:
+    """Take the lease of a queued job: attempt += 1 in one conditional update.
+
+    Returns the new attempt number, or None when the job is not claimable (someone else holds
+    the lease, it was cancelled, it is finished, or it used up its attempts)."""
+    now = utcnow()
+    job = session.get(Job, job_id)
+    if job is None or job.status != JobStatus.QUEUED or job.attempt >= job.max_attempts:
+        return None
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.attempt == job.attempt)
+        .values(
+            status=JobStatus.RUNNING.value,
+            attempt=job.attempt + 1,
+            lease_owner=owner,
+            heartbeat_at=now,
+            updated_at=now,
+            started_at=job.started_at or now,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return None
+    attempt = job.attempt + 1
+    add_event(
+        session,
+        job_id,
+        "status",
+        f"queued -> running (attempt {attempt} on {owner})",
+        attempt=attempt,
+        data={"from": "queued", "to": "running", "owner": owner},
+    )
+    return attempt

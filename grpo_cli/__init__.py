@@ -1,0 +1,1 @@
+"""The `grpo` command line: serve, worker, db, keys, train."""

@@ -1,0 +1,3 @@
+from grpo_cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""`grpo` entry point. Subcommands import what they need lazily, so `grpo keys create` never
+loads torch and `grpo train` never loads the web stack."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grpo", description="GRPO fine-tuning service.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="Run the API (and an embedded worker).")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--no-worker", action="store_true", help="Do not start an embedded worker process."
+    )
+
+    worker = sub.add_parser("worker", help="Run a worker that trains queued jobs.")
+    worker.add_argument("--loglevel", default="INFO")
+
+    db = sub.add_parser("db", help="Database migrations.")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    db_sub.add_parser("upgrade", help="Migrate to the latest schema.")
+    down = db_sub.add_parser("downgrade", help="Migrate down to a revision.")
+    down.add_argument("revision", help="Target revision, e.g. -1 or base.")
+
+    keys = sub.add_parser("keys", help="API keys.")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="Create a key (printed once).")
+    create.add_argument("--project", default="default", help="Project name (created if new).")
+    create.add_argument("--name", default=None, help="A label for the key.")
+
+    train = sub.add_parser("train", help="Run a recipe locally (no server).", add_help=False)
+    train.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "train":
+        from trainer.cli import main as train_main
+
+        return train_main(argv[1:])
+    args = _parser().parse_args(argv)
+    from app.settings import build_settings
+
+    if args.command == "worker":
+        from worker.main import run_worker
+
+        run_worker(loglevel=args.loglevel)
+        return 0
+    settings = build_settings()
+    if args.command == "serve":
+        from grpo_cli.serve import serve
+
+        return serve(settings, args.host, args.port, embedded_worker=not args.no_worker)
+    if args.command == "db":
+        from grpo_cli import db
+
+        if args.db_command == "upgrade":
+            db.upgrade(settings.resolved_database_url)
+        else:
+            db.downgrade(settings.resolved_database_url, args.revision)
+        return 0
+    if args.command == "keys":
+        from app.db import make_engine, make_session_factory, session_scope
+        from app.services.keys import create_key
+
+        engine = make_engine(settings.resolved_database_url)
+        with session_scope(make_session_factory(engine)) as session:
+            created = create_key(session, args.project, args.name)
+        print(created.plaintext)
+        print(
+            f"(key for project '{created.project_name}'; it is shown only once)", file=sys.stderr
+        )
+        return 0
+    return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

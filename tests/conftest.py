@@ -1,0 +1,131 @@
+"""Shared fixtures: real Postgres + Redis, and the embedded default (SQLite + filesystem broker).
+
+Every test session gets its own Postgres database and Redis queue name, so parallel sessions on
+one machine never see each other's rows or messages. Tests isolate themselves further by
+creating their own project (and key) instead of truncating tables.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from app.db import make_engine, make_session_factory, session_scope
+from app.main import create_app
+from app.services.keys import create_key
+from app.settings import Settings, build_settings
+from grpo_cli import db as migrations
+
+PG_ADMIN = os.environ.get("GRPO_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("GRPO_TEST_REDIS", "redis://127.0.0.1:6379/11")
+BACKENDS = ("postgres", "sqlite")
+
+
+def _pg_url(dbname: str) -> str:
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    return f"{base}/{dbname}".replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def create_pg_database(prefix: str = "grpo_test") -> tuple[str, str]:
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name, _pg_url(name)
+
+
+def drop_pg_database(name: str) -> None:
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    name, url = create_pg_database()
+    migrations.upgrade(url)
+    yield url
+    drop_pg_database(name)
+
+
+@pytest.fixture(scope="session")
+def sqlite_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("embedded")
+    migrations.upgrade(f"sqlite:///{folder / 'grpo.db'}")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def queue_name() -> str:
+    return f"grpo-test-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def settings_for(backend: str, pg_url: str, sqlite_dir: Path, queue_name: str, **extra: object) -> Settings:
+    if backend == "postgres":
+        return build_settings(
+            data_dir=sqlite_dir / "pg-data",
+            database_url=pg_url,
+            broker_url=REDIS_URL,
+            queue_name=queue_name,
+            **extra,
+        )
+    return build_settings(data_dir=sqlite_dir, queue_name=queue_name, **extra)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def settings(backend: str, request: pytest.FixtureRequest, sqlite_dir: Path, queue_name: str) -> Settings:
+    url = request.getfixturevalue("pg_url") if backend == "postgres" else ""
+    return settings_for(backend, url, sqlite_dir, queue_name, max_body_bytes=256 * 1024)
+
+
+@dataclass
+class Api:
+    client: TestClient
+    settings: Settings
+    key: str
+    project_id: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def new_key(self, project: str | None = None) -> tuple[str, str]:
+        return new_project_key(self.settings, project)
+
+
+def new_project_key(settings: Settings, project: str | None = None) -> tuple[str, str]:
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        with session_scope(make_session_factory(engine)) as session:
+            created = create_key(session, project or f"p-{secrets.token_hex(4)}")
+    finally:
+        engine.dispose()
+    return created.plaintext, created.project_id
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator[Api]:
+    key, project_id = new_project_key(settings)
+    with TestClient(create_app(settings)) as client:
+        yield Api(client, settings, key, project_id)
+
+
+def tiny_spec(**grpo: object) -> dict[str, object]:
+    """A small valid job spec (tiny model, generated arithmetic prompts)."""
+    return {
+        "model": "tiny-random-llama",
+        "dataset": {"generator": {"type": "arithmetic", "count": 16}},
+        "graders": [{"type": "numeric_match"}],
+        "grpo": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8, **grpo},
+        "rollout": {"engine": "transformers"},
+    }

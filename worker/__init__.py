@@ -1,0 +1,1 @@
+"""The Celery worker: claims jobs, runs the trainer, reports progress to the database."""

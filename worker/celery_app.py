@@ -1,0 +1,35 @@
+"""The Celery app of the worker, built from settings by `create_celery`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_shutting_down
+
+from app.queue import RUN_JOB_TASK, celery_config
+from worker.context import WorkerContext
+from worker.runner import run_job
+
+log = logging.getLogger(__name__)
+
+
+def create_celery(ctx: WorkerContext) -> Celery:
+    celery = Celery("grpo-worker")
+    celery.conf.update(celery_config(ctx.settings))
+
+    @celery.task(name=RUN_JOB_TASK, acks_late=True, reject_on_worker_lost=True)
+    def run_job_task(job_id: str) -> str:
+        # Thin: ids in, plain function out. All rules live in worker.runner.
+        outcome = run_job(ctx, job_id)
+        log.info("job %s: %s", job_id, outcome)
+        return outcome
+
+    def _on_shutdown(**_: Any) -> None:
+        # Warm shutdown (SIGTERM): the running job checkpoints at its next step boundary and is
+        # handed back to the queue; Celery waits for the task to return before exiting.
+        ctx.shutdown.set()
+
+    worker_shutting_down.connect(_on_shutdown, weak=False)
+    return celery

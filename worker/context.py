@@ -1,0 +1,30 @@
+"""What a worker process holds while it runs: settings, database sessions, the dispatcher, and
+the shutdown flag that SIGTERM sets."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import make_engine, make_session_factory
+from app.queue import CeleryDispatcher, Dispatcher
+from worker.settings import WorkerSettings
+
+
+@dataclass
+class WorkerContext:
+    settings: WorkerSettings
+    sessions: sessionmaker[Session]
+    dispatcher: Dispatcher
+    shutdown: threading.Event = field(default_factory=threading.Event)
+
+
+def build_context(settings: WorkerSettings) -> WorkerContext:
+    engine = make_engine(settings.resolved_database_url)
+    return WorkerContext(
+        settings=settings,
+        sessions=make_session_factory(engine),
+        dispatcher=CeleryDispatcher(settings),
+    )

@@ -1,0 +1,36 @@
+"""Start a worker process: maintenance thread + a Celery worker consuming one job at a time."""
+
+from __future__ import annotations
+
+import logging
+
+from worker.celery_app import create_celery
+from worker.context import build_context
+from worker.maintenance import MaintenanceThread
+from worker.settings import WorkerSettings, build_worker_settings
+
+
+def run_worker(settings: WorkerSettings | None = None, loglevel: str = "INFO") -> None:
+    settings = settings or build_worker_settings()
+    logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx = build_context(settings)
+    celery = create_celery(ctx)
+    maintenance = MaintenanceThread(ctx)
+    maintenance.start()
+    try:
+        # solo pool: the job runs in this process (one job per worker process, no fork of
+        # torch/vLLM state), and SIGTERM reaches our shutdown hook while the task runs.
+        celery.worker_main(
+            [
+                "worker",
+                "--pool=solo",
+                "--concurrency=1",
+                f"--queues={settings.queue_name}",
+                f"--hostname={settings.worker_name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                f"--loglevel={loglevel}",
+            ]
+        )
+    finally:
+        maintenance.stop()

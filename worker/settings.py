@@ -1,0 +1,39 @@
+"""Worker settings: the shared persistence/queue settings plus what only a worker needs."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from app.settings import Settings
+
+
+def _default_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class WorkerSettings(Settings):
+    model_config = SettingsConfigDict(env_prefix="GRPO_", extra="ignore")
+
+    worker_name: str = Field(default_factory=_default_name, description="Lease owner name.")
+    device: str = Field(default="cpu", description="Torch device the trainer uses.")
+    maintenance_seconds: float = Field(
+        default=10.0, gt=0, description="How often the reaper and the re-dispatch sweep run."
+    )
+    sample_groups_per_step: int = Field(
+        default=2, ge=0, le=64, description="Rollout groups per step kept for the samples API."
+    )
+    db_retry_seconds: float = Field(
+        default=90.0,
+        gt=0,
+        description="How long progress writes retry while the database is unreachable.",
+    )
+
+
+def build_worker_settings(**overrides: object) -> WorkerSettings:
+    settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return settings
