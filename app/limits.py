@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 
-
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -64,5 +63,3 @@ class BodySizeLimit:
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"BodySizeLimit(max_bytes={self.max_bytes})"
-
-

@@ -44,7 +44,9 @@ class Settings(BaseSettings):
         gt=0,
         description="A queued job whose message is older than this is sent again.",
     )
-    idempotency_ttl_hours: float = Field(default=24.0, gt=0, description="Idempotency key lifetime.")
+    idempotency_ttl_hours: float = Field(
+        default=24.0, gt=0, description="Idempotency key lifetime."
+    )
     checkpoint_dir: Path | None = Field(
         default=None, description="Where workers write checkpoints; default: data_dir/checkpoints."
     )

@@ -35,7 +35,7 @@ TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
 ACTIVE = frozenset({JobStatus.RUNNING, JobStatus.CANCELLING})
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED, JobStatus.FAILED}),
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),
     JobStatus.RUNNING: frozenset(
         {
             JobStatus.SUCCEEDED,
@@ -45,9 +45,7 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
             JobStatus.QUEUED,
         }
     ),
-    JobStatus.CANCELLING: frozenset(
-        {JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.SUCCEEDED}
-    ),
+    JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.SUCCEEDED}),
     JobStatus.SUCCEEDED: frozenset(),
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELLED: frozenset(),
@@ -122,9 +120,13 @@ def transition(
     if row is None:
         raise NotFound(f"job {job_id} not found", param="job_id")
     source = JobStatus(row.status)
-    if attempt is not None and row.attempt != attempt:
+    if attempt is not None and (row.attempt != attempt or source not in ACTIVE):
+        # A fenced write is valid only while that attempt holds the lease: the job is running
+        # (or cancelling) under the same attempt. A re-queued job keeps its attempt number
+        # until the next claim, so the status check matters as much as the number.
         raise IllegalTransition(
-            f"job {job_id} attempt {attempt} no longer holds the lease (attempt is {row.attempt})"
+            f"job {job_id} attempt {attempt} no longer holds the lease "
+            f"(status {source}, attempt {row.attempt})"
         )
     if not is_allowed(source, target):
         raise IllegalTransition(f"job {job_id} cannot go from {source} to {target}")
@@ -136,7 +138,7 @@ def transition(
     if error_code is not None:
         changes["error_code"] = error_code
         changes["error_message"] = message
-    condition = [Job.id == job_id, Job.status == source.value]
+    condition: list[ColumnElement[bool]] = [Job.id == job_id, Job.status == source.value]
     if attempt is not None:
         condition.append(Job.attempt == attempt)
     condition.extend(only_if or [])

@@ -12,7 +12,9 @@ import migrations
 
 def alembic_config(database_url: str) -> Config:
     folder = Path(migrations.__file__).parent
-    config = Config(str(folder.parent / "alembic.ini") if (folder.parent / "alembic.ini").exists() else None)
+    config = Config(
+        str(folder.parent / "alembic.ini") if (folder.parent / "alembic.ini").exists() else None
+    )
     config.set_main_option("script_location", str(folder))
     config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
     config.attributes["configure_logger"] = False

@@ -73,9 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         with session_scope(make_session_factory(engine)) as session:
             created = create_key(session, args.project, args.name)
         print(created.plaintext)
-        print(
-            f"(key for project '{created.project_name}'; it is shown only once)", file=sys.stderr
-        )
+        print(f"(key for project '{created.project_name}'; it is shown only once)", file=sys.stderr)
         return 0
     return 2  # pragma: no cover - argparse rejects unknown commands
 

@@ -65,7 +65,9 @@ def queue_name() -> str:
     return f"grpo-test-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def settings_for(backend: str, pg_url: str, sqlite_dir: Path, queue_name: str, **extra: object) -> Settings:
+def settings_for(
+    backend: str, pg_url: str, sqlite_dir: Path, queue_name: str, **extra: object
+) -> Settings:
     if backend == "postgres":
         return build_settings(
             data_dir=sqlite_dir / "pg-data",
@@ -83,7 +85,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def settings(backend: str, request: pytest.FixtureRequest, sqlite_dir: Path, queue_name: str) -> Settings:
+def settings(
+    backend: str, request: pytest.FixtureRequest, sqlite_dir: Path, queue_name: str
+) -> Settings:
     url = request.getfixturevalue("pg_url") if backend == "postgres" else ""
     return settings_for(backend, url, sqlite_dir, queue_name, max_body_bytes=256 * 1024)
 

@@ -27,9 +27,7 @@ class LeaseKeeper:
         self.lost = threading.Event()
         self.cancel_requested = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"heartbeat-{job_id}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
 
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()

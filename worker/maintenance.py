@@ -32,26 +32,39 @@ def reap_stale_jobs(ctx: WorkerContext) -> list[str]:
     cutoff = utcnow() - timedelta(seconds=ctx.settings.lease_seconds)
     requeued: list[str] = []
     with session_scope(ctx.sessions) as session:
-        stale = [(j.id, j.attempt, j.max_attempts, j.status) for j in jobs_repo.stale_running(session, cutoff)]
+        stale = [
+            (j.id, j.attempt, j.max_attempts, j.status)
+            for j in jobs_repo.stale_running(session, cutoff)
+        ]
     for job_id, attempt, max_attempts, status in stale:
         still_stale = [Job.heartbeat_at.is_(None) | (Job.heartbeat_at < cutoff)]
         try:
             with session_scope(ctx.sessions) as session:
                 if status == JobStatus.CANCELLING:
                     transitions.transition(
-                        session, job_id, JobStatus.CANCELLED, attempt=attempt,
-                        message="worker lost while cancelling", only_if=still_stale,
+                        session,
+                        job_id,
+                        JobStatus.CANCELLED,
+                        attempt=attempt,
+                        message="worker lost while cancelling",
+                        only_if=still_stale,
                     )
                 elif attempt >= max_attempts:
                     transitions.transition(
-                        session, job_id, JobStatus.FAILED, attempt=attempt,
+                        session,
+                        job_id,
+                        JobStatus.FAILED,
+                        attempt=attempt,
                         error_code="worker_lost",
                         message=f"worker lost {attempt} times (max_attempts={max_attempts})",
                         only_if=still_stale,
                     )
                 else:
                     transitions.transition(
-                        session, job_id, JobStatus.QUEUED, attempt=attempt,
+                        session,
+                        job_id,
+                        JobStatus.QUEUED,
+                        attempt=attempt,
                         message=f"heartbeat stale for over {ctx.settings.lease_seconds:.0f}s; "
                         "re-queued",
                         values={"lease_owner": None},

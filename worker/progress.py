@@ -9,6 +9,7 @@ unique (job, step) keys.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
@@ -124,7 +125,12 @@ class DatabaseCallbacks(Callbacks):
     ) -> None:
         def write(session: Session) -> None:
             add_event(
-                session, self.job_id, kind, message, attempt=self.attempt, level=level,
+                session,
+                self.job_id,
+                kind,
+                message,
+                attempt=self.attempt,
+                level=level,
                 data=dict(data) if data else None,
             )
 
@@ -178,10 +184,8 @@ class DatabaseCallbacks(Callbacks):
     def should_stop(self) -> bool:
         # Ask the database now rather than trusting the last heartbeat, so a cancel takes
         # effect at the very next step boundary. A failed read (database down) does not stop.
-        try:
+        with contextlib.suppress(Exception):  # the heartbeat thread keeps trying
             self._lease.beat()
-        except Exception:  # noqa: BLE001 - the heartbeat thread keeps trying
-            pass
         if self._lease.lost.is_set():
             self.stop_reason = "lease_lost"
         elif self._lease.cancel_requested.is_set():

@@ -21,9 +21,7 @@ def is_transient(exc: BaseException) -> bool:
     if not isinstance(exc, OperationalError):
         return False
     text = str(exc.orig).lower()
-    if "syntax error" in text or "no such" in text:
-        return False
-    return True
+    return not ("syntax error" in text or "no such" in text)
 
 
 def with_db_retry(work: Callable[[], T], *, budget_s: float, what: str) -> T:

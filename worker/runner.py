@@ -59,7 +59,9 @@ def latest_checkpoint(ctx: WorkerContext, job_id: str) -> Path | None:
     return None
 
 
-def _end(ctx: WorkerContext, job_id: str, attempt: int, target: JobStatus, **kwargs: object) -> None:
+def _end(
+    ctx: WorkerContext, job_id: str, attempt: int, target: JobStatus, **kwargs: object
+) -> None:
     try:
         with session_scope(ctx.sessions) as session:
             transitions.transition(session, job_id, target, attempt=attempt, **kwargs)  # type: ignore[arg-type]
@@ -126,14 +128,22 @@ def run_job(ctx: WorkerContext, job_id: str) -> str:
                 return "lease_lost"
             log.exception("job %s failed", job_id)
             message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"[:4000]
-            _end(ctx, job_id, attempt, JobStatus.FAILED, message=message, error_code="trainer_error")
+            _end(
+                ctx, job_id, attempt, JobStatus.FAILED, message=message, error_code="trainer_error"
+            )
             return "failed"
 
     reason = callbacks.stop_reason
     if reason == "lease_lost" or lease.lost.is_set():
         return "lease_lost"
     if reason == "cancelled" and result.stopped_early:
-        _end(ctx, job_id, attempt, JobStatus.CANCELLED, message=f"cancelled at step {result.final_step}")
+        _end(
+            ctx,
+            job_id,
+            attempt,
+            JobStatus.CANCELLED,
+            message=f"cancelled at step {result.final_step}",
+        )
         return "cancelled"
     if reason == "shutdown" and result.stopped_early:
         release(ctx, job_id, attempt, f"worker shut down at step {result.final_step}; re-queued")

@@ -74,15 +74,19 @@ def _claim_key(
     with session_scope(factory) as session:
         record = idem_repo.get(session, project_id, key)
         if record is None:  # expired and deleted between our two statements: try once more
-            raise Conflict("idempotency key is being reused concurrently; retry", param="Idempotency-Key")
+            raise Conflict(
+                "idempotency key is being reused concurrently; retry", param="Idempotency-Key"
+            )
         if record.request_hash != fingerprint:
             raise IdempotencyKeyReused(
                 "this Idempotency-Key was used with a different request body",
                 param="Idempotency-Key",
             )
         if record.state != "completed":
-            created = record.created_at if record.created_at.tzinfo else record.created_at.replace(
-                tzinfo=now.tzinfo
+            created = (
+                record.created_at
+                if record.created_at.tzinfo
+                else record.created_at.replace(tzinfo=now.tzinfo)
             )
             if now - created > STALE_CLAIM:
                 idem_repo.release(session, project_id, key)

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-
 revision: str = "0001"
 down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
@@ -96,9 +95,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("jobs", schema=None) as batch_op:
-        batch_op.create_index(
-            "ix_jobs_project_id_id", ["project_id", "id"], unique=False
-        )
+        batch_op.create_index("ix_jobs_project_id_id", ["project_id", "id"], unique=False)
         batch_op.create_index(batch_op.f("ix_jobs_status"), ["status"], unique=False)
 
     op.create_table(
@@ -138,9 +135,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("job_events", schema=None) as batch_op:
-        batch_op.create_index(
-            batch_op.f("ix_job_events_job_id"), ["job_id"], unique=False
-        )
+        batch_op.create_index(batch_op.f("ix_job_events_job_id"), ["job_id"], unique=False)
 
     op.create_table(
         "job_metrics",

@@ -12,8 +12,12 @@ from tests.conftest import Api, tiny_spec
 
 def test_same_key_and_body_returns_the_original_response(api: Api) -> None:
     key = secrets.token_hex(8)
-    first = api.client.post("/v1/jobs", json=tiny_spec(), headers=api.headers | {"Idempotency-Key": key})
-    again = api.client.post("/v1/jobs", json=tiny_spec(), headers=api.headers | {"Idempotency-Key": key})
+    first = api.client.post(
+        "/v1/jobs", json=tiny_spec(), headers=api.headers | {"Idempotency-Key": key}
+    )
+    again = api.client.post(
+        "/v1/jobs", json=tiny_spec(), headers=api.headers | {"Idempotency-Key": key}
+    )
     assert first.status_code == again.status_code == 201
     assert again.json() == first.json()
     assert again.headers.get("Idempotent-Replayed") == "true"
@@ -34,7 +38,9 @@ def test_same_key_other_body_is_422(api: Api) -> None:
 
 def test_keys_are_scoped_to_the_project(api: Api) -> None:
     key = secrets.token_hex(8)
-    mine = api.client.post("/v1/jobs", json=tiny_spec(), headers=api.headers | {"Idempotency-Key": key})
+    mine = api.client.post(
+        "/v1/jobs", json=tiny_spec(), headers=api.headers | {"Idempotency-Key": key}
+    )
     other_key, _ = api.new_key()
     theirs = api.client.post(
         "/v1/jobs",

@@ -77,7 +77,10 @@ def test_authentication_is_required(api: Api) -> None:
     assert bad.status_code == 401
     assert bad.json()["error"]["type"] == "authentication_error"
     wrong_secret = api.key.rsplit("_", 1)[0] + "_" + "x" * 43
-    assert api.client.get("/v1/jobs", headers={"Authorization": f"Bearer {wrong_secret}"}).status_code == 401
+    assert (
+        api.client.get("/v1/jobs", headers={"Authorization": f"Bearer {wrong_secret}"}).status_code
+        == 401
+    )
 
 
 def test_unknown_and_cross_project_jobs_are_404(api: Api) -> None:

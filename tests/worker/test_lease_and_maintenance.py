@@ -1,0 +1,177 @@
+"""Lease fencing, the reaper and the re-dispatch sweep, driven in-process against the database."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from app import transitions
+from app.clock import utcnow
+from app.db import make_engine, make_session_factory, session_scope
+from app.ids import new_id
+from app.models import Job, JobMetric
+from app.settings import Settings
+from app.transitions import JobStatus
+from tests.conftest import new_project_key
+from trainer.callbacks import RunInfo
+from worker.context import WorkerContext
+from worker.lease import LeaseKeeper
+from worker.maintenance import reap_stale_jobs, redispatch_queued
+from worker.progress import DatabaseCallbacks, LeaseLost
+from worker.settings import build_worker_settings
+
+
+class RecordingDispatcher:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send(self, job_id: str) -> bool:
+        self.sent.append(job_id)
+        return True
+
+
+@pytest.fixture
+def ctx(settings: Settings) -> WorkerContext:
+    worker_settings = build_worker_settings(
+        data_dir=settings.data_dir,
+        database_url=settings.resolved_database_url,
+        lease_seconds=30,
+        redispatch_seconds=30,
+        max_attempts=2,
+        db_retry_seconds=1,
+    )
+    engine = make_engine(worker_settings.resolved_database_url)
+    return WorkerContext(worker_settings, make_session_factory(engine), RecordingDispatcher())
+
+
+def make_job(ctx: WorkerContext, max_attempts: int = 2) -> str:
+    _, project_id = new_project_key(ctx.settings)
+    with session_scope(ctx.sessions) as session:
+        job = Job(
+            id=new_id("job"),
+            project_id=project_id,
+            spec={},
+            created_at=utcnow(),
+            updated_at=utcnow(),
+            total_steps=4,
+            max_attempts=max_attempts,
+        )
+        transitions.record_created(session, job)
+        return job.id
+
+
+def age(ctx: WorkerContext, job_id: str, seconds: float, *, heartbeat: bool = True) -> None:
+    past = utcnow() - timedelta(seconds=seconds)
+    values = {"updated_at": past, "dispatched_at": past}
+    if heartbeat:
+        values["heartbeat_at"] = past
+    with session_scope(ctx.sessions) as session:
+        session.execute(update(Job).where(Job.id == job_id).values(**values))
+
+
+def job(ctx: WorkerContext, job_id: str) -> Job:
+    with session_scope(ctx.sessions) as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        return row
+
+
+def claim(ctx: WorkerContext, job_id: str, owner: str = "w") -> int:
+    with session_scope(ctx.sessions) as session:
+        attempt = transitions.claim(session, job_id, owner)
+    assert attempt is not None
+    return attempt
+
+
+def test_reaper_requeues_a_stale_job_then_fails_it_as_worker_lost(ctx: WorkerContext) -> None:
+    job_id = make_job(ctx, max_attempts=2)
+    claim(ctx, job_id)
+    assert reap_stale_jobs(ctx) == []  # fresh heartbeat: left alone
+    age(ctx, job_id, 120)
+    assert reap_stale_jobs(ctx) == [job_id]
+    assert job(ctx, job_id).status == "queued"
+    assert ctx.dispatcher.sent == [job_id]  # type: ignore[attr-defined]
+    assert claim(ctx, job_id) == 2
+    age(ctx, job_id, 120)
+    reap_stale_jobs(ctx)
+    final = job(ctx, job_id)
+    assert (final.status, final.error_code) == ("failed", "worker_lost")
+
+
+def test_reaper_handles_a_job_that_never_heartbeated(ctx: WorkerContext) -> None:
+    job_id = make_job(ctx)
+    claim(ctx, job_id)
+    with session_scope(ctx.sessions) as session:
+        session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=None))
+    age(ctx, job_id, 120, heartbeat=False)
+    assert reap_stale_jobs(ctx) == [job_id]
+
+
+def test_stale_cancelling_job_ends_cancelled(ctx: WorkerContext) -> None:
+    job_id = make_job(ctx)
+    claim(ctx, job_id)
+    with session_scope(ctx.sessions) as session:
+        transitions.transition(session, job_id, JobStatus.CANCELLING)
+    age(ctx, job_id, 120)
+    reap_stale_jobs(ctx)
+    assert job(ctx, job_id).status == "cancelled"
+
+
+def test_sweep_resends_queued_jobs_whose_message_may_be_lost(ctx: WorkerContext) -> None:
+    job_id = make_job(ctx)
+    assert job_id not in redispatch_queued(ctx)  # just created: not yet suspicious
+    age(ctx, job_id, 120)
+    assert job_id in redispatch_queued(ctx)
+    assert job_id not in redispatch_queued(ctx)  # dispatched_at refreshed by the send
+
+
+def test_worker_that_lost_its_lease_writes_nothing(ctx: WorkerContext, tmp_path: Path) -> None:
+    job_id = make_job(ctx, max_attempts=3)
+    first = claim(ctx, job_id, "paused-worker")
+    lease = LeaseKeeper(ctx.sessions, job_id, first, interval_s=60)
+    callbacks = DatabaseCallbacks(ctx, job_id, first, lease)
+    callbacks.on_step(1, {"reward/mean": 0.5})
+    # the worker pauses; the reaper hands the job to another worker
+    age(ctx, job_id, 120)
+    reap_stale_jobs(ctx)
+    second = claim(ctx, job_id, "new-worker")
+    assert second == first + 1
+    with pytest.raises(LeaseLost):
+        callbacks.on_step(2, {"reward/mean": 0.9})
+    with pytest.raises(LeaseLost):
+        callbacks.on_checkpoint(2, tmp_path)
+    assert callbacks.should_stop() and callbacks.stop_reason == "lease_lost"
+    with session_scope(ctx.sessions) as session:
+        steps = session.scalars(select(JobMetric.step).where(JobMetric.job_id == job_id)).all()
+    assert list(steps) == [1]
+
+
+def test_metrics_are_written_once_per_step(ctx: WorkerContext, tmp_path: Path) -> None:
+    job_id = make_job(ctx)
+    attempt = claim(ctx, job_id)
+    lease = LeaseKeeper(ctx.sessions, job_id, attempt, interval_s=60)
+    callbacks = DatabaseCallbacks(ctx, job_id, attempt, lease)
+    callbacks.on_start(RunInfo(4, 0, tmp_path, tmp_path, "cpu", "transformers"))
+    for step in (1, 2, 2, 1, 3):  # a resumed attempt repeats steps
+        callbacks.on_step(step, {"reward/mean": float(step), "kl": float("nan")})
+    with session_scope(ctx.sessions) as session:
+        rows = session.scalars(
+            select(JobMetric).where(JobMetric.job_id == job_id).order_by(JobMetric.step)
+        ).all()
+        assert [r.step for r in rows] == [1, 2, 3]
+        assert rows[0].values == {"reward/mean": 1.0, "kl": None}  # NaN stored as null
+    assert job(ctx, job_id).current_step == 3
+
+
+def test_should_stop_sees_a_cancel_at_once(ctx: WorkerContext) -> None:
+    job_id = make_job(ctx)
+    attempt = claim(ctx, job_id)
+    lease = LeaseKeeper(ctx.sessions, job_id, attempt, interval_s=60)
+    callbacks = DatabaseCallbacks(ctx, job_id, attempt, lease)
+    assert callbacks.should_stop() is False
+    with session_scope(ctx.sessions) as session:
+        transitions.transition(session, job_id, JobStatus.CANCELLING)
+    assert callbacks.should_stop() is True and callbacks.stop_reason == "cancelled"

@@ -1,0 +1,229 @@
+"""Log-probabilities and entropies of sampled tokens without a full-vocabulary tensor.
+
+A full ``log_softmax`` over [B, T, V] is large (64 x 80 positions x 49,152 vocab in float32 is
+about 1 GB) and so, under autograd, are the logits kept for the backward pass. Everything here
+works on row chunks of at most ``chunk_size`` x V, and :func:`completion_logprobs` recomputes
+each chunk's logits in the backward pass instead of keeping them (activation checkpointing of
+the output head only).
+
+Half-precision logits are upcast to float32 chunk by chunk before the softmax; outputs are
+float32 then (float64 stays float64).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    """Upcast half-precision logits and divide by the sampling temperature."""
+    x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    return x if temperature == 1.0 else x / temperature
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+
+
+def _row_logprobs(x: Tensor, token_ids: Tensor) -> Tensor:
+    """[N, V] scaled logits, [N] ids -> [N] log-softmax at the ids (logsumexp + gather)."""
+    picked = x.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(x, dim=-1)
+
+
+def _row_entropy(x: Tensor) -> Tensor:
+    """[N, V] scaled logits -> [N] entropy of softmax(x). Terms with p = 0 count as 0 (so a
+    ``-inf`` logit does not give ``0 * -inf = nan``)."""
+    logp = torch.log_softmax(x, dim=-1)
+    p = logp.exp()
+    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
+    return -plogp.sum(dim=-1)
+
+
+def _by_row_chunks(
+    fn: Callable[[Tensor, Tensor], Tensor], logits: Tensor, token_ids: Tensor, chunk_size: int
+) -> Tensor:
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    ids = token_ids.reshape(-1)
+    out_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    if flat.shape[0] == 0:
+        return torch.zeros(token_ids.shape, dtype=out_dtype, device=logits.device)
+    parts = [
+        fn(flat[s : s + chunk_size], ids[s : s + chunk_size])
+        for s in range(0, flat.shape[0], chunk_size)
+    ]
+    return torch.cat(parts).reshape(token_ids.shape)
+
+
+def selective_logprobs(
+    logits: Tensor, token_ids: Tensor, temperature: float = 1.0, chunk_size: int = 1024
+) -> Tensor:
+    """``log_softmax(logits / temperature)`` gathered at ``token_ids``: [B, T, V], [B, T] -> [B, T].
+
+    Computed as ``x[id] - logsumexp(x)`` per chunk of ``chunk_size`` rows (positions), so the
+    largest temporary is [chunk_size, V]. Differentiable.
+    """
+    _check_temperature(temperature)
+    if logits.shape[:-1] != token_ids.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} do not match ids {token_ids.shape}")
+    return _by_row_chunks(
+        lambda x, ids: _row_logprobs(_scaled(x, temperature), ids), logits, token_ids, chunk_size
+    )
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: int = 1024) -> Tensor:
+    """Entropy of ``softmax(logits / temperature)`` per position: [B, T, V] -> [B, T].
+
+    Chunked over rows like :func:`selective_logprobs`. Differentiable if the input is.
+    """
+    _check_temperature(temperature)
+    placeholder = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    return _by_row_chunks(
+        lambda x, _ids: _row_entropy(_scaled(x, temperature)), logits, placeholder, chunk_size
+    )
+
+
+def _head_chunk(
+    lm_head: nn.Module, hidden: Tensor, token_ids: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor]:
+    """[N, H] hidden states, [N] ids -> ([N] logprobs, [N] detached entropy or empty)."""
+    x = _scaled(lm_head(hidden), temperature)
+    logprobs = _row_logprobs(x, token_ids)
+    if not with_entropy:
+        return logprobs, logprobs.new_zeros(0)
+    with torch.no_grad():
+        entropy = _row_entropy(x)
+    return logprobs, entropy
+
+
+def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    config = getattr(model, "config", None)
+    # Only models whose logits are exactly lm_head(last_hidden_state) are supported; these
+    # config fields mark the common exceptions (Gemma 2 soft-capping, Cohere logit scale).
+    for field in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, field, None) not in (None, 1.0):
+            raise NotImplementedError(f"models with config.{field} are not supported")
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else getattr(model, "model", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if not isinstance(decoder, nn.Module) or not isinstance(head, nn.Module):
+        raise TypeError(
+            f"{type(model).__name__} does not expose a decoder and an output embedding "
+            "(get_decoder() / get_output_embeddings())"
+        )
+    return decoder, head
+
+
+def completion_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probabilities (and optionally entropies) of the completion tokens under ``model``.
+
+    Batch convention: ``input_ids`` [B, P + T] is left-padded prompts (width ``P =
+    prompt_len``) followed by right-padded completions (width T); ``attention_mask`` [B, P + T]
+    is 1 on real tokens. The logprob of completion token t is read from the logits at position
+    ``P - 1 + t``. Position ids are ``cumsum(attention_mask) - 1``, so a left-padded prompt gets
+    the same positions as it would unpadded.
+
+    The base transformer runs once over the whole sequence; the output head is applied only at
+    the T completion positions where ``attention_mask`` is 1, ``chunk_size`` (position, sequence)
+    rows at a time. Under autograd each chunk is checkpointed: its [chunk_size, V] logits are
+    recomputed in the backward pass rather than stored.
+
+    Args:
+        model: a causal LM exposing ``get_decoder()`` (returning a module whose output has
+            ``last_hidden_state``) and ``get_output_embeddings()`` (the lm_head), as Hugging
+            Face ``*ForCausalLM`` models do.
+        temperature: the sampling temperature; logits are divided by it.
+        chunk_size: rows per output-head call (bounds the [rows, V] temporaries).
+        with_entropy: also return the per-position entropy (detached: it is a metric).
+
+    Returns:
+        ``(logprobs [B, T], entropy [B, T] or None)``. Both are 0 at completion padding.
+        Gradients flow into the model's parameters when grad mode is enabled.
+    """
+    _check_temperature(temperature)
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"need input_ids and attention_mask [B, L]: {input_ids.shape}, {attention_mask.shape}"
+        )
+    batch, length = input_ids.shape
+    if not 1 <= prompt_len <= length:
+        raise ValueError(f"prompt_len must be in [1, {length}], got {prompt_len}")
+    decoder, lm_head = _decoder_and_head(model)
+
+    # Left padding shifts every real token right; positions must count real tokens only.
+    position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+    outputs = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    )
+    hidden = outputs.last_hidden_state
+    width = length - prompt_len
+    # Position P - 1 + t predicts completion token t.
+    states = hidden[:, prompt_len - 1 : length - 1].reshape(batch * width, hidden.shape[-1])
+    targets = input_ids[:, prompt_len:].reshape(-1)
+    rows = attention_mask[:, prompt_len:].reshape(-1).nonzero().squeeze(-1)
+    states = states.index_select(0, rows)
+    targets = targets.index_select(0, rows)
+
+    recompute = torch.is_grad_enabled() and states.requires_grad
+    lp_parts: list[Tensor] = []
+    ent_parts: list[Tensor] = []
+    for s in range(0, rows.numel(), chunk_size):
+        args = (
+            lm_head,
+            states[s : s + chunk_size],
+            targets[s : s + chunk_size],
+            temperature,
+            with_entropy,
+        )
+        if recompute:
+            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(*args)
+        lp_parts.append(lp)
+        ent_parts.append(ent)
+
+    out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
+    logprobs = _scatter_rows(lp_parts, rows, batch, width, out_dtype, hidden.device)
+    entropy = (
+        _scatter_rows(ent_parts, rows, batch, width, out_dtype, hidden.device)
+        if with_entropy
+        else None
+    )
+    return logprobs, entropy
+
+
+def _scatter_rows(
+    parts: list[Tensor],
+    rows: Tensor,
+    batch: int,
+    width: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> Tensor:
+    """Place per-row values back into a zero [B, T] tensor (differentiably)."""
+    out = torch.zeros(batch * width, dtype=dtype, device=device)
+    if parts:
+        out = out.index_copy(0, rows, torch.cat(parts).to(dtype))
+    return out.reshape(batch, width)

@@ -1,0 +1,161 @@
+"""Clipped policy-gradient surrogate and loss aggregation over tokens and sequences.
+
+Shapes: B sequences (completions) by T completion positions; ``mask`` [B, T] is 1 on valid
+completion tokens and 0 on padding or on tokens removed from the loss (bool or 0/1 float, e.g.
+the token mask times the per-sequence truncation mask from :mod:`trainer.shaping`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple, get_args
+
+import torch
+from torch import Tensor
+
+AggregationMode = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+AGGREGATION_MODES: tuple[str, ...] = get_args(AggregationMode)
+
+
+class SurrogateResult(NamedTuple):
+    """Output of :func:`clipped_surrogate`; every field is [B, T]."""
+
+    per_token_loss: Tensor
+    """``-min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)``, with gradient."""
+    clipped_low: Tensor
+    """Bool: ``ratio < 1 - eps_low`` and ``A < 0`` (the lower bound binds; no gradient)."""
+    clipped_high: Tensor
+    """Bool: ``ratio > 1 + eps_high`` and ``A > 0`` (the upper bound binds; no gradient)."""
+    ratio: Tensor
+    """Detached ``exp(clamp(lp - old))``, for metrics."""
+
+
+def clipped_surrogate(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    eps_low: float,
+    eps_high: float,
+    *,
+    max_log_ratio: float = 20.0,
+) -> SurrogateResult:
+    """PPO/DAPO clipped surrogate with decoupled clip bounds, per token.
+
+    Args:
+        logprobs: [B, T] ``log pi_theta`` of the sampled tokens, with gradient.
+        old_logprobs: [B, T] ``log pi_old`` of the sampling policy (treated as constant).
+        advantages: [B] per-sequence advantages (broadcast over tokens), or [B, T].
+        eps_low, eps_high: the ratio is clipped to ``[1 - eps_low, 1 + eps_high]``
+            (DAPO: 0.2 and 0.28).
+        max_log_ratio: ``lp - old`` is clamped to this range before ``exp``. A plain clamp
+            (zero gradient outside) is the right choice here, unlike in :mod:`trainer.kl`: a
+            token whose probability moved by a factor above ``e^20`` within one rollout batch is
+            far outside any trust region, and dropping its gradient is safer than letting a
+            ``-A * e^20`` term through (the only unclipped case is ``A < 0`` with a huge ratio).
+
+    Returns:
+        :class:`SurrogateResult`. Padding positions are not masked: aggregate with the mask.
+    """
+    if logprobs.shape != old_logprobs.shape:
+        raise ValueError(f"shape mismatch: logprobs {logprobs.shape}, old {old_logprobs.shape}")
+    if eps_low < 0 or eps_high < 0 or eps_low >= 1:
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got {eps_low}, {eps_high}")
+    adv = advantages.detach().to(logprobs.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1)
+    if adv.shape[0] != logprobs.shape[0]:
+        raise ValueError(f"advantages {tuple(advantages.shape)} do not match {logprobs.shape}")
+    log_ratio = (logprobs - old_logprobs.detach()).clamp(-max_log_ratio, max_log_ratio)
+    ratio = torch.exp(log_ratio)
+    low, high = 1.0 - eps_low, 1.0 + eps_high
+    unclipped = ratio * adv
+    clipped = ratio.clamp(low, high) * adv
+    per_token_loss = -torch.minimum(unclipped, clipped)
+    with torch.no_grad():
+        # The clipped term is selected (and the gradient vanishes) exactly in these cases.
+        clipped_low = (ratio < low) & (adv < 0)
+        clipped_high = (ratio > high) & (adv > 0)
+    return SurrogateResult(per_token_loss, clipped_low, clipped_high, ratio.detach())
+
+
+def _masked(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``values * mask`` with padding forced to 0 (so NaN/inf there cannot leak), and the mask
+    as the values' dtype."""
+    if values.shape != mask.shape:
+        raise ValueError(f"shape mismatch: values {values.shape}, mask {mask.shape}")
+    m = mask.to(values.dtype)
+    return torch.where(m != 0, values * m, torch.zeros_like(values)), m
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``values`` over positions where ``mask`` is non-zero ([B, T] -> scalar, or
+    reduced over ``dim``). An empty selection gives 0, not NaN."""
+    masked, m = _masked(values, mask)
+    if dim is None:
+        return masked.sum() / _nonzero(m.sum())
+    return masked.sum(dim=dim) / _nonzero(m.sum(dim=dim))
+
+
+def valid_counts(mask: Tensor) -> tuple[float, float]:
+    """(valid tokens, sequences with at least one valid token) of a [B, T] mask.
+
+    These are the denominators :func:`aggregate` uses by default. A caller that splits a batch
+    into micro-batches sums them over the whole batch and passes them as ``total_tokens`` /
+    ``total_sequences`` to every micro-batch call.
+    """
+    m = mask.to(torch.float64)
+    return float(m.sum().item()), float((m.sum(dim=-1) > 0).sum().item())
+
+
+def aggregate(
+    values: Tensor,
+    mask: Tensor,
+    mode: AggregationMode,
+    *,
+    max_completion_len: int,
+    total_tokens: float | Tensor | None = None,
+    total_sequences: float | Tensor | None = None,
+) -> Tensor:
+    """Reduce per-token values [B, T] to a scalar loss.
+
+    Modes (``|o_i|`` = number of valid tokens of sequence i, ``N`` = number of sequences):
+
+    - ``token_mean`` (DAPO): ``sum_i sum_t x_it / sum_i |o_i|``. Every token weighs the same,
+      so long completions are not down-weighted.
+    - ``seq_mean_token_mean`` (GRPO): ``(1/N) sum_i (1/|o_i|) sum_t x_it``.
+    - ``seq_mean_token_sum_norm`` (Dr. GRPO): ``(1/N) sum_i (1/max_completion_len) sum_t x_it``;
+      dividing by a constant removes GRPO's length bias.
+
+    ``N`` counts only sequences with at least one valid token: a completion removed from the
+    loss entirely (e.g. truncated, with masking on) does not dilute the others. Such a sequence
+    contributes 0, never NaN; an all-padding batch gives 0.
+
+    Micro-batching: splitting the batch by rows and calling this per micro-batch with the
+    GLOBAL ``total_tokens`` / ``total_sequences`` (see :func:`valid_counts`) makes the sum of
+    the micro-batch results equal the full-batch value. ``total_tokens`` is only used by
+    ``token_mean``; ``total_sequences`` by the two ``seq_mean`` modes.
+    """
+    masked, m = _masked(values, mask)
+    if mode == "token_mean":
+        denom = m.sum() if total_tokens is None else total_tokens
+        return masked.sum() / _nonzero(denom, values)
+    if mode == "seq_mean_token_mean":
+        per_seq = masked.sum(dim=-1) / _nonzero(m.sum(dim=-1))
+    elif mode == "seq_mean_token_sum_norm":
+        if max_completion_len <= 0:
+            raise ValueError(f"max_completion_len must be positive, got {max_completion_len}")
+        per_seq = masked.sum(dim=-1) / float(max_completion_len)
+    else:
+        raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATION_MODES}")
+    n_seq = (m.sum(dim=-1) > 0).sum() if total_sequences is None else total_sequences
+    return per_seq.sum() / _nonzero(n_seq, values)
+
+
+def _nonzero(denominator: float | Tensor, like: Tensor | None = None) -> Tensor:
+    """The denominator as a tensor (on ``like``'s device and dtype when given), with 0 replaced
+    by 1: the numerator is then 0 too, so an empty selection gives 0 rather than NaN."""
+    if like is None:
+        assert isinstance(denominator, Tensor)
+        d = denominator
+    else:
+        d = torch.as_tensor(denominator, dtype=like.dtype, device=like.device)
+    return torch.where(d != 0, d, torch.ones_like(d))
