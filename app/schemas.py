@@ -104,3 +104,61 @@ class Readiness(BaseModel):
     status: Literal["ok", "unavailable"]
     database: str
     broker: str
+
+
+class MetricPoint(BaseModel):
+    step: int = Field(description="Last step of the bucket.")
+    value: float = Field(description="Mean over the bucket.")
+    min: float
+    max: float
+    count: int = Field(description="Steps in the bucket (1 without downsampling).")
+
+
+class MetricSeries(BaseModel):
+    object: Literal["job.metrics"] = "job.metrics"
+    job_id: str
+    steps: int = Field(description="Steps with metrics in the selected range.")
+    available: list[str] = Field(description="Every metric name recorded for these steps.")
+    series: dict[str, list[MetricPoint]]
+
+
+class SampleCompletion(BaseModel):
+    text: str
+    reward: float
+    rewards: dict[str, float]
+    advantage: float
+    num_tokens: int
+    finish_reason: str
+
+
+class SampleGroup(BaseModel):
+    prompt: str
+    answer: str | None
+    completions: list[SampleCompletion]
+
+
+class StepSamples(BaseModel):
+    object: Literal["job.samples"] = "job.samples"
+    step: int
+    attempt: int
+    groups: list[SampleGroup]
+
+
+class SampleList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[StepSamples]
+    has_more: bool
+    next_after: int | None
+
+
+class CheckpointOut(BaseModel):
+    object: Literal["job.checkpoint"] = "job.checkpoint"
+    step: int
+    attempt: int
+    path: str
+    created_at: datetime
+
+
+class CheckpointList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[CheckpointOut]

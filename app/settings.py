@@ -47,6 +47,12 @@ class Settings(BaseSettings):
     idempotency_ttl_hours: float = Field(
         default=24.0, gt=0, description="Idempotency key lifetime."
     )
+    sse_heartbeat_seconds: float = Field(
+        default=15.0, gt=0, description="Comment line sent on an idle event stream."
+    )
+    sse_poll_seconds: float = Field(
+        default=1.0, gt=0, description="Longest wait between database reads of a live stream."
+    )
     checkpoint_dir: Path | None = Field(
         default=None, description="Where workers write checkpoints; default: data_dir/checkpoints."
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import make_engine, make_session_factory
+from app.live import TailPublisher
 from app.queue import CeleryDispatcher, Dispatcher
 from worker.settings import WorkerSettings
 
@@ -18,6 +19,7 @@ class WorkerContext:
     settings: WorkerSettings
     sessions: sessionmaker[Session]
     dispatcher: Dispatcher
+    tail: TailPublisher = field(default_factory=lambda: TailPublisher(None))
     shutdown: threading.Event = field(default_factory=threading.Event)
 
 
@@ -27,4 +29,5 @@ def build_context(settings: WorkerSettings) -> WorkerContext:
         settings=settings,
         sessions=make_session_factory(engine),
         dispatcher=CeleryDispatcher(settings),
+        tail=TailPublisher(settings.resolved_redis_url),
     )

@@ -74,6 +74,7 @@ class DatabaseCallbacks(Callbacks):
                     write(session)
 
         with_db_retry(work, budget_s=self._ctx.settings.db_retry_seconds, what=what)
+        self._ctx.tail.notify(self.job_id, what)
 
     # -- trainer hooks ---------------------------------------------------------------------
 

@@ -67,6 +67,7 @@ def _end(
             transitions.transition(session, job_id, target, attempt=attempt, **kwargs)  # type: ignore[arg-type]
     except IllegalTransition as exc:
         log.warning("job %s could not end as %s: %s", job_id, target, exc)
+    ctx.tail.notify(job_id, "status")
 
 
 def release(ctx: WorkerContext, job_id: str, attempt: int, message: str) -> None:

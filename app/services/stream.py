@@ -1,0 +1,123 @@
+"""Server-sent events of one job: status changes, events and per-step metrics.
+
+Resumable without gaps or duplicates: every message's id is the cursor `<event id>.<step>` after
+it, i.e. the last job event and the last metric step the client has. A client reconnecting with
+`Last-Event-ID: 41.7` gets events with id > 41 and metrics with step > 7, read from the database.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.clock import as_utc, utcnow
+from app.db import session_scope
+from app.errors import InvalidRequest
+from app.live import TailWaiter
+from app.models import Job
+from app.repositories import events as events_repo
+from app.repositories import progress as progress_repo
+from app.services.presenters import event_out
+from app.transitions import TERMINAL, JobStatus
+
+BATCH = 500
+
+
+@dataclass
+class Cursor:
+    event_id: int = 0
+    step: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.event_id}.{self.step}"
+
+    @classmethod
+    def parse(cls, raw: str | None) -> Cursor:
+        if not raw:
+            return cls()
+        try:
+            event_id, step = raw.split(".", 1)
+            cursor = cls(int(event_id), int(step))
+        except ValueError as exc:
+            raise InvalidRequest(
+                "Last-Event-ID must look like '<event id>.<step>' (as sent by this stream)",
+                param="Last-Event-ID",
+            ) from exc
+        if cursor.event_id < 0 or cursor.step < 0:
+            raise InvalidRequest("Last-Event-ID must not be negative", param="Last-Event-ID")
+        return cursor
+
+
+@dataclass
+class Batch:
+    messages: list[tuple[str, dict[str, Any], Any]]  # (event name, data, sort key)
+    status: str
+    drained: bool
+
+
+def _read(sessions: sessionmaker[Session], job_id: str, cursor: Cursor) -> Batch:
+    with session_scope(sessions) as session:
+        job = session.get(Job, job_id)
+        status = job.status if job else JobStatus.FAILED.value
+        events, more_events = events_repo.list_after(
+            session, job_id, after=cursor.event_id, limit=BATCH
+        )
+        metrics = progress_repo.metrics_after(session, job_id, cursor.step, BATCH)
+        messages: list[tuple[str, dict[str, Any], Any]] = []
+        for event in events:
+            body = event_out(event).model_dump(mode="json")
+            name = "status" if event.type == "status" else "event"
+            messages.append((name, body, (as_utc(event.created_at), 0, event.id)))
+        for row in metrics:
+            body = {"step": row.step, "attempt": row.attempt, "values": row.values}
+            messages.append(("metrics", body, (as_utc(row.created_at), 1, row.step)))
+    messages.sort(key=lambda m: m[2])
+    drained = not more_events and len(metrics) < BATCH
+    return Batch(messages, status, drained)
+
+
+def _format(name: str, data: dict[str, Any], cursor: Cursor | None) -> str:
+    """One SSE message; `cursor` None for control messages that must not move Last-Event-ID."""
+    head = f"id: {cursor}\n" if cursor is not None else ""
+    return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def job_events(
+    sessions: sessionmaker[Session],
+    job_id: str,
+    cursor: Cursor,
+    *,
+    redis_url: str | None,
+    heartbeat_s: float,
+    poll_s: float,
+) -> AsyncIterator[str]:
+    waiter = TailWaiter(redis_url, job_id)
+    last_sent = time.monotonic()
+    try:
+        yield "retry: 2000\n\n"
+        while True:
+            batch = await anyio.to_thread.run_sync(_read, sessions, job_id, cursor)
+            for name, data, _ in batch.messages:
+                if name == "metrics":
+                    cursor.step = max(cursor.step, int(data["step"]))
+                else:
+                    cursor.event_id = max(cursor.event_id, int(data["id"]))
+                yield _format(name, data, cursor)
+                last_sent = time.monotonic()
+            if batch.status in TERMINAL and batch.drained:
+                yield _format("end", {"status": batch.status, "at": utcnow().isoformat()}, None)
+                return
+            if batch.messages and not batch.drained:
+                continue
+            if time.monotonic() - last_sent >= heartbeat_s:
+                yield ": heartbeat\n\n"
+                last_sent = time.monotonic()
+            await waiter.wait(min(poll_s, heartbeat_s))
+    finally:
+        await waiter.close()

