@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -64,7 +65,8 @@ class TailWaiter:
         except (redis.RedisError, OSError):
             await asyncio.sleep(timeout_s)  # Redis down: fall back to polling the database
             return
-        for _key, entries in result or []:
+        for stream in result or []:  # [(key, [(entry id, fields), ...]), ...]
+            entries: list[Any] = list(stream[1])  # type: ignore[arg-type]
             if entries:
                 last = entries[-1][0]
                 self._last_id = last.decode() if isinstance(last, bytes) else str(last)

@@ -48,7 +48,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "task_ignore_result": True,
         "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A Redis blip must not kill a healthy training task: the database lease, not the broker
+        # connection, decides who owns a job, so a redelivered copy simply finds the lease held.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "task_serializer": "json",
         "accept_content": ["json"],
         "result_backend": None,

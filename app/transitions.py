@@ -11,6 +11,7 @@ both win, and a worker that lost its lease (stale attempt) changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -106,7 +107,7 @@ def transition(
     error_code: str | None = None,
     values: dict[str, Any] | None = None,
     level: str = "info",
-    only_if: list[ColumnElement[bool]] | None = None,
+    only_if: Sequence[ColumnElement[bool]] | None = None,
 ) -> JobStatus:
     """Move a job to `target`; return the status it left.
 

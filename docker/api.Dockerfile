@@ -1,0 +1,18 @@
+# The API image: FastAPI + SQLAlchemy + Celery producer. No torch, no model libraries.
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /srv/grpo
+COPY pyproject.toml README.md alembic.ini ./
+COPY app ./app
+COPY trainer/__init__.py trainer/config.py ./trainer/
+COPY grpo_cli ./grpo_cli
+COPY migrations ./migrations
+COPY worker/__init__.py ./worker/__init__.py
+RUN pip install ".[api]" \
+    && python -c "import sys, app.main; assert 'torch' not in sys.modules"
+RUN useradd --create-home --uid 10001 grpo
+USER grpo
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --retries=5 \
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"
+CMD ["python", "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]

@@ -1,0 +1,116 @@
+"""The main job on the embedded default, end to end:
+
+start `grpo serve` (API + embedded worker, SQLite + filesystem broker, CPU), submit a small GRPO
+job (tiny model, vLLM-CPU rollouts, a few steps) over HTTP, print its metrics live from the SSE
+stream, and finish with the job's final state and where its checkpoint is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from grpo_cli.client import Client  # noqa: E402
+
+
+def wait_ready(url: str, server: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"grpo serve exited with {server.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("the service did not become ready")
+
+
+def api_key(data_dir: Path) -> str:
+    key_file = data_dir / "api-key"
+    if key_file.exists():
+        return key_file.read_text().strip()
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_cli", "keys", "create", "--name", "demo"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    key = out.stdout.strip()
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    return key
+
+
+def fmt(values: dict[str, float | None], name: str, spec: str) -> str:
+    value = values.get(name)
+    return "-" if value is None else format(value, spec)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spec", default=str(ROOT / "recipes" / "tiny-smoke.yaml"))
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--data-dir", default=str(ROOT / ".grpo"))
+    args = parser.parse_args()
+    data_dir = Path(args.data_dir).resolve()
+    env = os.environ.copy()
+    env["GRPO_DATA_DIR"] = str(data_dir)
+    url = f"http://127.0.0.1:{args.port}"
+    print(f"starting grpo serve on {url} (data in {data_dir})", flush=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "grpo_cli", "serve", "--port", str(args.port)], cwd=ROOT, env=env
+    )
+    try:
+        wait_ready(url, server)
+        spec = yaml.safe_load(Path(args.spec).read_text())
+        with Client(url, api_key(data_dir)) as client:
+            job = client.create_job(spec)
+            total = job["progress"]["total_steps"]
+            print(
+                f"submitted {job['id']}: {spec.get('name')} on {job['model']}, {total} steps",
+                flush=True,
+            )
+            for message in client.stream(job["id"]):
+                data = message.data
+                if message.event == "metrics":
+                    values = data["values"]
+                    print(
+                        f"  step {data['step']:>3}/{total}  reward {fmt(values, 'reward/mean', '.3f')}"
+                        f"  kl {fmt(values, 'kl', '.5f')}  entropy {fmt(values, 'entropy', '.3f')}"
+                        f"  {fmt(values, 'time/step', '.1f')} s/step",
+                        flush=True,
+                    )
+                elif message.event in ("status", "event"):
+                    print(f"  [{data['type']}] {data['message']}", flush=True)
+            final = client.get_job(job["id"])
+            checkpoints = client.checkpoints(job["id"])
+        print(f"\njob {final['id']} {final['status']} after {final['progress']['step']} steps")
+        if final["error"]:
+            print(f"error: {final['error']['code']}: {final['error']['message']}")
+        if checkpoints:
+            print(f"final checkpoint (a Hugging Face model folder): {checkpoints[-1]['path']}")
+        return 0 if final["status"] == "succeeded" else 1
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,342 @@
+"""Issue 4 acceptance: real Postgres, real Redis, real `grpo worker` processes, real faults.
+
+Each test runs a small tiny-model job and injects one fault: kill -9, a duplicate message,
+a cancel, SIGTERM, a Redis restart, a Postgres restart. The job must end where it should, with
+exactly one metrics row per step.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.queue import CeleryDispatcher
+from app.settings import Settings, build_settings
+from grpo_cli import db as migrations
+from tests.conftest import (
+    REDIS_URL,
+    new_project_key,
+    tiny_spec,
+)
+from tests.worker.conftest import WorkerProcess, wait_for
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class Service:
+    """The API in-process (TestClient) on its own Postgres database and Redis queue."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.key, _ = new_project_key(settings)
+        self.client = TestClient(create_app(settings))
+        self.headers = {"Authorization": f"Bearer {self.key}"}
+
+    def submit(self, spec: dict[str, object]) -> str:
+        response = self.client.post("/v1/jobs", json=spec, headers=self.headers)
+        assert response.status_code == 201, response.text
+        return str(response.json()["id"])
+
+    def job(self, job_id: str) -> dict[str, object]:
+        return dict(self.client.get(f"/v1/jobs/{job_id}", headers=self.headers).json())
+
+    def get(self, path: str) -> dict[str, object]:
+        return dict(self.client.get(path, headers=self.headers).json())
+
+    def metric_steps(self, job_id: str) -> list[int]:
+        series = self.get(f"/v1/jobs/{job_id}/metrics?names=reward/mean")["series"]
+        return [p["step"] for p in series["reward/mean"]]  # type: ignore[index]
+
+    def events(self, job_id: str) -> list[dict[str, object]]:
+        return list(self.get(f"/v1/jobs/{job_id}/events?limit=1000")["data"])  # type: ignore[arg-type]
+
+    def wait_status(
+        self, job_id: str, statuses: tuple[str, ...], timeout: float, *workers: WorkerProcess
+    ) -> dict[str, object]:
+        try:
+            return wait_for(  # type: ignore[return-value]
+                lambda: (j := self.job(job_id))["status"] in statuses and j, timeout, f"{statuses}"
+            )
+        except AssertionError:
+            logs = "\n---\n".join(w.log_tail() for w in workers)
+            raise AssertionError(f"job {self.job(job_id)}\nworker logs:\n{logs}") from None
+
+    def wait_step(self, job_id: str, step: int, timeout: float, *workers: WorkerProcess) -> None:
+        try:
+            wait_for(
+                lambda: int(self.job(job_id)["progress"]["step"]) >= step, timeout, f"step {step}"
+            )  # type: ignore[index]
+        except AssertionError:
+            logs = "\n---\n".join(w.log_tail() for w in workers)
+            raise AssertionError(f"job {self.job(job_id)}\nworker logs:\n{logs}") from None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def service(pg_url: str, tmp_path: Path, queue_name: str) -> Iterator[Service]:
+    settings = build_settings(
+        data_dir=tmp_path / "data",
+        database_url=pg_url,
+        broker_url=REDIS_URL,
+        queue_name=f"{queue_name}-{tmp_path.name}",
+        lease_seconds=6,
+        heartbeat_seconds=1,
+    )
+    service = Service(settings)
+    yield service
+    service.client.close()
+
+
+def job_spec(steps: int = 6, **grpo: object) -> dict[str, object]:
+    spec = tiny_spec(steps=steps, **grpo)
+    spec["checkpoint_interval"] = 2
+    return spec
+
+
+def started_events(service: Service, job_id: str) -> list[dict[str, object]]:
+    return [e for e in service.events(job_id) if e["type"] == "started"]
+
+
+def test_vllm_job_end_to_end_with_live_stream(
+    service: Service, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    spec = job_spec(steps=4, kl={"estimator": "k3_unbiased", "beta": 0.05})
+    spec["rollout"] = {"engine": "vllm", "kv_cache_gib": 0.5}
+    worker = start_worker(service.settings)
+    job_id = service.submit(spec)
+    metrics_steps: list[int] = []
+    with service.client.stream(
+        "GET", f"/v1/jobs/{job_id}/stream", headers=service.headers
+    ) as response:
+        event = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+                if event == "end":
+                    break
+            elif line.startswith("data: ") and event == "metrics":
+                metrics_steps.append(json.loads(line[6:])["step"])
+    job = service.wait_status(job_id, TERMINAL, 30, worker)
+    assert job["status"] == "succeeded", job
+    assert metrics_steps == [1, 2, 3, 4]  # every step, in order, live
+    rows = service.get(f"/v1/jobs/{job_id}/metrics")
+    assert rows["steps"] == 4
+    assert {"reward/mean", "kl", "kl_k3", "logprob_diff/engine_vs_trainer"} <= set(
+        rows["available"]
+    )  # type: ignore[arg-type]
+    checkpoints = service.get(f"/v1/jobs/{job_id}/checkpoints")["data"]
+    assert [c["step"] for c in checkpoints][-1] == 4  # type: ignore[index]
+    assert Path(checkpoints[-1]["path"]).is_dir()  # type: ignore[index]
+    samples = service.get(f"/v1/jobs/{job_id}/samples")["data"]
+    assert samples and samples[0]["groups"][0]["completions"]  # type: ignore[index]
+
+
+def test_kill_9_mid_run_resumes_from_the_checkpoint(
+    service: Service, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    first = start_worker(service.settings)
+    job_id = service.submit(job_spec(steps=6))
+    service.wait_step(job_id, 3, 240, first)
+    first.stop(signal.SIGKILL)
+    second = start_worker(service.settings)
+    job = service.wait_status(job_id, TERMINAL, 300, second)
+    assert job["status"] == "succeeded", (job, second.log_tail())
+    assert job["attempt"] == 2
+    starts = started_events(service, job_id)
+    assert [e["attempt"] for e in starts] == [1, 2]
+    resumed_at = starts[1]["data"]["start_step"]  # type: ignore[index]
+    assert resumed_at >= 2, "resumed from a checkpoint, not from step 0"
+    assert service.metric_steps(job_id) == [1, 2, 3, 4, 5, 6]  # exactly one row per step
+
+
+def test_duplicate_messages_train_once(
+    service: Service, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    workers = [start_worker(service.settings), start_worker(service.settings)]
+    job_id = service.submit(job_spec(steps=3))
+    CeleryDispatcher(service.settings).send(job_id)  # the same message, delivered again
+    CeleryDispatcher(service.settings).send(job_id)
+    job = service.wait_status(job_id, TERMINAL, 240, *workers)
+    assert job["status"] == "succeeded"
+    assert job["attempt"] == 1
+    running = [e for e in service.events(job_id) if (e["data"] or {}).get("to") == "running"]  # type: ignore[union-attr]
+    assert len(running) == 1
+    assert service.metric_steps(job_id) == [1, 2, 3]
+    time.sleep(2)  # let the duplicate deliveries be consumed
+    assert any("not claimable" in w.log_tail(20000) for w in workers)
+
+
+def test_cancel_running_job_stops_within_a_step(
+    service: Service, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    worker = start_worker(service.settings)
+    job_id = service.submit(job_spec(steps=30))
+    service.wait_step(job_id, 1, 240, worker)
+    response = service.client.post(f"/v1/jobs/{job_id}/cancel", headers=service.headers)
+    assert response.json()["status"] == "cancelling"
+    step_at_cancel = int(response.json()["progress"]["step"])
+    job = service.wait_status(job_id, TERMINAL, 120, worker)
+    assert job["status"] == "cancelled"
+    assert int(job["progress"]["step"]) <= step_at_cancel + 1  # type: ignore[call-overload]
+    checkpoints = service.get(f"/v1/jobs/{job_id}/checkpoints")["data"]
+    assert checkpoints, "the last checkpoint is kept"
+
+
+def test_cancelled_queued_job_never_starts(
+    service: Service, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    job_id = service.submit(job_spec(steps=2))
+    service.client.post(f"/v1/jobs/{job_id}/cancel", headers=service.headers)
+    worker = start_worker(service.settings)
+    other = service.submit(job_spec(steps=1))  # proves the worker consumed the queue
+    service.wait_status(other, TERMINAL, 240, worker)
+    assert service.job(job_id)["status"] == "cancelled"
+    assert service.job(job_id)["attempt"] == 0
+    assert not started_events(service, job_id)
+
+
+def test_sigterm_checkpoints_and_hands_the_job_over(
+    service: Service, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    first = start_worker(service.settings)
+    job_id = service.submit(job_spec(steps=6))
+    service.wait_step(job_id, 2, 240, first)
+    first.stop(signal.SIGTERM, timeout=120)
+    assert first.proc.returncode is not None
+    handed = service.job(job_id)
+    assert handed["status"] == "queued", (handed, first.log_tail())
+    second = start_worker(service.settings)
+    job = service.wait_status(job_id, TERMINAL, 300, second)
+    assert job["status"] == "succeeded"
+    starts = started_events(service, job_id)
+    assert starts[1]["data"]["start_step"] >= 2  # type: ignore[index]
+    assert service.metric_steps(job_id) == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_redis_restart_during_a_run(
+    pg_url: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    port = _free_port()
+    data = tmp_path / "redis"
+    data.mkdir()
+
+    def start_redis() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(data),
+                "--appendonly",
+                "yes",
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        wait_for(lambda: _ping(port), 10, "redis up")
+        return proc
+
+    server = start_redis()
+    settings = build_settings(
+        data_dir=tmp_path / "data",
+        database_url=pg_url,
+        broker_url=f"redis://127.0.0.1:{port}/0",
+        lease_seconds=30,
+        heartbeat_seconds=1,
+    )
+    service = Service(settings)
+    try:
+        worker = start_worker(settings)
+        job_id = service.submit(job_spec(steps=5))
+        service.wait_step(job_id, 1, 240, worker)
+        redis.Redis(port=port).shutdown(nosave=True)
+        server.wait()
+        time.sleep(3)
+        assert service.client.get("/readyz").status_code == 503
+        server = start_redis()
+        job = service.wait_status(job_id, TERMINAL, 300, worker)
+        assert job["status"] == "succeeded", job
+        assert job["attempt"] == 1
+        assert service.metric_steps(job_id) == [1, 2, 3, 4, 5]
+    finally:
+        service.client.close()
+        server.kill()
+
+
+def _ping(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+def _pg_cluster_tools() -> bool:
+    return shutil.which("pg_createcluster") is not None and Path("/etc/postgresql").is_dir()
+
+
+@pytest.mark.skipif(not _pg_cluster_tools(), reason="needs Debian's postgresql-common")
+def test_postgres_restart_during_a_run(
+    tmp_path: Path, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
+    cluster = f"grpotest{_free_port()}"
+    port = _free_port()
+    subprocess.run(
+        ["pg_createcluster", version, cluster, "-p", str(port), "--start", "--", "--auth=trust"],
+        check=True,
+        capture_output=True,
+    )
+    ctl = ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster]
+    try:
+        admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        import psycopg
+
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE grpo")
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/grpo"
+        migrations.upgrade(url)
+        settings = build_settings(
+            data_dir=tmp_path / "data",
+            database_url=url,
+            broker_url=REDIS_URL,
+            queue_name=f"pgrestart-{port}",
+            lease_seconds=30,
+            heartbeat_seconds=1,
+        )
+        service = Service(settings)
+        worker = start_worker(settings)
+        job_id = service.submit(job_spec(steps=5))
+        service.wait_step(job_id, 1, 240, worker)
+        subprocess.run([*ctl, "stop", "-m", "immediate"], check=True)
+        down = service.client.get("/v1/jobs", headers=service.headers)
+        assert down.status_code == 503
+        assert down.json()["error"]["type"] == "service_unavailable"
+        time.sleep(3)
+        subprocess.run([*ctl, "start"], check=True)
+        job = service.wait_status(job_id, TERMINAL, 300, worker)
+        assert job["status"] == "succeeded", job
+        assert service.metric_steps(job_id) == [1, 2, 3, 4, 5]
+        service.client.close()
+    finally:
+        subprocess.run(["pg_dropcluster", version, cluster, "--stop"], capture_output=True)
