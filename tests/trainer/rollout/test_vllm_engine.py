@@ -1,0 +1,209 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from tests.trainer.rollout.conftest import chat_prompts, teacher_forced_logprobs
+from trainer.models import load_policy, resolve_model
+from trainer.rollout.base import Completion, make_engine
+from trainer.rollout.hf_engine import HFEngine
+
+pytest.importorskip("vllm")  # GPU test machines carry no vLLM build
+
+from trainer.rollout.vllm_engine import VLLMEngine
+
+QUESTIONS = ["what is 2+3?", "hi", "count: 1, 2, 3"]
+MAX_MODEL_LEN = 256
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Iterator[VLLMEngine]:
+    # One engine for the module: starting one costs seconds. Each test that depends on the
+    # engine's weights syncs them first, so test order does not matter.
+    _, tokenizer = load_policy(tiny_model_dir)
+    vllm_engine = make_engine(
+        "vllm",
+        tiny_model_dir,
+        tokenizer,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_gib=1.0,
+    )
+    assert isinstance(vllm_engine, VLLMEngine)
+    yield vllm_engine
+    vllm_engine.close()
+
+
+@pytest.fixture()
+def policy(tiny_model_dir: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    return load_policy(tiny_model_dir)
+
+
+def _ids(groups: list[list[Completion]]) -> list[list[list[int]]]:
+    return [[c.token_ids for c in group] for group in groups]
+
+
+def _mean_logprob_gap(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    groups: list[list[Completion]],
+    temperature: float,
+) -> float:
+    """Mean |engine logprob - transformers logprob| over all sampled tokens."""
+    gaps = []
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            assert c.logprobs is not None
+            reference = teacher_forced_logprobs(model, prompt, c.token_ids, temperature)
+            gaps.append((torch.tensor(c.logprobs) - reference).abs())
+    return torch.cat(gaps).mean().item()
+
+
+def test_importing_base_does_not_import_vllm(tmp_path: Path) -> None:
+    import subprocess
+
+    code = "import sys, trainer.rollout.base; print('vllm' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_generate_shapes_and_finish_reasons(engine: VLLMEngine, policy) -> None:
+    model, tokenizer = policy
+    engine.sync_weights(model)
+    prompts = chat_prompts(tokenizer, QUESTIONS)
+    groups = engine.generate(prompts, 4, max_new_tokens=24, temperature=1.0, seed=0)
+    assert len(groups) == len(prompts)
+    reasons = set()
+    for group in groups:
+        assert len(group) == 4
+        for c in group:
+            assert 1 <= len(c.token_ids) <= 24
+            assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+            assert c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            eos_positions = [i for i, t in enumerate(c.token_ids) if t == tokenizer.eos_token_id]
+            if c.finish_reason == "stop":
+                assert eos_positions == [len(c.token_ids) - 1]
+            else:
+                assert eos_positions == [] and len(c.token_ids) == 24
+            reasons.add(c.finish_reason)
+    assert reasons == {"stop", "length"}
+    assert len({tuple(c.token_ids) for c in groups[0]}) > 1
+
+
+def test_per_call_seed_is_deterministic(engine: VLLMEngine, policy) -> None:
+    model, tokenizer = policy
+    engine.sync_weights(model)
+    prompts = chat_prompts(tokenizer, QUESTIONS)
+    kwargs = {"max_new_tokens": 16, "temperature": 0.9}
+    torch.manual_seed(123)
+    expected_next_draw = torch.rand(3)
+    torch.manual_seed(123)
+    first = engine.generate(prompts, 3, seed=7, **kwargs)
+    # The caller's global RNG stream is left where it was.
+    assert torch.equal(torch.rand(3), expected_next_draw)
+    other = engine.generate(prompts, 3, seed=8, **kwargs)
+    greedy = engine.generate(prompts[:1], 2, seed=7, greedy=True, **kwargs)
+    again = engine.generate(prompts, 3, seed=7, **kwargs)
+    assert again == first
+    assert _ids(other) != _ids(first)
+    assert len(greedy[0]) == 2
+
+
+def test_logprobs_match_transformers_at_temperature(engine: VLLMEngine, policy) -> None:
+    model, tokenizer = policy
+    engine.sync_weights(model)
+    prompts = chat_prompts(tokenizer, QUESTIONS)
+    for temperature in (0.6, 1.0, 1.4):
+        groups = engine.generate(prompts, 3, max_new_tokens=20, temperature=temperature, seed=3)
+        assert _mean_logprob_gap(model, prompts, groups, temperature) < 1e-4
+
+
+def test_greedy_matches_transformers_greedy(engine: VLLMEngine, policy, tiny_model_dir) -> None:
+    model, tokenizer = policy
+    engine.sync_weights(model)
+    prompts = chat_prompts(tokenizer, QUESTIONS)
+    kwargs = {"max_new_tokens": 20, "temperature": 0.8, "seed": 0, "greedy": True}
+    ours = engine.generate(prompts, 2, **kwargs)
+    hf = HFEngine(model, tokenizer, dtype="float32", max_model_len=MAX_MODEL_LEN)
+    reference = hf.generate(prompts, 2, **kwargs)
+    assert _ids(ours) == _ids(reference)
+    assert [[c.finish_reason for c in g] for g in ours] == [
+        [c.finish_reason for c in g] for g in reference
+    ]
+    # Greedy logprobs are reported at temperature 1, like the transformers engine.
+    assert _mean_logprob_gap(model, prompts, ours, 1.0) < 1e-4
+
+
+def test_weight_sync_is_real(engine: VLLMEngine, policy) -> None:
+    model, tokenizer = policy
+    assert engine.sync_weights(model) >= 0.0
+    prompts = chat_prompts(tokenizer, QUESTIONS)
+    greedy = {"max_new_tokens": 20, "temperature": 1.0, "seed": 0, "greedy": True}
+    old_greedy = engine.generate(prompts, 1, **greedy)
+
+    # One large SGD step that makes the policy prefer "7" after every prompt.
+    target = tokenizer.convert_tokens_to_ids("7")
+    optimizer = torch.optim.SGD(model.parameters(), lr=5.0)
+    model.train()
+    batch = torch.tensor([p[-4:] for p in prompts])  # [3, 4], same length, no padding
+    logits = model(batch).logits[:, -1]  # [3, V]
+    loss = torch.nn.functional.cross_entropy(logits, torch.full((3,), target))
+    loss.backward()
+    optimizer.step()
+    model.eval()
+
+    hf = HFEngine(model, tokenizer, dtype="float32", max_model_len=MAX_MODEL_LEN)
+    new_greedy = hf.generate(prompts, 1, **greedy)
+    assert _ids(new_greedy) != _ids(old_greedy)  # the update changed the policy's behaviour
+
+    sampling = {"max_new_tokens": 20, "temperature": 0.8, "seed": 11}
+    # Before the sync the engine still runs the old weights...
+    assert _ids(engine.generate(prompts, 1, **greedy)) == _ids(old_greedy)
+    stale = engine.generate(prompts, 2, **sampling)
+    assert _mean_logprob_gap(model, prompts, stale, 0.8) > 1e-2
+
+    seconds = engine.sync_weights(model)
+    assert 0.0 < seconds < 30.0
+    # ...and after it, it generates from the new ones, with matching logprobs.
+    assert _ids(engine.generate(prompts, 1, **greedy)) == _ids(new_greedy)
+    fresh = engine.generate(prompts, 2, **sampling)
+    assert _mean_logprob_gap(model, prompts, fresh, 0.8) < 1e-3
+
+
+def test_prompt_must_fit_max_model_len(engine: VLLMEngine) -> None:
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate([[1] * MAX_MODEL_LEN], 1, max_new_tokens=4, temperature=1.0, seed=0)
+
+
+@pytest.mark.slow
+def test_smollm2_bfloat16_engine_answers_and_syncs() -> None:
+    # A second engine in this module: the real model, in the dtype production runs use.
+    path = resolve_model("smollm2-135m-instruct")
+    model, tokenizer = load_policy(path)
+    smol = make_engine("vllm", path, tokenizer, dtype="bfloat16", max_model_len=512)
+    try:
+        prompts = [
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": "What is 2+3? Answer with a number."}],
+                add_generation_prompt=True,
+            )["input_ids"]
+        ]
+        kwargs = {"max_new_tokens": 24, "temperature": 1.0, "seed": 0, "greedy": True}
+        answer = smol.generate(prompts, 1, **kwargs)[0][0]
+        assert "5" in answer.text, answer.text
+        assert answer.finish_reason == "stop"
+        seconds = smol.sync_weights(model)
+        assert seconds < 30.0
+        assert smol.generate(prompts, 1, **kwargs)[0][0] == answer
+        sampled = smol.generate(prompts, 4, max_new_tokens=24, temperature=1.0, seed=0)
+        # bf16 engine vs fp32 trainer: close, not equal.
+        assert _mean_logprob_gap(model, prompts, sampled, 1.0) < 0.1
+    finally:
+        smol.close()

