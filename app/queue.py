@@ -22,12 +22,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     transport: dict[str, Any] = {}
     if broker.startswith("filesystem://"):
         folder = settings.broker_folder
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         transport = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            # kombu keeps exchange bindings in ./control unless told otherwise.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         }
     elif broker.startswith(("redis://", "rediss://")):

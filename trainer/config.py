@@ -220,7 +220,8 @@ class KLSpec(StrictModel):
 
 class DynamicSamplingSpec(StrictModel):
     enabled: bool = Field(
-        default=False, description="Drop groups whose rewards are all equal and sample more prompts."
+        default=False,
+        description="Drop groups whose rewards are all equal and sample more prompts.",
     )
     max_rounds: int = Field(
         default=3, ge=1, le=20, description="Most sampling rounds per step to fill the batch."
@@ -238,8 +239,12 @@ class OverlongSpec(StrictModel):
 
 
 class GRPOSpec(StrictModel):
-    steps: int = Field(default=20, ge=1, le=100_000, description="Optimizer steps (rollout batches).")
-    prompts_per_step: int = Field(default=8, ge=1, le=4096, description="Prompts per rollout batch.")
+    steps: int = Field(
+        default=20, ge=1, le=100_000, description="Optimizer steps (rollout batches)."
+    )
+    prompts_per_step: int = Field(
+        default=8, ge=1, le=4096, description="Prompts per rollout batch."
+    )
     group_size: int = Field(
         default=8, ge=2, le=256, description="Completions sampled per prompt (G)."
     )
@@ -264,7 +269,10 @@ class GRPOSpec(StrictModel):
     )
     eps_low: float = Field(default=0.2, ge=0, lt=1, description="Lower clip: ratio >= 1 - eps_low.")
     eps_high: float = Field(
-        default=0.28, ge=0, le=10, description="Upper clip: ratio <= 1 + eps_high (DAPO clip-higher)."
+        default=0.28,
+        ge=0,
+        le=10,
+        description="Upper clip: ratio <= 1 + eps_high (DAPO clip-higher).",
     )
     kl: KLSpec = Field(default_factory=KLSpec, description="KL regularisation.")
     advantage_scale: AdvantageScale = Field(
@@ -338,9 +346,7 @@ class EvalSpec(StrictModel):
 class JobSpec(StrictModel):
     """Everything needed to run one GRPO fine-tune."""
 
-    name: str | None = Field(
-        default=None, max_length=120, description="Human-readable job name."
-    )
+    name: str | None = Field(default=None, max_length=120, description="Human-readable job name.")
     model: str = Field(
         default="smollm2-135m-instruct",
         min_length=1,
@@ -408,7 +414,9 @@ class JobSpec(StrictModel):
                 "use placement 'reward' or k3_unbiased"
             )
         if kl.active and kl.estimator == "k2" and self.grpo.num_iterations > 1:
-            out.append("k2 in the loss is biased off-policy (num_iterations > 1); prefer k3_unbiased")
+            out.append(
+                "k2 in the loss is biased off-policy (num_iterations > 1); prefer k3_unbiased"
+            )
         if kl.beta > 0 and kl.estimator == "none":
             out.append("kl.beta is ignored because kl.estimator is none")
         return out
