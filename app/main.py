@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from app import error_handlers
 from app.limits import BodySizeLimit
 from app.queue import Dispatcher
-from app.routes import files, health, jobs, progress
+from app.routes import dashboard, files, health, jobs, progress
 from app.settings import Settings, build_settings
 from app.state import build_state
 
@@ -28,4 +28,5 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(jobs.router)
     app.include_router(progress.router)
     app.include_router(files.router)
+    app.include_router(dashboard.router)
     return app

