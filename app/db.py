@@ -35,7 +35,8 @@ def make_engine(url: str) -> Engine:
         return engine
     connect_args: dict[str, Any] = {}
     if url.startswith("postgresql"):
-        connect_args = {"connect_timeout": 2}
+        # Short enough that a dead database is a quick 503, long enough for a loaded machine.
+        connect_args = {"connect_timeout": 5}
     return create_engine(
         url, pool_pre_ping=True, pool_size=10, max_overflow=10, connect_args=connect_args
     )

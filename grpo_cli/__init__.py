@@ -1,1 +1,2 @@
-"""The `grpo` command line: serve, worker, db, keys, train."""
+"""The `grpo` command line: serve, worker, db, keys, train, and the API client commands
+(submit, jobs, logs, metrics)."""

@@ -46,7 +46,13 @@ class Client:
         self.close()
 
     def _json(self, response: httpx.Response) -> dict[str, Any]:
-        body = response.json() if response.content else {}
+        try:
+            body = response.json() if response.content else {}
+        except ValueError:
+            # A proxy or load balancer in front of the API may answer with HTML or plain text.
+            body = {"error": {"type": "http_error", "message": response.text[:300]}}
+            if response.status_code < 400:
+                raise ApiError(response.status_code, body) from None
         if response.status_code >= 400:
             raise ApiError(response.status_code, body)
         return dict(body)
@@ -57,8 +63,68 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._json(self._http.post("/v1/jobs", json=spec, headers=headers))
 
+    def submit_job(
+        self, spec: dict[str, Any], idempotency_key: str | None = None
+    ) -> tuple[dict[str, Any], bool]:
+        """Like create_job, and also says whether the server replayed an earlier job created
+        with the same Idempotency-Key (True) instead of creating a new one."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        response = self._http.post("/v1/jobs", json=spec, headers=headers)
+        body = self._json(response)
+        return body, response.headers.get("Idempotent-Replayed", "").lower() == "true"
+
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._json(self._http.get(f"/v1/jobs/{job_id}"))
+
+    def list_jobs(
+        self, statuses: list[str] | None = None, limit: int = 20, after: str | None = None
+    ) -> dict[str, Any]:
+        """One page, newest first: {"data": [job...], "has_more", "next_after"}."""
+        params: list[tuple[str, Any]] = [("limit", limit)]
+        params += [("status", s) for s in statuses or []]
+        if after:
+            params.append(("after", after))
+        return self._json(self._http.get("/v1/jobs", params=params))
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return self._json(self._http.post(f"/v1/jobs/{job_id}/cancel"))
+
+    def events(self, job_id: str, after: int | None = None, limit: int = 1000) -> dict[str, Any]:
+        """One page of the audit log, oldest first: {"data", "has_more", "next_after"}."""
+        params: dict[str, int] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
+        return self._json(self._http.get(f"/v1/jobs/{job_id}/events", params=params))
+
+    def all_events(self, job_id: str) -> list[dict[str, Any]]:
+        """Every event so far, following the cursor."""
+        out: list[dict[str, Any]] = []
+        after: int | None = None
+        while True:
+            page = self.events(job_id, after=after)
+            out += page["data"]
+            if not page["has_more"]:
+                return out
+            after = page["next_after"]
+
+    def metrics(
+        self,
+        job_id: str,
+        names: list[str] | None = None,
+        step_from: int | None = None,
+        step_to: int | None = None,
+        max_points: int | None = None,
+    ) -> dict[str, Any]:
+        """{"steps", "available", "series": {name: [{"step", "value", "min", "max", "count"}]}}."""
+        params: list[tuple[str, Any]] = [("names", n) for n in names or []]
+        for key, value in (
+            ("step_from", step_from),
+            ("step_to", step_to),
+            ("max_points", max_points),
+        ):
+            if value is not None:
+                params.append((key, value))
+        return self._json(self._http.get(f"/v1/jobs/{job_id}/metrics", params=params))
 
     def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         return list(self._json(self._http.get(f"/v1/jobs/{job_id}/checkpoints"))["data"])

@@ -1,10 +1,13 @@
 """`grpo` entry point. Subcommands import what they need lazily, so `grpo keys create` never
-loads torch and `grpo train` never loads the web stack."""
+loads torch, `grpo train` never loads the web stack, and the client commands (submit, jobs, logs,
+metrics) need only httpx: they run where neither the service nor torch is installed."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from grpo_cli.ci_args import CI_COMMANDS, add_ci_commands
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="Run a recipe locally (no server).", add_help=False)
     train.add_argument("args", nargs=argparse.REMAINDER)
+
+    add_ci_commands(sub)
     return parser
 
 
@@ -45,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return train_main(argv[1:])
     args = _parser().parse_args(argv)
+    if args.command in CI_COMMANDS:
+        from grpo_cli.ci import run
+
+        return run(args)
     from app.settings import build_settings
 
     if args.command == "worker":

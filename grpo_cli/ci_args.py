@@ -1,0 +1,220 @@
+"""Arguments of the client commands (`grpo submit`, `jobs`, `logs`, `metrics`) and their exit
+codes. Only argparse here: `grpo` builds its whole parser for every command, and the client code
+itself (grpo_cli.ci) is imported only when one of these commands runs."""
+
+from __future__ import annotations
+
+import argparse
+from enum import IntEnum
+
+from grpo_cli.gates import Requirement, parse_duration, parse_requirement
+
+
+class Exit(IntEnum):
+    """Exit codes of the client commands; docs/ci.md has the same table."""
+
+    OK = 0  # done; for `submit --wait`: the job succeeded and met every --require
+    INTERNAL = 1  # an unexpected error (a bug): a traceback is printed
+    USAGE = 2  # bad arguments or spec file, no key, or the API refused the request (4xx)
+    JOB_FAILED = 3  # the job ended failed or cancelled
+    REQUIREMENT_NOT_MET = 4  # the job succeeded, but a --require did not hold
+    TIMED_OUT = 5  # --timeout passed before the job ended
+    UNAVAILABLE = 6  # the API could not be reached, or answered 5xx / 409 (retry later)
+
+
+EXIT_CODES_HELP = """\
+exit codes:
+  0  succeeded, and every --require holds
+  1  unexpected error (a bug; a traceback is printed)
+  2  usage error: bad arguments, unreadable spec, no API key, or the API refused
+     the request (401 bad key, 404 no such job, 422 invalid spec)
+  3  the job failed or was cancelled
+  4  the job succeeded but a --require did not hold
+  5  --timeout passed before the job finished (the job keeps running unless
+     --cancel-on-timeout)
+  6  the API could not be reached or was unavailable (connection error, 5xx, 409);
+     retrying is safe: the idempotency key returns the same job
+"""
+
+SUBMIT_EPILOG = (
+    EXIT_CODES_HELP
+    + """
+requirements are checked on the job's final metrics: for each metric, the value
+recorded at the last step that has it (eval/* metrics: the last evaluation).
+A metric the job never recorded fails its requirement.
+"""
+)
+
+SUBMIT_DESCRIPTION = """\
+Submit a job spec (YAML or JSON; - for stdin), optionally wait for it to end and
+gate on its final metrics.
+
+Retrying is safe: the Idempotency-Key defaults to a hash of the spec and the
+commit being built ($GITHUB_SHA, $CI_COMMIT_SHA, or `git rev-parse HEAD` in the
+spec's folder), so a re-run of the same pipeline gets the job it already started
+instead of starting a second one.
+"""
+
+CI_COMMANDS = ("submit", "jobs", "logs", "metrics")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _requirement(text: str) -> Requirement:
+    try:
+        return parse_requirement(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _connection_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("connection and output")
+    group.add_argument(
+        "--api-url",
+        default=None,
+        help="API address (default: $GRPO_API_URL, else http://127.0.0.1:8000).",
+    )
+    group.add_argument(
+        "--api-key",
+        default=None,
+        help="API key (default: $GRPO_API_KEY, else the file $GRPO_DATA_DIR/api-key "
+        "that `grpo serve` writes, by default .grpo/api-key).",
+    )
+    group.add_argument(
+        "--retry-for",
+        type=_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="Keep retrying while the API is unreachable or answers 5xx/409 for up to DURATION "
+        "(default 1m), then exit 6. Covers single requests, --wait and logs --follow.",
+    )
+    group.add_argument("--json", action="store_true", help="Machine-readable JSON on stdout.")
+    return common
+
+
+def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = _connection_options()
+    raw = argparse.RawDescriptionHelpFormatter
+
+    submit = sub.add_parser(
+        "submit",
+        parents=[common],
+        help="Submit a job spec; optionally wait for it and gate on its metrics.",
+        description=SUBMIT_DESCRIPTION,
+        epilog=SUBMIT_EPILOG,
+        formatter_class=raw,
+    )
+    submit.add_argument("spec", help="Job spec file (YAML or JSON), or - for stdin.")
+    submit.add_argument(
+        "--wait",
+        action="store_true",
+        help="Wait until the job ends (implied by --timeout and --require).",
+    )
+    submit.add_argument(
+        "--timeout",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="Give up waiting after DURATION (90s, 30m, 2h, 1h30m), counted from the start of "
+        "the command; exit 5.",
+    )
+    submit.add_argument(
+        "--require",
+        type=_requirement,
+        action="append",
+        default=[],
+        metavar="REQUIREMENT",
+        help="A gate on a final metric, e.g. 'reward/mean>=0.6' or 'eval/accuracy>0.5' "
+        "(operators >=, <=, ==, >, <). Repeatable; all must hold, else exit 4.",
+    )
+    key = submit.add_mutually_exclusive_group()
+    key.add_argument(
+        "--idempotency-key",
+        default=None,
+        help="Override the default key (a hash of the spec and the CI commit).",
+    )
+    key.add_argument(
+        "--no-idempotency-key",
+        action="store_true",
+        help="Send no key: always create a new job.",
+    )
+    submit.add_argument(
+        "--cancel-on-timeout",
+        action="store_true",
+        help="Cancel the job when --timeout passes (it keeps running otherwise).",
+    )
+    submit.add_argument(
+        "--poll-interval",
+        type=_duration,
+        default=2.0,
+        metavar="DURATION",
+        help="How often to check the job while waiting (default 2s).",
+    )
+    submit.add_argument(
+        "--no-progress", action="store_true", help="No progress bar on stderr while waiting."
+    )
+
+    jobs = sub.add_parser("jobs", help="List, show and cancel jobs.")
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
+    listing = jobs_sub.add_parser("list", parents=[common], help="List jobs, newest first.")
+    listing.add_argument(
+        "--status",
+        action="append",
+        default=[],
+        choices=["queued", "running", "cancelling", "succeeded", "failed", "cancelled"],
+        help="Only jobs in this status (repeatable).",
+    )
+    listing.add_argument("--limit", type=int, default=20, help="At most this many (1-100).")
+    listing.add_argument("--after", default=None, help="Cursor: the last job id of a page.")
+    show = jobs_sub.add_parser("show", parents=[common], help="One job in detail.")
+    show.add_argument("job_id")
+    cancel = jobs_sub.add_parser(
+        "cancel", parents=[common], help="Cancel a job (a no-op when it already ended)."
+    )
+    cancel.add_argument("job_id")
+
+    logs = sub.add_parser(
+        "logs",
+        parents=[common],
+        help="A job's events and per-step metrics.",
+        description="Print a job's events and per-step metrics so far. With --follow, keep\n"
+        "streaming until the job ends; a dropped connection is resumed where it stopped\n"
+        "(Last-Event-ID), so every message is printed exactly once.",
+        epilog="exit codes:\n"
+        "  0  done (with --follow: the job succeeded)\n"
+        "  2  usage error, or the API refused the request (401, 404)\n"
+        "  3  with --follow: the job failed or was cancelled\n"
+        "  6  the API could not be reached or was unavailable",
+        formatter_class=raw,
+    )
+    logs.add_argument("job_id")
+    logs.add_argument("-f", "--follow", action="store_true", help="Stream until the job ends.")
+
+    metrics = sub.add_parser(
+        "metrics",
+        parents=[common],
+        help="A job's per-step metrics as a table, CSV or JSON.",
+    )
+    metrics.add_argument("job_id")
+    metrics.add_argument(
+        "--csv", action="store_true", help="CSV on stdout: one row per step, one column per metric."
+    )
+    metrics.add_argument(
+        "--name",
+        dest="names",
+        action="append",
+        default=[],
+        help="Only this metric (repeatable); default: all.",
+    )
+    metrics.add_argument(
+        "--max-points",
+        type=int,
+        default=None,
+        help="Downsample each series to at most this many buckets (bucket means).",
+    )
