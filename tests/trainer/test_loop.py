@@ -1,0 +1,424 @@
+"""The training loop on the tiny random Llama (transformers engine unless a test says vllm).
+
+The toy task: the reward is 1 when the completion contains the digit 7. The untrained model
+writes one in ~30% of its 16-character completions; GRPO drives that to ~100% in a few steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trainer.loop as loop_module
+from trainer import losses
+from trainer.callbacks import Callbacks, RolloutSample, RunInfo
+from trainer.config import JobSpec
+from trainer.errors import NonFiniteLossError, TrainerError
+from trainer.loop import train
+from trainer.rollout.base import Completion, RolloutEngine, make_engine
+
+CATALOG = {
+    "reward/mean", "reward/std", "reward/has_seven/mean", "frac_zero_std_groups",
+    "advantage/abs_mean", "entropy", "loss/policy", "loss/kl", "clip_frac/low", "clip_frac/high",
+    "grad_norm", "lr", "completion_len/mean", "completion_len/max", "truncated_frac",
+    "time/rollout", "time/reward", "time/logprobs", "time/update", "time/weight_sync",
+    "time/step", "tokens_per_s/rollout", "logprob_diff/engine_vs_trainer",
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: the tiny model gains nothing from more, and on a shared 2-core
+    machine two spinning OpenMP threads per process made these runs ~50x slower (measured)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def tiny_spec(*, steps: int = 6, grpo: dict[str, Any] | None = None, **top: Any) -> JobSpec:
+    data: dict[str, Any] = {
+        "model": "tiny-random-llama",
+        "dataset": {"rows": [{"prompt": f"say {w}"} for w in "abcdefgh"]},
+        "graders": [{"type": "regex", "name": "has_seven", "pattern": "7"}],
+        "grpo": {
+            "steps": steps,
+            "prompts_per_step": 8,
+            "group_size": 8,
+            "max_new_tokens": 16,
+            "max_prompt_tokens": 32,
+            "learning_rate": 1e-3,
+            "micro_batch_size": 64,
+            **(grpo or {}),
+        },
+        "rollout": {"engine": "transformers"},
+        "checkpoint_interval": 0,
+        "seed": 0,
+    }
+    data.update(top)
+    return JobSpec.model_validate(data)
+
+
+class Recorder(Callbacks):
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.info: RunInfo | None = None
+        self.metrics: dict[int, dict[str, float]] = {}
+        self.events: list[tuple[str, str, str]] = []
+        self.samples: dict[int, list[RolloutSample]] = {}
+        self.checkpoints: list[tuple[int, Path]] = []
+        self.params: dict[int, torch.Tensor] = {}
+        self.stop_after = stop_after
+        self.model: torch.nn.Module | None = None
+
+    def on_start(self, info: RunInfo) -> None:
+        self.info = info
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        self.metrics[step] = metrics
+
+    def on_event(
+        self, kind: str, message: str, level: str = "info", data: dict[str, object] | None = None
+    ) -> None:
+        self.events.append((kind, level, message))
+
+    def on_samples(self, step: int, samples: list[RolloutSample]) -> None:
+        self.samples[step] = samples
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        assert path.is_dir() and (path / "manifest.json").is_file()  # after the rename
+        self.checkpoints.append((step, path))
+
+    def should_stop(self) -> bool:
+        return self.stop_after is not None and max(self.metrics, default=0) >= self.stop_after
+
+    def rewards(self) -> list[float]:
+        return [self.metrics[s]["reward/mean"] for s in sorted(self.metrics)]
+
+
+# --------------------------------------------------------------------------- learning
+
+
+@pytest.mark.parametrize(
+    ("estimator", "beta", "placement"),
+    [
+        ("k3", 0.0, "loss"),  # beta 0: no reference model at all
+        ("k1", 0.1, "reward"),  # k1 has no gradient in the loss; it belongs in the reward
+        ("k2", 0.1, "loss"),
+        ("k3", 0.1, "loss"),
+        ("k3_unbiased", 0.1, "loss"),
+    ],
+)
+def test_learns_the_toy_task(tmp_path: Path, estimator: str, beta: float, placement: str) -> None:
+    spec = tiny_spec(grpo={"kl": {"estimator": estimator, "beta": beta, "placement": placement}})
+    rec = Recorder()
+    result = train(spec, rec, output_dir=tmp_path)
+
+    rewards = rec.rewards()
+    assert len(rewards) == 6 and result.final_step == 6 and not result.stopped_early
+    first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
+    assert last > first + 0.25, rewards
+    assert last > 0.8, rewards
+
+    for step, metrics in rec.metrics.items():
+        expected = set(CATALOG)
+        if beta > 0:
+            expected |= {"kl", "kl_k3"}
+        assert set(metrics) == expected, (step, set(metrics) ^ expected)
+        assert all(math.isfinite(v) for v in metrics.values())
+        # Same model object generates and trains: the logprobs agree to float noise.
+        assert metrics["logprob_diff/engine_vs_trainer"] < 1e-4
+    if beta > 0:
+        # The policy moves away from the reference, which the KL metrics see.
+        assert rec.metrics[1]["kl_k3"] < 1e-6 < rec.metrics[6]["kl_k3"]
+        loss_kl = [m["loss/kl"] for m in rec.metrics.values()]
+        assert (max(loss_kl) > 0) == (placement == "loss")
+    assert result.checkpoint_path == tmp_path / "checkpoint-000006"
+    assert rec.checkpoints == [(6, tmp_path / "checkpoint-000006")]
+
+
+def test_feature_combination_learns(tmp_path: Path) -> None:
+    """Several updates per batch (old-logprob pass, clipping), minibatches with micro-batches,
+    dynamic sampling, overlong shaping, Dr. GRPO aggregation, a warmup+cosine schedule, and a
+    held-out evaluation."""
+    spec = tiny_spec(
+        steps=6,
+        grpo={
+            "num_iterations": 2,
+            "mini_batch_size": 32,
+            "micro_batch_size": 12,
+            "dynamic_sampling": {"enabled": True, "max_rounds": 2},
+            "overlong": {"enabled": True, "cache_tokens": 4, "penalty": 0.1},
+            "loss_aggregation": "seq_mean_token_sum_norm",
+            "advantage_scale": "batch",
+            "lr_schedule": "cosine",
+            "warmup_steps": 1,
+            "learning_rate": 2e-3,
+            "kl": {"estimator": "k3_unbiased", "beta": 0.05},
+        },
+        dataset={"rows": [{"prompt": f"say {w}"} for w in "abcdefghij"], "holdout": 2},
+        eval={"interval": 3},
+    )
+    rec = Recorder()
+    train(spec, rec, output_dir=tmp_path)
+    rewards = rec.rewards()
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
+    assert [s for s in rec.metrics if "eval/accuracy" in rec.metrics[s]] == [3, 6]
+    lrs = [rec.metrics[s]["lr"] for s in sorted(rec.metrics)]
+    assert lrs[0] == pytest.approx(2e-3) and lrs == sorted(lrs, reverse=True) and lrs[-1] > 0
+    assert any(m["clip_frac/low"] + m["clip_frac/high"] > 0 for m in rec.metrics.values())
+    assert all(m["time/logprobs"] > 0 for m in rec.metrics.values())
+    # With dynamic sampling, the groups trained on have a learning signal.
+    for step, samples in rec.samples.items():
+        assert 1 <= len(samples) <= 2
+        for group in samples:
+            assert len(group.completions) == 8
+            if len({c.reward for c in group.completions}) > 1:
+                assert any(c.advantage != 0 for c in group.completions), step
+
+
+def test_micro_batching_does_not_change_the_update(tmp_path: Path) -> None:
+    """Gradient accumulation over micro-batches with global token counts equals one pass."""
+    results = []
+    for micro in (32, 5):  # 5: uneven micro-batches
+        rec = Recorder()
+        spec = tiny_spec(
+            steps=2,
+            grpo={
+                "prompts_per_step": 4,
+                "max_new_tokens": 12,
+                "micro_batch_size": micro,
+                "kl": {"estimator": "k3", "beta": 0.1},
+            },
+        )
+        train(spec, rec, output_dir=tmp_path / str(micro))
+        results.append(rec.metrics)
+    for step in (1, 2):
+        for key in ("loss/policy", "loss/kl", "grad_norm", "reward/mean", "kl"):
+            assert results[0][step][key] == pytest.approx(results[1][step][key], abs=1e-5)
+
+
+# --------------------------------------------------------------------------- resume
+
+
+class RecordingEngine:
+    """Wraps a real engine and keeps the token ids of every sampled (non-greedy) call."""
+
+    def __init__(self, inner: RolloutEngine, log: list[list[list[int]]]) -> None:
+        self.inner = inner
+        self.log = log
+
+    def generate(self, prompts: list[list[int]], n: int, **kw: Any) -> list[list[Completion]]:
+        out = self.inner.generate(prompts, n, **kw)
+        if not kw.get("greedy"):
+            self.log.append([c.token_ids for group in out for c in group])
+        return out
+
+    def sync_weights(self, model: torch.nn.Module) -> float:
+        return self.inner.sync_weights(model)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch, log: list[list[list[int]]]) -> None:
+    def make(*args: Any, **kwargs: Any) -> RecordingEngine:
+        return RecordingEngine(make_engine(*args, **kwargs), log)
+
+    monkeypatch.setattr(loop_module, "make_engine", make)
+
+
+def test_resume_reproduces_the_straight_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = tiny_spec(
+        steps=4,
+        grpo={
+            "prompts_per_step": 4,
+            "group_size": 4,
+            "max_new_tokens": 12,
+            "num_iterations": 2,
+            "mini_batch_size": 8,
+            "lr_schedule": "cosine",
+            "warmup_steps": 1,
+            "kl": {"estimator": "k3_unbiased", "beta": 0.1},
+        },
+        dataset={"rows": [{"prompt": f"say {w}"} for w in "abcdef"]},  # epochs cross mid-step
+    )
+    straight_tokens: list[list[list[int]]] = []
+    _recording(monkeypatch, straight_tokens)
+    straight = Recorder()
+    train(spec, straight, output_dir=tmp_path / "straight")
+
+    resumed_tokens: list[list[list[int]]] = []
+    _recording(monkeypatch, resumed_tokens)
+    first = Recorder(stop_after=2)
+    half = train(spec, first, output_dir=tmp_path / "resumed")
+    assert half.stopped_early and half.final_step == 2
+    assert half.checkpoint_path == tmp_path / "resumed" / "checkpoint-000002"
+    second = Recorder()
+    result = train(spec, second, output_dir=tmp_path / "resumed", resume_from=half.checkpoint_path)
+    assert second.info is not None and second.info.start_step == 2
+    assert sorted(second.metrics) == [3, 4] and result.final_step == 4
+    assert any(kind == "resume" for kind, _, _ in second.events)
+
+    assert len(straight_tokens) == len(resumed_tokens) == 4
+    for step, (a, b) in enumerate(zip(straight_tokens, resumed_tokens, strict=True), start=1):
+        assert a == b, f"different samples at step {step}"
+    resumed_metrics = {**first.metrics, **second.metrics}
+    for step in range(1, 5):
+        for key, value in straight.metrics[step].items():
+            if key.startswith(("time/", "tokens_per_s")):
+                continue
+            assert resumed_metrics[step][key] == pytest.approx(value, abs=1e-5), (step, key)
+
+
+# --------------------------------------------------------------------------- failures, cancel
+
+
+def test_non_finite_updates_are_skipped_then_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = losses.clipped_surrogate
+    calls = {"n": 0}
+
+    def poisoned(*args: Any, **kwargs: Any) -> losses.SurrogateResult:
+        out = real(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 1:  # step 1 trains normally, every later update is NaN
+            return out
+        return out._replace(per_token_loss=out.per_token_loss * float("nan"))
+
+    monkeypatch.setattr(losses, "clipped_surrogate", poisoned)
+    spec = tiny_spec(steps=6, grpo={"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8})
+
+    class Snapshots(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights: dict[int, dict[str, torch.Tensor]] = {}
+
+    rec = Snapshots()
+
+    def make(*args: Any, **kwargs: Any) -> RolloutEngine:
+        policy = kwargs["policy_model"]
+        engine = make_engine(*args, **kwargs)
+
+        class Spy(RecordingEngine):
+            def generate(self, prompts: list[list[int]], n: int, **kw: Any) -> Any:
+                step = len(rec.metrics) + 1
+                rec.weights[step] = {k: v.clone() for k, v in policy.state_dict().items()}
+                return super().generate(prompts, n, **kw)
+
+        return Spy(engine, [])
+
+    monkeypatch.setattr(loop_module, "make_engine", make)
+    with pytest.raises(NonFiniteLossError) as info:
+        train(spec, rec, output_dir=tmp_path)
+    assert isinstance(info.value, TrainerError) and info.value.reason == "non_finite_loss"
+    assert sorted(rec.metrics) == [1, 2, 3]  # the 3rd non-finite update (step 4) is fatal
+    assert [kind for kind, _, _ in rec.events].count("non_finite") == 3
+    # Step 1 changed the weights; the skipped updates of steps 2 and 3 did not.
+    w = rec.weights
+    assert any(not torch.equal(w[1][k], w[2][k]) for k in w[1])
+    assert all(torch.equal(w[2][k], w[3][k]) and torch.equal(w[3][k], w[4][k]) for k in w[2])
+    assert "grad_norm" in rec.metrics[1] and "grad_norm" not in rec.metrics[2]
+    assert not list(tmp_path.glob("checkpoint-*"))
+
+
+def test_should_stop_stops_after_the_step_with_a_checkpoint(tmp_path: Path) -> None:
+    spec = tiny_spec(steps=5, grpo={"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8})
+    rec = Recorder(stop_after=2)
+    result = train(spec, rec, output_dir=tmp_path)
+    assert result.stopped_early and result.final_step == 2
+    assert sorted(rec.metrics) == [1, 2]
+    assert rec.checkpoints == [(2, tmp_path / "checkpoint-000002")]
+    assert result.checkpoint_path == tmp_path / "checkpoint-000002"
+    assert result.last_metrics == rec.metrics[2]
+    # on_samples: a bounded few groups per step, each with the graded completions.
+    assert sorted(rec.samples) == [1, 2]
+    for samples in rec.samples.values():
+        assert len(samples) == 2
+        for group in samples:
+            assert group.prompt.startswith("say ") and group.answer is None
+            assert len(group.completions) == 4
+            assert sum(c.advantage for c in group.completions) == pytest.approx(0, abs=1e-5)
+            for c in group.completions:
+                assert c.reward == c.rewards["has_seven"] == float("7" in c.text)
+                assert 1 <= c.num_tokens <= 8 and c.finish_reason in {"stop", "length"}
+
+
+def test_dynamic_sampling_without_signal_skips_the_update(tmp_path: Path) -> None:
+    # Every completion gets the same reward: no group carries a learning signal.
+    spec = tiny_spec(
+        steps=2,
+        grpo={
+            "prompts_per_step": 4,
+            "group_size": 4,
+            "max_new_tokens": 4,
+            "dynamic_sampling": {"enabled": True, "max_rounds": 3},
+        },
+        graders=[{"type": "length", "max_chars": 1000}],
+    )
+    rec = Recorder()
+    result = train(spec, rec, output_dir=tmp_path)
+    assert result.final_step == 2
+    kinds = [kind for kind, _, _ in rec.events]
+    assert kinds.count("dynamic_sampling") == 2 and kinds.count("no_signal") == 2
+    for metrics in rec.metrics.values():
+        assert metrics["frac_zero_std_groups"] == 1.0 and metrics["reward/mean"] == 1.0
+        assert "loss/policy" not in metrics and "grad_norm" not in metrics
+        assert metrics["time/weight_sync"] == 0.0
+    # Each step tried all 3 rounds to find a signal.
+    messages = [m for kind, _, m in rec.events if kind == "dynamic_sampling"]
+    assert all("dropped 12 of 12 groups" in m and "3 sampling rounds" in m for m in messages)
+    assert all(len(s) == 2 for s in rec.samples.values())
+
+
+def test_file_dataset_must_be_resolved(tmp_path: Path) -> None:
+    spec = tiny_spec(dataset={"file_id": "file_123"})
+    with pytest.raises(ValueError, match="resolved into rows"):
+        train(spec, Recorder(), output_dir=tmp_path)
+
+
+# --------------------------------------------------------------------------- vLLM
+
+
+def test_vllm_engine_gets_the_trained_weights(tmp_path: Path) -> None:
+    """The engine generates with the weights of the last update: its logprobs of the sampled
+    tokens match the trainer's (float32 engine) at every step, also after weights changed."""
+    spec = tiny_spec(steps=3, rollout={"engine": "vllm", "dtype": "float32", "kv_cache_gib": 1})
+    rec = Recorder()
+    train(spec, rec, output_dir=tmp_path)
+    diffs = [rec.metrics[s]["logprob_diff/engine_vs_trainer"] for s in (1, 2, 3)]
+    assert all(d < 1e-3 for d in diffs), diffs
+    assert rec.metrics[2]["time/weight_sync"] > 0
+
+
+# --------------------------------------------------------------------------- SmolLM2 (slow)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_smollm2_recipe_runs_two_steps(tmp_path: Path) -> None:
+    """The real recipe for two steps: about 3 minutes on an otherwise idle 2-core CPU (start-up
+    ~25 s, 60-75 s per step, greedy evaluation of 32 held-out rows at the end); up to ~12 minutes
+    on a heavily shared one (step 1 took 270 s at load average 6)."""
+    from trainer.cli import load_recipe
+
+    recipes = Path(__file__).resolve().parents[2] / "recipes"
+    spec = load_recipe(recipes / "smollm2-arithmetic.yaml", steps=2)
+    rec = Recorder()
+    result = train(spec, rec, output_dir=tmp_path)
+    assert result.final_step == 2 and result.checkpoint_path is not None
+    for metrics in rec.metrics.values():
+        assert all(math.isfinite(v) for v in metrics.values())
+        # The base model gets single-digit sums right about a quarter of the time.
+        assert 0.02 < metrics["reward/numeric/mean"] < 0.9
+        # bf16 engine vs fp32 trainer: small but non-zero disagreement.
+        assert metrics["logprob_diff/engine_vs_trainer"] < 0.2
+    assert 0.0 <= rec.metrics[2]["eval/accuracy"] <= 1.0
+    assert rec.metrics[1]["kl_k3"] < 1e-6

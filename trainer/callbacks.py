@@ -1,0 +1,184 @@
+"""How a training run reports progress: the interface the service's worker implements.
+
+The trainer calls these hooks; it never knows where the data goes (a database, a terminal, a
+test's list). Every hook has a no-op default, so a subclass overrides only what it needs.
+Hooks run on the training thread: keep them quick, and let them raise only to abort the run.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from tqdm import tqdm
+
+__all__ = [
+    "CallbackList",
+    "Callbacks",
+    "CompletionSample",
+    "ConsoleCallbacks",
+    "RolloutSample",
+    "RunInfo",
+]
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a run is about to do; passed to :meth:`Callbacks.on_start`."""
+
+    total_steps: int
+    start_step: int  # steps already done (0, or the step of the checkpoint resumed from)
+    model_path: Path
+    output_dir: Path
+    device: str  # the trainer's torch device ("cpu", "cuda:0")
+    engine: str  # rollout engine kind ("vllm", "transformers")
+    resumed_from: Path | None = None
+
+
+@dataclass(frozen=True)
+class CompletionSample:
+    text: str
+    reward: float  # total (weighted) task reward, before shaping
+    rewards: dict[str, float]  # unweighted score per grader
+    advantage: float  # 0.0 for a group dropped by dynamic sampling
+    num_tokens: int
+    finish_reason: str  # "stop" (eos) or "length" (hit max_new_tokens)
+
+
+@dataclass(frozen=True)
+class RolloutSample:
+    """One prompt's group of completions, for inspection (bounded: a few groups per step)."""
+
+    prompt: str
+    answer: str | None
+    completions: list[CompletionSample] = field(default_factory=list)
+
+
+class Callbacks:
+    """No-op base class; subclass and override."""
+
+    def on_start(self, info: RunInfo) -> None:
+        """Called once, after models and the engine are loaded, before the first step."""
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        """Called after the update of ``step`` (1-based) with that step's metrics."""
+
+    def on_event(
+        self, kind: str, message: str, level: str = "info", data: dict[str, object] | None = None
+    ) -> None:
+        """Something worth a line in the job's log (level: "info", "warning" or "error")."""
+
+    def on_samples(self, step: int, samples: list[RolloutSample]) -> None:
+        """A few rollout groups of ``step``, called before :meth:`on_step`."""
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        """A checkpoint of ``step`` is complete at ``path`` (called after the atomic rename)."""
+
+    def should_stop(self) -> bool:
+        """Polled between steps and between rollout rounds; True stops the run after saving a
+        checkpoint of the last completed step."""
+        return False
+
+
+class CallbackList(Callbacks):
+    """Fan every hook out to several callbacks; stop when any of them asks to."""
+
+    def __init__(self, *callbacks: Callbacks) -> None:
+        self.callbacks = list(callbacks)
+
+    def on_start(self, info: RunInfo) -> None:
+        for cb in self.callbacks:
+            cb.on_start(info)
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        for cb in self.callbacks:
+            cb.on_step(step, metrics)
+
+    def on_event(
+        self, kind: str, message: str, level: str = "info", data: dict[str, object] | None = None
+    ) -> None:
+        for cb in self.callbacks:
+            cb.on_event(kind, message, level, data)
+
+    def on_samples(self, step: int, samples: list[RolloutSample]) -> None:
+        for cb in self.callbacks:
+            cb.on_samples(step, samples)
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        for cb in self.callbacks:
+            cb.on_checkpoint(step, path)
+
+    def should_stop(self) -> bool:
+        # Ask every callback (no short-circuit) so each sees the poll.
+        answers = [cb.should_stop() for cb in self.callbacks]
+        return any(answers)
+
+
+class ConsoleCallbacks(Callbacks):
+    """A tqdm progress bar (step, reward, kl, seconds per step) and event lines, for the CLI.
+
+    ``request_stop()`` (e.g. from a SIGINT handler) makes the run stop after the current step
+    with a checkpoint.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, disable: bool = False) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._disable = disable
+        self._bar: tqdm[None] | None = None
+        self._stop = False
+
+    def request_stop(self) -> None:
+        self._stop = True
+
+    def should_stop(self) -> bool:
+        return self._stop
+
+    def _write(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.write(line, file=self._stream)
+        else:
+            print(line, file=self._stream, flush=True)
+
+    def on_start(self, info: RunInfo) -> None:
+        resumed = f", resumed from {info.resumed_from}" if info.resumed_from else ""
+        self._write(
+            f"training {info.model_path.name} for {info.total_steps} steps on {info.device} "
+            f"({info.engine} rollouts{resumed}); output in {info.output_dir}"
+        )
+        self._bar = tqdm(
+            total=info.total_steps,
+            initial=info.start_step,
+            desc="grpo",
+            unit="step",
+            file=self._stream,
+            disable=self._disable,
+            dynamic_ncols=True,
+        )
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        if self._bar is None:
+            return
+        postfix = {"step": step, "reward": f"{metrics.get('reward/mean', float('nan')):.3f}"}
+        if "kl" in metrics:
+            postfix["kl"] = f"{metrics['kl']:.4f}"
+        if "eval/accuracy" in metrics:
+            postfix["eval"] = f"{metrics['eval/accuracy']:.3f}"
+        postfix["s/step"] = f"{metrics.get('time/step', float('nan')):.1f}"
+        self._bar.set_postfix(postfix, refresh=False)
+        self._bar.update(1)
+
+    def on_event(
+        self, kind: str, message: str, level: str = "info", data: dict[str, object] | None = None
+    ) -> None:
+        if level != "info" or kind in {"resume", "stop", "eval", "error"}:
+            self._write(f"[{level}] {kind}: {message}")
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        self._write(f"checkpoint of step {step}: {path}")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,315 @@
+"""Atomic, resumable checkpoints.
+
+A checkpoint is a folder ``checkpoint-<step:06d>`` in the run's output dir holding:
+
+- the model (safetensors via ``save_pretrained``) and its tokenizer: a loadable HF model folder;
+- ``optimizer.pt``: optimizer and learning-rate scheduler state;
+- ``rng_state.pt``: python, numpy (when installed) and torch RNG states;
+- ``manifest.json``: format version, step, sampler position and small trainer state.
+
+It is written into a hidden temporary folder, every file fsynced, then renamed into place, so a
+``checkpoint-*`` folder is always complete; a crash leaves only a temporary folder, which
+:func:`sweep_temp_dirs` removes on the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "TrainState",
+    "checkpoint_path",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "save_checkpoint",
+    "sweep_temp_dirs",
+]
+
+FORMAT_VERSION = 1
+CHECKPOINT_PREFIX = "checkpoint-"
+_TMP_PREFIX = ".tmp-checkpoint-"
+_TRASH_PREFIX = ".trash-checkpoint-"
+_NAME = re.compile(r"^checkpoint-(\d{6,})$")
+MANIFEST = "manifest.json"
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng_state.pt"
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint restores besides the tensors: the step and the loop's plain data."""
+
+    step: int
+    sampler: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def checkpoint_path(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / f"{CHECKPOINT_PREFIX}{step:06d}"
+
+
+# --------------------------------------------------------------------------- durability
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    # Directory fsync makes the entries (the rename) durable; not every platform allows it.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            _fsync_file(Path(dirpath) / name)
+        _fsync_dir(Path(dirpath))
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete a folder by first renaming it to a hidden trash name, so a crash mid-delete never
+    leaves a partial folder that still looks like a checkpoint."""
+    trash = path.parent / f"{_TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- RNG
+
+
+def _rng_states() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    states: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+    except ImportError:
+        return states
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states["numpy"] = [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    return states
+
+
+def _restore_rng(states: dict[str, Any]) -> None:
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    if "numpy" in states:
+        try:
+            import numpy as np
+        except ImportError:
+            return
+        kind, keys, pos, has_gauss, cached = states["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints in ``output_dir`` as (step, path), oldest first."""
+    out = []
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    for entry in root.iterdir():
+        match = _NAME.match(entry.name)
+        if match and entry.is_dir() and (entry / MANIFEST).is_file():
+            out.append((int(match.group(1)), entry))
+    return sorted(out)
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The complete checkpoint with the highest step, or None."""
+    found = list_checkpoints(output_dir)
+    return found[-1][1] if found else None
+
+
+def sweep_temp_dirs(output_dir: Path) -> list[Path]:
+    """Remove temporary and trash folders left by interrupted saves or deletes; returns them."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    swept = []
+    for entry in root.iterdir():
+        if entry.is_dir() and entry.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
+            shutil.rmtree(entry, ignore_errors=True)
+            swept.append(entry)
+    return swept
+
+
+def prune_checkpoints(output_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints; returns the deleted paths."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    found = list_checkpoints(output_dir)
+    doomed = [path for _step, path in found[:-keep]]
+    for path in doomed:
+        _remove_tree(path)
+    return doomed
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def save_checkpoint(
+    output_dir: Path,
+    step: int,
+    *,
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    optimizer: Optimizer,
+    scheduler: LRScheduler | None,
+    sampler: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    keep: int | None = 3,
+) -> Path:
+    """Write ``checkpoint-<step>`` atomically and keep only the newest ``keep`` (None: all).
+
+    ``sampler`` and ``extra`` must be JSON-serialisable; they come back in :class:`TrainState`.
+    """
+    root = Path(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(root, step)
+    tmp = root / f"{_TMP_PREFIX}{step:06d}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        save_pretrained = getattr(model, "save_pretrained", None)
+        if not callable(save_pretrained):
+            raise TypeError(f"{type(model).__name__} has no save_pretrained")
+        save_pretrained(str(tmp), safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        torch.save(
+            {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            },
+            tmp / OPTIMIZER_FILE,
+        )
+        torch.save(_rng_states(), tmp / RNG_FILE)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "created_at": time.time(),
+            "sampler": sampler,
+            "extra": extra or {},
+            "files": [*sorted(p.name for p in tmp.iterdir()), MANIFEST],
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        _fsync_tree(tmp)
+        if final.exists():
+            # Same step saved before (a run resumed and stopped again): replace it.
+            _remove_tree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep is not None:
+        prune_checkpoints(root, keep)
+    return final
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    manifest_file = path / MANIFEST
+    if not manifest_file.is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {MANIFEST})")
+    manifest = json.loads(manifest_file.read_text())
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"checkpoint {path} has format {version}, expected {FORMAT_VERSION}")
+    return dict(manifest)
+
+
+def load_model_weights(path: Path, model: nn.Module) -> None:
+    """Load a checkpoint's safetensors weights into ``model`` in place.
+
+    Weights that ``save_pretrained`` leaves out because they are tied to another parameter
+    (e.g. lm_head tied to the embeddings) may be missing; any other missing or unexpected key
+    is an error.
+    """
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        shards = ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(str(path / shard)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    full = model.state_dict()
+    loaded_storage = {full[k].data_ptr() for k in state if k in full}
+    untied = [k for k in missing if full[k].data_ptr() not in loaded_storage]
+    if untied or unexpected:
+        raise ValueError(
+            f"checkpoint {path} does not match the model: missing {untied[:5]}, "
+            f"unexpected {list(unexpected)[:5]}"
+        )
+
+
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: Optimizer | None,
+    scheduler: LRScheduler | None,
+    *,
+    restore_rng: bool = True,
+) -> TrainState:
+    """Restore model weights, optimizer, scheduler and RNG states in place; returns the rest."""
+    path = Path(path)
+    manifest = _read_manifest(path)
+    load_model_weights(path, model)
+    saved = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+    if optimizer is not None:
+        optimizer.load_state_dict(saved["optimizer"])
+    if scheduler is not None and saved.get("scheduler") is not None:
+        scheduler.load_state_dict(saved["scheduler"])
+    if restore_rng:
+        _restore_rng(torch.load(path / RNG_FILE, map_location="cpu", weights_only=True))
+    return TrainState(
+        step=int(manifest["step"]),
+        sampler=dict(manifest["sampler"]),
+        extra=dict(manifest.get("extra", {})),
+        path=path,
+    )

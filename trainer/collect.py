@@ -1,0 +1,111 @@
+"""Rollout collection for one step: sample G completions per prompt, grade them, and (with DAPO
+dynamic sampling) drop groups whose rewards are all equal and sample more prompts to refill.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.advantages import zero_variance_groups
+from trainer.config import GRPOSpec
+from trainer.data import Example, PromptSampler
+from trainer.graders import GraderSet
+from trainer.rollout.base import Completion, RolloutEngine
+from trainer.step import derive_seed
+
+__all__ = ["Collected", "Group", "collect_groups"]
+
+
+@dataclass
+class Group:
+    """One prompt and its G graded completions."""
+
+    row: int  # index into the training rows
+    prompt_ids: list[int]
+    completions: list[Completion]
+    rewards: list[float]  # [G] total task reward (weighted grader sum)
+    per_grader: dict[str, list[float]]  # name -> [G] unweighted scores
+    zero_std: bool  # all rewards equal: no learning signal
+
+
+@dataclass
+class Collected:
+    groups: list[Group] = field(default_factory=list)  # every group sampled this step
+    kept: list[Group] = field(default_factory=list)  # the groups to train on
+    rounds: int = 0
+    rollout_seconds: float = 0.0
+    reward_seconds: float = 0.0
+    generated_tokens: int = 0
+    stop_requested: bool = False  # should_stop() said so between rounds
+
+    @property
+    def num_zero_std(self) -> int:
+        return sum(g.zero_std for g in self.groups)
+
+
+def collect_groups(
+    engine: RolloutEngine,
+    graders: GraderSet,
+    sampler: PromptSampler,
+    prompt_ids: Sequence[list[int]],
+    examples: Sequence[Example],
+    spec: GRPOSpec,
+    *,
+    seed: int,
+    step: int,
+    should_stop: Callable[[], bool],
+) -> Collected:
+    """Sample and grade ``spec.prompts_per_step`` groups for training step ``step``.
+
+    Round r of step s samples with the engine seed ``derive_seed(seed, s, r)``. Without dynamic
+    sampling every group is kept. With it, zero-variance groups (judged on the task reward, the
+    canonical signal, not on shaped rewards) are dropped and only the shortfall is sampled
+    again, for at most ``max_rounds`` rounds; the batch may end up smaller than asked.
+    """
+    target = spec.prompts_per_step
+    dynamic = spec.dynamic_sampling.enabled
+    rounds = spec.dynamic_sampling.max_rounds if dynamic else 1
+    out = Collected()
+    for rnd in range(rounds):
+        if rnd > 0 and should_stop():
+            out.stop_requested = True
+            break
+        need = target - len(out.kept)
+        rows = sampler.next(need)
+        started = time.perf_counter()
+        results = engine.generate(
+            [prompt_ids[r] for r in rows],
+            spec.group_size,
+            max_new_tokens=spec.max_new_tokens,
+            temperature=spec.temperature,
+            seed=derive_seed(seed, step, rnd),
+        )
+        out.rollout_seconds += time.perf_counter() - started
+        out.rounds += 1
+        started = time.perf_counter()
+        texts = [c.text for group in results for c in group]
+        answers = [examples[r].answer for r in rows for _ in range(spec.group_size)]
+        totals, per_grader = graders.score(texts, answers)
+        zero = zero_variance_groups(torch.tensor(totals, dtype=torch.float64).view(len(rows), -1))
+        out.reward_seconds += time.perf_counter() - started
+        g = spec.group_size
+        for i, (row, comps) in enumerate(zip(rows, results, strict=True)):
+            out.generated_tokens += sum(len(c.token_ids) for c in comps)
+            group = Group(
+                row=row,
+                prompt_ids=list(prompt_ids[row]),
+                completions=list(comps),
+                rewards=totals[i * g : (i + 1) * g],
+                per_grader={name: s[i * g : (i + 1) * g] for name, s in per_grader.items()},
+                zero_std=bool(zero[i]),
+            )
+            out.groups.append(group)
+            if not (dynamic and group.zero_std):
+                out.kept.append(group)
+        if len(out.kept) >= target:
+            break
+    return out

@@ -1,0 +1,21 @@
+"""Errors a training run can end with. ``reason`` is a stable machine-readable code that the
+service stores as the job's failure reason."""
+
+from __future__ import annotations
+
+
+class TrainerError(Exception):
+    """Base class of the trainer's own failures."""
+
+    reason: str = "trainer_error"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class NonFiniteLossError(TrainerError):
+    """Several updates in a row had a non-finite loss or gradient norm."""
+
+    reason = "non_finite_loss"

@@ -1,0 +1,136 @@
+"""Per-step metrics (the stable catalog of design.md section 6) and rollout samples.
+
+Names emitted by the loop:
+``reward/mean``, ``reward/std``, ``reward/<grader>/mean`` (unweighted scores), and
+``frac_zero_std_groups``, ``completion_len/mean``, ``completion_len/max``, ``truncated_frac``
+over EVERY completion sampled in the step (all dynamic-sampling rounds, kept or dropped: the
+honest learning curve; rewards before overlong/KL shaping);
+``advantage/abs_mean``, ``loss/policy``, ``loss/kl`` (beta times the aggregated KL, 0 unless
+placed in the loss), ``clip_frac/low``, ``clip_frac/high``, ``grad_norm`` (pre-clip), ``lr`` (the
+rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen estimator) and
+``kl_k3`` (always k3; only with a reference model), ``logprob_diff/engine_vs_trainer`` (mean
+|engine - trainer| logprob of the sampled tokens before the update), over the completions
+trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
+``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``; ``eval/accuracy`` on
+evaluation steps. Values that are not finite (e.g. ``grad_norm`` when every update was skipped)
+are left out of the step's metrics rather than sent as NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from trainer import kl as kl_math
+from trainer.callbacks import CompletionSample, RolloutSample
+from trainer.collect import Collected
+from trainer.config import KLEstimatorName
+from trainer.losses import masked_mean
+from trainer.step import UpdateStats
+
+__all__ = ["build_samples", "eval_accuracy", "rollout_metrics", "token_metrics", "update_metrics"]
+
+
+def rollout_metrics(col: Collected, grader_names: list[str]) -> dict[str, float]:
+    """Reward, length and timing statistics of the sampling phase."""
+    rewards = torch.tensor([r for g in col.groups for r in g.rewards], dtype=torch.float64)
+    comps = [c for g in col.groups for c in g.completions]
+    lengths = torch.tensor([len(c.token_ids) for c in comps], dtype=torch.float64)
+    metrics = {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std(unbiased=False)),
+        "frac_zero_std_groups": col.num_zero_std / max(1, len(col.groups)),
+        "completion_len/mean": float(lengths.mean()),
+        "completion_len/max": float(lengths.max()),
+        "truncated_frac": sum(c.finish_reason == "length" for c in comps) / max(1, len(comps)),
+        "time/rollout": col.rollout_seconds,
+        "time/reward": col.reward_seconds,
+        "time/logprobs": 0.0,
+        "time/update": 0.0,
+        "time/weight_sync": 0.0,
+        "tokens_per_s/rollout": col.generated_tokens / max(col.rollout_seconds, 1e-9),
+    }
+    for name in grader_names:
+        scores = [s for g in col.groups for s in g.per_grader[name]]
+        metrics[f"reward/{name}/mean"] = sum(scores) / max(1, len(scores))
+    return metrics
+
+
+def update_metrics(stats: UpdateStats, advantages: Tensor) -> dict[str, float]:
+    return {
+        "advantage/abs_mean": float(advantages.abs().mean()),
+        "loss/policy": stats.policy_loss,
+        "loss/kl": stats.kl_loss,
+        "clip_frac/low": stats.clip_low,
+        "clip_frac/high": stats.clip_high,
+        "grad_norm": stats.grad_norm,
+    }
+
+
+def token_metrics(
+    mask: Tensor,
+    *,
+    logprobs: Tensor | None,
+    entropy: Tensor | None,
+    engine_logprobs: Tensor | None,
+    ref_logprobs: Tensor | None,
+    estimator: KLEstimatorName,
+) -> dict[str, float]:
+    """Token-level metrics from the pre-update trainer logprobs and entropies ([B, T] each)."""
+    out: dict[str, float] = {}
+    if entropy is not None:
+        out["entropy"] = float(masked_mean(entropy, mask))
+    if logprobs is None:
+        return out
+    if engine_logprobs is not None:
+        out["logprob_diff/engine_vs_trainer"] = float(
+            masked_mean((engine_logprobs - logprobs).abs(), mask)
+        )
+    if ref_logprobs is not None:
+        out["kl"] = float(
+            masked_mean(kl_math.per_token_kl(estimator, logprobs, ref_logprobs), mask)
+        )
+        out["kl_k3"] = float(masked_mean(kl_math.per_token_kl("k3", logprobs, ref_logprobs), mask))
+    return out
+
+
+def eval_accuracy(totals: list[float], max_total: float) -> float:
+    """Share of rows whose total reward reaches ``max_total`` (every positively weighted grader
+    gave full marks); the mean total reward when no grader has a positive weight."""
+    if not totals:
+        return 0.0
+    if max_total <= 0:
+        return sum(totals) / len(totals)
+    return sum(t >= max_total - 1e-9 for t in totals) / len(totals)
+
+
+def build_samples(
+    col: Collected,
+    advantages: dict[int, list[float]],
+    prompts: list[str],
+    answers: list[str | None],
+    limit: int,
+) -> list[RolloutSample]:
+    """The first ``limit`` groups of the step; ``advantages`` maps a position in ``col.kept`` to
+    its group's advantages (dropped groups get 0). ``prompts``/``answers`` are by training row."""
+    kept_pos = {id(g): i for i, g in enumerate(col.kept)}
+    out = []
+    for group in col.groups[:limit]:
+        adv = advantages.get(kept_pos.get(id(group), -1), [0.0] * len(group.completions))
+        completions = [
+            CompletionSample(
+                text=c.text,
+                reward=group.rewards[j],
+                rewards={name: s[j] for name, s in group.per_grader.items()},
+                advantage=float(adv[j]),
+                num_tokens=len(c.token_ids),
+                finish_reason=c.finish_reason,
+            )
+            for j, c in enumerate(group.completions)
+        ]
+        out.append(
+            RolloutSample(
+                prompt=prompts[group.row], answer=answers[group.row], completions=completions
+            )
+        )
+    return out

@@ -1,0 +1,403 @@
+"""The tensor side of one GRPO step: pack rollouts into tensors, score them under the policy and
+the reference (no grad), and run the minibatched clipped policy-gradient updates.
+
+Shapes: B completions in the step's batch, T = the longest completion (right padding),
+micro-batches of at most ``micro_batch_size`` rows are re-padded to their own widths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+from trainer import kl as kl_math
+from trainer import losses
+from trainer.config import GRPOSpec
+from trainer.errors import NonFiniteLossError
+from trainer.logprobs import completion_logprobs
+
+__all__ = [
+    "Batch",
+    "NonFiniteGuard",
+    "UpdateStats",
+    "derive_seed",
+    "forward_logprobs",
+    "lr_factor",
+    "make_scheduler",
+    "pack_batch",
+    "run_updates",
+]
+
+NON_FINITE_LIMIT = 3
+
+EventFn = Callable[..., None]
+
+
+def derive_seed(*parts: int) -> int:
+    """A stable 31-bit seed from integers, e.g. (run seed, step, round): independent streams for
+    every rollout call that do not depend on what ran before (so a resumed run matches)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+# --------------------------------------------------------------------------- lr schedule
+
+
+def lr_factor(spec: GRPOSpec, step: int) -> float:
+    """Multiplier of the base learning rate at 1-based training ``step``: linear warmup over
+    ``warmup_steps`` (step k of the warmup gets k/warmup), then constant, linear or cosine decay
+    that reaches its end just after the last step (so the last step still learns)."""
+    warmup = spec.warmup_steps
+    if warmup > 0 and step <= warmup:
+        return step / warmup
+    if spec.lr_schedule == "constant":
+        return 1.0
+    progress = (step - warmup - 1) / max(1, spec.steps - warmup)
+    progress = min(max(progress, 0.0), 1.0)
+    if spec.lr_schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_scheduler(optimizer: Optimizer, spec: GRPOSpec) -> LambdaLR:
+    """Per training-step schedule: call ``scheduler.step()`` once after every step."""
+    return LambdaLR(optimizer, lambda i: lr_factor(spec, i + 1))
+
+
+# --------------------------------------------------------------------------- batch
+
+
+@dataclass
+class Batch:
+    """The completions a step trains on, flattened group by group (G consecutive rows per prompt)."""
+
+    prompts: list[list[int]]  # [B] prompt token ids
+    completions: list[list[int]]  # [B] completion token ids
+    mask: Tensor  # [B, T] 1.0 on completion tokens
+    loss_mask: Tensor  # [B, T] mask times the per-sequence truncation mask
+    engine_logprobs: Tensor | None  # [B, T] the engine's logprobs of the sampled tokens
+    lengths: Tensor  # [B] completion lengths (tokens)
+    truncated: Tensor  # [B] bool: finished by the token limit
+
+    @property
+    def size(self) -> int:
+        return len(self.completions)
+
+    @property
+    def width(self) -> int:
+        return int(self.mask.shape[1])
+
+
+def pack_batch(
+    prompts: Sequence[list[int]],
+    completions: Sequence[list[int]],
+    engine_logprobs: Sequence[list[float] | None],
+    truncated: Sequence[bool],
+    seq_loss_weight: Tensor,
+    device: torch.device,
+) -> Batch:
+    """Right-pad completions into [B, T] tensors; ``seq_loss_weight`` [B] scales the loss mask."""
+    size = len(completions)
+    width = max(1, max((len(c) for c in completions), default=1))
+    mask = torch.zeros(size, width)
+    have_engine = all(lp is not None for lp in engine_logprobs)
+    engine = torch.zeros(size, width)
+    for i, comp in enumerate(completions):
+        mask[i, : len(comp)] = 1.0
+        lp = engine_logprobs[i]
+        if lp is not None and len(lp) == len(comp):
+            engine[i, : len(comp)] = torch.tensor(lp, dtype=torch.float32)
+        else:
+            have_engine = False
+    lengths = mask.sum(dim=1)
+    return Batch(
+        prompts=list(prompts),
+        completions=list(completions),
+        mask=mask.to(device),
+        loss_mask=(mask * seq_loss_weight.detach().to("cpu", mask.dtype)[:, None]).to(device),
+        engine_logprobs=engine.to(device) if have_engine else None,
+        lengths=lengths.to(device),
+        truncated=torch.tensor(list(truncated), dtype=torch.bool, device=device),
+    )
+
+
+def _micro_inputs(
+    batch: Batch, rows: Sequence[int], pad_id: int, device: torch.device
+) -> tuple[Tensor, Tensor, int, int]:
+    """Inputs of a micro-batch: (input_ids [b, P + t], attention_mask, P, t), prompts left-padded
+    to their longest (P) and completions right-padded to their longest (t <= T)."""
+    prompts = [batch.prompts[r] for r in rows]
+    comps = [batch.completions[r] for r in rows]
+    p_width = max(len(p) for p in prompts)
+    t_width = max(1, max(len(c) for c in comps))
+    ids = torch.full((len(rows), p_width + t_width), pad_id, dtype=torch.long)
+    att = torch.zeros((len(rows), p_width + t_width), dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
+        ids[i, p_width - len(p) : p_width] = torch.tensor(p, dtype=torch.long)
+        att[i, p_width - len(p) : p_width] = 1
+        if c:
+            ids[i, p_width : p_width + len(c)] = torch.tensor(c, dtype=torch.long)
+            att[i, p_width : p_width + len(c)] = 1
+    return ids.to(device), att.to(device), p_width, t_width
+
+
+def forward_logprobs(
+    model: nn.Module,
+    batch: Batch,
+    *,
+    micro_batch_size: int,
+    temperature: float,
+    pad_id: int,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """No-grad logprobs (and entropies) of every sampled token: ([B, T], [B, T] or None)."""
+    device = batch.mask.device
+    lp_all = torch.zeros(batch.size, batch.width, device=device)
+    ent_all = torch.zeros(batch.size, batch.width, device=device) if with_entropy else None
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, batch.size, micro_batch_size):
+                rows = list(range(start, min(start + micro_batch_size, batch.size)))
+                ids, att, p_width, t_width = _micro_inputs(batch, rows, pad_id, device)
+                lp, ent = completion_logprobs(
+                    model, ids, att, p_width, temperature=temperature, with_entropy=with_entropy
+                )
+                lp_all[start : start + len(rows), :t_width] = lp.float()
+                if ent_all is not None and ent is not None:
+                    ent_all[start : start + len(rows), :t_width] = ent.float()
+    finally:
+        model.train(was_training)
+    return lp_all, ent_all
+
+
+# --------------------------------------------------------------------------- updates
+
+
+class NonFiniteGuard:
+    """Skips updates whose loss or gradient norm is not finite; ``limit`` in a row is fatal."""
+
+    def __init__(self, on_event: EventFn, limit: int = NON_FINITE_LIMIT, streak: int = 0) -> None:
+        self.on_event = on_event
+        self.limit = limit
+        self.streak = streak
+        self.skipped = 0
+
+    def check(self, step: int, loss: float, grad_norm: float) -> bool:
+        """True when the update may be applied; raises NonFiniteLossError at the limit."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.streak = 0
+            return True
+        self.streak += 1
+        self.skipped += 1
+        message = (
+            f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+            f"update skipped ({self.streak} in a row)"
+        )
+        self.on_event(
+            "non_finite",
+            message,
+            level="warning",
+            data={"step": step, "loss": str(loss), "grad_norm": str(grad_norm)},
+        )
+        if self.streak >= self.limit:
+            raise NonFiniteLossError(
+                f"{self.streak} updates in a row had a non-finite loss or gradient norm "
+                f"(last at step {step}); stopping"
+            )
+        return False
+
+
+@dataclass
+class UpdateStats:
+    policy_loss: float = 0.0  # mean over applied-or-skipped updates of the aggregated loss
+    kl_loss: float = 0.0  # mean over updates of beta * aggregated KL (loss placement only)
+    clip_low: float = 0.0  # fraction of loss tokens clipped at 1 - eps_low (all iterations)
+    clip_high: float = 0.0
+    grad_norm: float = 0.0  # mean pre-clip norm over the applied updates (NaN if none)
+    updates: int = 0
+    skipped: int = 0
+
+
+@dataclass
+class PreUpdate:
+    """Trainer-side values of the sampled tokens before any optimizer step, for metrics."""
+
+    logprobs: Tensor  # [B, T]
+    entropy: Tensor | None  # [B, T]
+
+
+@dataclass
+class _MicroResult:
+    policy: float
+    kl: float
+    clipped_low: float  # loss tokens where the lower clip binds
+    clipped_high: float
+    tokens: float  # loss tokens
+    logprobs: Tensor  # [b, t] detached
+    entropy: Tensor | None  # [b, t]
+
+
+def _micro_step(
+    model: nn.Module,
+    batch: Batch,
+    rows: list[int],
+    advantages: Tensor,
+    old_logprobs: Tensor | None,
+    ref_logprobs: Tensor | None,
+    *,
+    spec: GRPOSpec,
+    totals: tuple[float, float],
+    pad_id: int,
+    with_entropy: bool,
+) -> _MicroResult:
+    """Forward and backward of one micro-batch; gradients accumulate into the model.
+
+    ``totals`` are the GLOBAL (tokens, sequences) counts of the minibatch, so that the
+    micro-batch losses sum to the loss of the whole minibatch.
+    """
+    device = batch.mask.device
+    ids, att, p_width, t_width = _micro_inputs(batch, rows, pad_id, device)
+    lp, ent = completion_logprobs(
+        model, ids, att, p_width, temperature=spec.temperature, with_entropy=with_entropy
+    )
+    lp = lp.float()
+    index = torch.tensor(rows, device=device)
+    loss_mask = batch.loss_mask[index, :t_width]
+    old = lp.detach() if old_logprobs is None else old_logprobs[index, :t_width]
+    surrogate = losses.clipped_surrogate(lp, old, advantages[index], spec.eps_low, spec.eps_high)
+
+    def agg(values: Tensor) -> Tensor:
+        return losses.aggregate(
+            values,
+            loss_mask,
+            spec.loss_aggregation,
+            max_completion_len=spec.max_new_tokens,
+            total_tokens=totals[0],
+            total_sequences=totals[1],
+        )
+
+    policy = agg(surrogate.per_token_loss)
+    loss = policy
+    kl_value = 0.0
+    kl_spec = spec.kl
+    if kl_spec.active and kl_spec.placement == "loss" and ref_logprobs is not None:
+        per_token = kl_math.per_token_kl(
+            kl_spec.estimator,
+            lp,
+            ref_logprobs[index, :t_width],
+            None if old_logprobs is None else old,
+        )
+        kl_term = kl_spec.beta * agg(per_token)
+        loss = loss + kl_term
+        kl_value = float(kl_term.detach())
+    loss.backward()
+    valid = loss_mask > 0
+    return _MicroResult(
+        policy=float(policy.detach()),
+        kl=kl_value,
+        clipped_low=float((surrogate.clipped_low & valid).sum()),
+        clipped_high=float((surrogate.clipped_high & valid).sum()),
+        tokens=float(valid.sum()),
+        logprobs=lp.detach(),
+        entropy=None if ent is None else ent.float(),
+    )
+
+
+def run_updates(
+    model: nn.Module,
+    optimizer: Optimizer,
+    batch: Batch,
+    advantages: Tensor,
+    *,
+    spec: GRPOSpec,
+    step: int,
+    seed: int,
+    old_logprobs: Tensor | None,
+    ref_logprobs: Tensor | None,
+    pad_id: int,
+    guard: NonFiniteGuard,
+    collect_pre_update: bool,
+) -> tuple[UpdateStats, PreUpdate | None]:
+    """``num_iterations`` passes of minibatched updates over the batch.
+
+    ``old_logprobs`` None means on-policy with a single update (one iteration, one minibatch):
+    then old = the logprobs of the update's own forward pass, detached. ``advantages`` is [B].
+    With ``collect_pre_update`` (only valid in that on-policy case, where every forward pass runs
+    before the optimizer step) the pass's logprobs and entropies come back for the metrics.
+    Minibatches are a seeded random split of the batch, redrawn every iteration.
+    """
+    device = batch.mask.device
+    mini = spec.mini_batch_size or batch.size
+    if old_logprobs is None and (spec.num_iterations > 1 or mini < batch.size):
+        raise ValueError("old_logprobs are required with several updates per batch")
+    params = [p for p in model.parameters() if p.requires_grad]
+    pre_lp = torch.zeros(batch.size, batch.width, device=device) if collect_pre_update else None
+    pre_ent = torch.zeros(batch.size, batch.width, device=device) if collect_pre_update else None
+
+    stats = UpdateStats()
+    clipped_low = clipped_high = loss_tokens = 0.0
+    norms: list[float] = []
+    model.train()
+    generator = torch.Generator().manual_seed(derive_seed(seed, step, 7))
+    for iteration in range(spec.num_iterations):
+        order = list(range(batch.size))
+        if mini < batch.size:
+            order = torch.randperm(batch.size, generator=generator).tolist()
+        for mb_start in range(0, batch.size, mini):
+            mb_rows = order[mb_start : mb_start + mini]
+            totals = losses.valid_counts(batch.loss_mask[mb_rows])
+            policy_sum = kl_sum = 0.0
+            optimizer.zero_grad(set_to_none=True)
+            for start in range(0, len(mb_rows), spec.micro_batch_size):
+                rows = mb_rows[start : start + spec.micro_batch_size]
+                first_pass = pre_lp is not None and iteration == 0
+                res = _micro_step(
+                    model,
+                    batch,
+                    rows,
+                    advantages,
+                    old_logprobs,
+                    ref_logprobs,
+                    spec=spec,
+                    totals=totals,
+                    pad_id=pad_id,
+                    with_entropy=first_pass,
+                )
+                policy_sum += res.policy
+                kl_sum += res.kl
+                clipped_low += res.clipped_low
+                clipped_high += res.clipped_high
+                loss_tokens += res.tokens
+                if first_pass and pre_lp is not None and pre_ent is not None:
+                    t_width = res.logprobs.shape[1]
+                    pre_lp[rows, :t_width] = res.logprobs
+                    if res.entropy is not None:
+                        pre_ent[rows, :t_width] = res.entropy
+            norm = float(torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm))
+            stats.updates += 1
+            stats.policy_loss += policy_sum
+            stats.kl_loss += kl_sum
+            if guard.check(step, policy_sum + kl_sum, norm):
+                optimizer.step()
+                norms.append(norm)
+            else:
+                stats.skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    if stats.updates:
+        stats.policy_loss /= stats.updates
+        stats.kl_loss /= stats.updates
+    stats.clip_low = clipped_low / loss_tokens if loss_tokens else 0.0
+    stats.clip_high = clipped_high / loss_tokens if loss_tokens else 0.0
+    stats.grad_norm = sum(norms) / len(norms) if norms else float("nan")
+    pre = PreUpdate(pre_lp, pre_ent) if pre_lp is not None else None
+    return stats, pre
