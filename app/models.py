@@ -76,6 +76,9 @@ class Job(Base):
     name: Mapped[str | None] = mapped_column(String(120))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), index=True)
+    # The queue the job was sent to; every re-send (sweep, reaper, hand-over) goes back to it,
+    # so a CPU worker's sweep never moves a GPU job onto the CPU queue.
+    queue: Mapped[str] = mapped_column(String(200), default="grpo-jobs")
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_owner: Mapped[str | None] = mapped_column(String(200))

@@ -61,7 +61,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 class Dispatcher(Protocol):
-    def send(self, job_id: str) -> bool: ...
+    def send(self, job_id: str, queue: str | None = None) -> bool: ...
 
 
 class CeleryDispatcher:
@@ -70,13 +70,14 @@ class CeleryDispatcher:
         self._celery = Celery("grpo-api")
         self._celery.conf.update(celery_config(settings))
 
-    def send(self, job_id: str) -> bool:
-        """Publish run_job(job_id); False (logged) when the broker is unreachable."""
+    def send(self, job_id: str, queue: str | None = None) -> bool:
+        """Publish run_job(job_id) to `queue` (default: this process's queue); False (logged)
+        when the broker is unreachable."""
         try:
             self._celery.send_task(
                 RUN_JOB_TASK,
                 args=[job_id],
-                queue=self._settings.queue_name,
+                queue=queue or self._settings.queue_name,
                 retry=True,
                 retry_policy={"max_retries": 1, "interval_start": 0.2, "interval_step": 0.5},
             )

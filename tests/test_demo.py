@@ -16,7 +16,14 @@ def test_demo_streams_live_metrics_and_succeeds(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = subprocess.run(
-        [sys.executable, "scripts/demo.py", "--data-dir", str(tmp_path / "data"), "--port", str(port)],
+        [
+            sys.executable,
+            "scripts/demo.py",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--port",
+            str(port),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

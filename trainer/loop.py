@@ -198,6 +198,9 @@ class _Run:
                 f"engine in {sync_seconds:.2f}s",
                 data={"step": start_step, "path": str(resume_from)},
             )
+        if resume_from is None and self.eval_ids and self.config.eval.interval > 0:
+            # Baseline before any update, so a run shows what training changed.
+            self._evaluate(0)
         if start_step < total and self.cb.should_stop():
             self.cb.on_event("stop", "stop requested before the first step")
             result.stopped_early = True
@@ -399,7 +402,11 @@ class _Run:
         )
         totals, _ = self.graders.score([r[0].text for r in results], [x.answer for x in rows])
         accuracy = eval_accuracy(totals, self.graders.max_total)
-        self.cb.on_event("eval", f"step {step}: eval accuracy {accuracy:.3f} on {len(rows)} rows")
+        self.cb.on_event(
+            "eval",
+            f"step {step}: eval accuracy {accuracy:.3f} on {len(rows)} rows",
+            data={"step": step, "accuracy": accuracy, "rows": len(rows)},
+        )
         return accuracy
 
 

@@ -30,13 +30,13 @@ log = logging.getLogger(__name__)
 def reap_stale_jobs(ctx: WorkerContext) -> list[str]:
     """Re-queue (or fail) running jobs whose lease expired; returns the ids it re-queued."""
     cutoff = utcnow() - timedelta(seconds=ctx.settings.lease_seconds)
-    requeued: list[str] = []
+    requeued: list[tuple[str, str]] = []
     with session_scope(ctx.sessions) as session:
         stale = [
-            (j.id, j.attempt, j.max_attempts, j.status)
+            (j.id, j.attempt, j.max_attempts, j.status, j.queue)
             for j in jobs_repo.stale_running(session, cutoff)
         ]
-    for job_id, attempt, max_attempts, status in stale:
+    for job_id, attempt, max_attempts, status, queue in stale:
         still_stale = [Job.heartbeat_at.is_(None) | (Job.heartbeat_at < cutoff)]
         try:
             with session_scope(ctx.sessions) as session:
@@ -71,24 +71,25 @@ def reap_stale_jobs(ctx: WorkerContext) -> list[str]:
                         level="warning",
                         only_if=still_stale,
                     )
-                    requeued.append(job_id)
+                    requeued.append((job_id, queue))
         except IllegalTransition:
             continue  # the worker came back or another reaper won: nothing to do
-    for job_id in requeued:
-        _send(ctx, job_id)
-    return requeued
+    for job_id, queue in requeued:
+        _send(ctx, job_id, queue)
+    return [job_id for job_id, _ in requeued]
 
 
 def redispatch_queued(ctx: WorkerContext) -> list[str]:
     """Send again every queued job whose last message is older than the threshold."""
     cutoff = utcnow() - timedelta(seconds=ctx.settings.redispatch_seconds)
     with session_scope(ctx.sessions) as session:
-        ids = [j.id for j in jobs_repo.undispatched_queued(session, cutoff)]
-    return [job_id for job_id in ids if _send(ctx, job_id)]
+        due = [(j.id, j.queue) for j in jobs_repo.undispatched_queued(session, cutoff)]
+    return [job_id for job_id, queue in due if _send(ctx, job_id, queue)]
 
 
-def _send(ctx: WorkerContext, job_id: str) -> bool:
-    if not ctx.dispatcher.send(job_id):
+def _send(ctx: WorkerContext, job_id: str, queue: str) -> bool:
+    """Re-send to the queue the job was created for, whichever queue this worker consumes."""
+    if not ctx.dispatcher.send(job_id, queue):
         return False
     with session_scope(ctx.sessions) as session:
         jobs_repo.mark_dispatched(session, job_id)

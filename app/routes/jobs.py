@@ -54,6 +54,7 @@ def create_job(
         idempotency_key=idempotency_key,
         idempotency_ttl=timedelta(hours=state.settings.idempotency_ttl_hours),
         max_attempts=state.settings.max_attempts,
+        queue=state.settings.queue_name,
     )
     headers = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
     return JSONResponse(outcome.body, status_code=outcome.status_code, headers=headers)

@@ -120,6 +120,7 @@ def create_job(
     idempotency_key: str | None,
     idempotency_ttl: timedelta,
     max_attempts: int,
+    queue: str,
 ) -> CreateOutcome:
     fingerprint = spec_fingerprint(raw_body)
     if idempotency_key is not None:
@@ -137,6 +138,7 @@ def create_job(
                 spec=spec.model_dump(mode="json"),
                 attempt=0,
                 max_attempts=max_attempts,
+                queue=queue,
                 created_at=now,
                 updated_at=now,
                 total_steps=spec.grpo.steps,
@@ -149,7 +151,7 @@ def create_job(
                 idem_repo.release(session, project_id, idempotency_key)
         raise
     # Only after the commit: a worker can never receive an id it cannot read.
-    if dispatcher.send(job_id):
+    if dispatcher.send(job_id, queue):
         with session_scope(factory) as session:
             jobs_repo.mark_dispatched(session, job_id)
     with session_scope(factory) as session:

@@ -74,6 +74,7 @@ def upgrade() -> None:
         sa.Column("name", sa.String(length=120), nullable=True),
         sa.Column("spec", sa.JSON(), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
+        sa.Column("queue", sa.String(length=200), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("max_attempts", sa.Integer(), nullable=False),
         sa.Column("lease_owner", sa.String(length=200), nullable=True),

@@ -17,7 +17,7 @@ from worker.settings import build_worker_settings
 
 
 class _NoDispatch:
-    def send(self, job_id: str) -> bool:
+    def send(self, job_id: str, queue: str | None = None) -> bool:
         return True
 
 

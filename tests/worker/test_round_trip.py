@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 
 from tests.conftest import Api, tiny_spec
@@ -12,6 +13,8 @@ from tests.worker.conftest import WorkerProcess, wait_for
 def test_job_runs_through_a_real_worker(
     api: Api, start_worker: Callable[..., WorkerProcess]
 ) -> None:
+    # A queue of its own: API tests leave unconsumed messages on the session's queue.
+    api.settings.queue_name = f"{api.settings.queue_name}-{secrets.token_hex(3)}"
     worker = start_worker(api.settings)
     job = api.client.post("/v1/jobs", json=tiny_spec(), headers=api.headers).json()
 
