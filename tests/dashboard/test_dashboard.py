@@ -24,6 +24,7 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
 # Screenshots go to a temporary folder, so the test suite leaves the tree clean; run with
 # GRPO_SCREENSHOT_DIR=docs/screenshots to refresh the ones the README shows.
+MAIN_STEPS = 2000
 SHOTS = Path(os.environ.get("GRPO_SCREENSHOT_DIR") or tempfile.mkdtemp(prefix="grpo-shots-"))
 TIMEOUT_MS = 90_000
 
@@ -79,7 +80,8 @@ def test_dashboard_follows_a_live_job_and_cancels_it(
     # The worker runs one job at a time, oldest first: the short job finishes, the long one runs
     # while we look at it, the last one waits in the queue.
     short = _create(served, _spec("baseline-k3", 3, "k3", 0.1, seed=1))
-    main = _create(served, _spec("arith-k3-unbiased", 30, "k3_unbiased", 0.04))
+    # Long enough that it is still running when the test cancels it, however fast the machine.
+    main = _create(served, _spec("arith-k3-unbiased", MAIN_STEPS, "k3_unbiased", 0.04))
     queued = _create(served, _spec("queued-k2", 5, "k2", 0.02))
 
     try:
@@ -160,7 +162,7 @@ def test_dashboard_follows_a_live_job_and_cancels_it(
         expect(page.locator("#cancel-job")).to_be_disabled()
         final = _job(served, main)
         assert final["status"] == "cancelled"
-        assert final["progress"]["step"] < 30
+        assert final["progress"]["step"] < MAIN_STEPS
     except Exception:
         print(worker.log_tail())
         raise
