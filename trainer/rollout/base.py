@@ -37,6 +37,23 @@ class Completion:
     finish_reason: FinishReason
 
 
+def check_generate_args(
+    prompts: list[list[int]], temperature: float, greedy: bool, max_model_len: int
+) -> bool:
+    """Validate a generate call the same way on every engine; returns whether it is greedy
+    (asked for, or temperature 0)."""
+    greedy = greedy or temperature == 0.0
+    if not greedy and temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    for prompt in prompts:
+        if not prompt or len(prompt) >= max_model_len:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens does not fit max_model_len "
+                f"{max_model_len} (needs 1 to max_model_len - 1 tokens)"
+            )
+    return greedy
+
+
 class RolloutEngine(Protocol):
     def generate(
         self,

@@ -22,7 +22,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from trainer.rollout.base import Completion, completion_from_tokens, torch_dtype
+from trainer.rollout.base import (
+    Completion,
+    check_generate_args,
+    completion_from_tokens,
+    torch_dtype,
+)
 
 
 class _SampledLogprobRecorder(LogitsProcessor):
@@ -96,15 +101,7 @@ class HFEngine:
         greedy: bool = False,
     ) -> list[list[Completion]]:
         """Sample ``n`` completions per prompt; [len(prompts)][n]. Deterministic given ``seed``."""
-        greedy = greedy or temperature == 0.0
-        if not greedy and temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        for prompt in prompts:
-            if not prompt or len(prompt) >= self._max_model_len:
-                raise ValueError(
-                    f"prompt of {len(prompt)} tokens does not fit max_model_len "
-                    f"{self._max_model_len} (needs 1 to max_model_len - 1 tokens)"
-                )
+        greedy = check_generate_args(prompts, temperature, greedy, self._max_model_len)
         # Greedy samples are all alike: decode each prompt once and copy the result.
         copies, n = (n, 1) if greedy else (1, n)
         rows = [prompt for prompt in prompts for _ in range(n)]

@@ -25,7 +25,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from trainer.rollout.base import Completion, completion_from_tokens, torch_dtype
+from trainer.rollout.base import (
+    Completion,
+    check_generate_args,
+    completion_from_tokens,
+    torch_dtype,
+)
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -85,15 +90,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         llm = self._engine()
-        greedy = greedy or temperature == 0.0
-        if not greedy and temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        for prompt in prompts:
-            if not prompt or len(prompt) >= self._max_model_len:
-                raise ValueError(
-                    f"prompt of {len(prompt)} tokens does not fit max_model_len "
-                    f"{self._max_model_len} (needs 1 to max_model_len - 1 tokens)"
-                )
+        greedy = check_generate_args(prompts, temperature, greedy, self._max_model_len)
         # Greedy samples are all alike (and vLLM refuses n > 1 for them): decode once, copy.
         copies, n = (n, 1) if greedy else (1, n)
         params = SamplingParams(
