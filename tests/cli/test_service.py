@@ -176,11 +176,15 @@ def _grpo(*argv: str) -> subprocess.Popen[str]:
     )
 
 
+# Long enough to be mid-run when the server is killed (tiny steps take ~0.2 s when quiet).
+FOLLOW_STEPS = 40
+
+
 def test_follow_and_wait_survive_a_server_crash(cli_env: CliService) -> None:
     """Kill -9 the API while `grpo submit --wait` waits and `grpo logs --follow` streams, then
     restart it on the same port. The wait carries on, and the follow loop resumes with
     Last-Event-ID and prints each step and each event exactly once."""
-    spec = cli_env.spec_file("cli-follow", steps=6)
+    spec = cli_env.spec_file("cli-follow", steps=FOLLOW_STEPS)
     submit = _grpo("submit", str(spec), "--no-idempotency-key", *WAIT)
     follow: subprocess.Popen[str] | None = None
     lines: list[dict[str, Any]] = []
@@ -199,14 +203,19 @@ def test_follow_and_wait_survive_a_server_crash(cli_env: CliService) -> None:
         so_far = cli("logs", job_id)
         assert so_far.code == 0, so_far
         printed = [line.split()[1] for line in so_far.out.splitlines() if line.startswith("step")]
-        assert printed and printed == [f"{n}/6" for n in range(1, len(printed) + 1)]
+        assert printed and printed == [f"{n}/{FOLLOW_STEPS}" for n in range(1, len(printed) + 1)]
         cli_env.server.kill()
         assert follow.poll() is None, "the stream had already ended before the crash"
         assert submit.poll() is None, "the job had already ended before the crash"
         time.sleep(1.0)
         crashed_at = len(cli_env.server.log_path.read_text())
         cli_env.server.start()
-        rest, err = follow.communicate(timeout=180)
+        # Keep reading through the same buffered reader: communicate() would read the raw pipe
+        # and drop lines already sitting in this reader's read-ahead buffer.
+        assert follow.stderr is not None
+        rest = follow.stdout.read()
+        err = follow.stderr.read()
+        follow.wait(timeout=180)
         submitted, submit_err = submit.communicate(timeout=180)
     finally:
         for proc in (submit, follow):
@@ -214,10 +223,10 @@ def test_follow_and_wait_survive_a_server_crash(cli_env: CliService) -> None:
                 proc.kill()
     assert follow.returncode == 0, (err, cli_env.logs())
     assert submit.returncode == 0, (submitted, submit_err)
-    assert f"job {job_id} succeeded after 6/6 steps" in submitted
+    assert f"job {job_id} succeeded after {FOLLOW_STEPS}/{FOLLOW_STEPS} steps" in submitted
     lines += [json.loads(line) for line in rest.splitlines()]
     steps = [line["data"]["step"] for line in lines if line["event"] == "metrics"]
-    assert steps == [1, 2, 3, 4, 5, 6]
+    assert steps == list(range(1, FOLLOW_STEPS + 1))
     event_ids = [line["data"]["id"] for line in lines if line["event"] in ("status", "event")]
     assert len(event_ids) == len(set(event_ids)) and event_ids == sorted(event_ids)
     assert lines[-1]["event"] == "end" and lines[-1]["data"]["status"] == "succeeded"
