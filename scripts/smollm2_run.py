@@ -100,19 +100,18 @@ def main() -> int:
         log, Path(args.plot), f"{spec.name}: SmolLM2-135M-Instruct, GRPO on CPU ({minutes:.0f} min)"
     )
     first, last = log.evals[0], log.evals[-1]
-    print(
-        json.dumps(
-            {
-                "steps": result.final_step,
-                "minutes": round(minutes, 1),
-                "eval_accuracy_before": first["accuracy"],
-                "eval_accuracy_after": last["accuracy"],
-                "evals": log.evals,
-                "checkpoint": str(result.checkpoint_path),
-            },
-            indent=1,
-        )
+    # One line with a fixed prefix: vLLM also logs to stdout.
+    summary = json.dumps(
+        {
+            "steps": result.final_step,
+            "minutes": round(minutes, 1),
+            "eval_accuracy_before": first["accuracy"],
+            "eval_accuracy_after": last["accuracy"],
+            "evals": log.evals,
+            "checkpoint": str(result.checkpoint_path),
+        }
     )
+    print(f"summary: {summary}", flush=True)
     return 0 if last["accuracy"] > first["accuracy"] else 1
 
 
