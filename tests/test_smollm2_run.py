@@ -32,7 +32,8 @@ def test_smollm2_arithmetic_recipe_raises_held_out_accuracy(tmp_path: Path) -> N
         text=True,
         timeout=3 * 3600,
     )
-    summary = json.loads(out.stdout[out.stdout.index("{") :])
+    line = next(x for x in out.stdout.splitlines() if x.startswith("summary: "))
+    summary = json.loads(line.removeprefix("summary: "))
     assert summary["eval_accuracy_after"] > summary["eval_accuracy_before"], summary
     assert out.returncode == 0
     assert (tmp_path / "plot.png").is_file()
