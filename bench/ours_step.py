@@ -1,0 +1,183 @@
+"""Our side of ``bench.step_vs_trl``: ``trainer.loop.train`` for a few steps, timed.
+
+Started by ``bench.step_vs_trl`` in a fresh process per configuration (so the peak RSS is that
+configuration's alone):
+
+    .venv/bin/python -m bench.ours_step --config CONFIG.json --engine vllm --out RESULT.json
+
+The callbacks record each step's metrics (``time/step`` and its phases ``time/rollout``,
+``time/reward``, ``time/logprobs``, ``time/update``, ``time/weight_sync``) and the wall time
+between consecutive ``on_step`` calls; the RSS sampler stops at the last step's ``on_step``, so
+the final checkpoint write is not part of the peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bench.common import (
+    CpuWindow,
+    RSSSampler,
+    current_rss_bytes,
+    load_snapshot,
+    maxrss_bytes,
+    write_json,
+)
+
+
+def job_spec_dict(
+    cfg: dict[str, Any], engine: str, dtype: str, kv_cache_gib: float = 2.0
+) -> dict[str, Any]:
+    """The JobSpec (as a dict) equal to the TRL configuration of ``bench/trl_step.py``."""
+    s = cfg["settings"]
+    return {
+        "name": f"bench-step-{engine}-{dtype}",
+        "model": cfg["model_path"],
+        "dataset": {
+            "rows": cfg["rows"],
+            "shuffle": False,  # TRL side: shuffle_dataset=False, so each step sees the same prompts
+            "use_chat_template": True,
+        },
+        "graders": [{"type": "numeric_match"}],
+        "grpo": {
+            "steps": s["steps"],
+            "prompts_per_step": s["prompts_per_step"],
+            "group_size": s["group_size"],
+            "learning_rate": s["learning_rate"],
+            "lr_schedule": "constant",
+            "warmup_steps": 0,
+            "weight_decay": 0.0,
+            "max_grad_norm": s["max_grad_norm"],
+            "max_new_tokens": s["max_new_tokens"],
+            "max_prompt_tokens": 256,
+            "temperature": s["temperature"],
+            "eps_low": s["eps_low"],
+            "eps_high": s["eps_high"],
+            "kl": {"estimator": "k3", "beta": s["beta"], "placement": "loss"},
+            "advantage_scale": "group",
+            "loss_aggregation": "token_mean",
+            "num_iterations": 1,
+            "micro_batch_size": s["micro_batch_size"],
+        },
+        "rollout": {"engine": engine, "dtype": dtype, "kv_cache_gib": kv_cache_gib},
+        "seed": s["seed"],
+        "checkpoint_interval": 0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--engine", choices=["vllm", "transformers"], required=True)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--kv-cache-gib", type=float, default=2.0, help="vLLM KV cache (GiB)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    cfg = json.loads(args.config.read_text())
+    sampler = RSSSampler().start()
+    load_before = load_snapshot()
+    started_process = time.perf_counter()
+
+    import torch
+
+    from trainer.callbacks import Callbacks, RunInfo
+    from trainer.config import JobSpec
+    from trainer.loop import train
+
+    spec = JobSpec.model_validate(job_spec_dict(cfg, args.engine, args.dtype, args.kv_cache_gib))
+    total = spec.grpo.steps
+    steps: list[dict[str, Any]] = []
+    events: list[str] = []
+    setup: dict[str, float] = {}
+
+    class Recorder(Callbacks):
+        def __init__(self) -> None:
+            self.last: float | None = None
+            self.window: CpuWindow | None = None
+
+        def on_start(self, info: RunInfo) -> None:
+            setup["seconds"] = time.perf_counter() - started_process
+            setup["rss_bytes_after_setup"] = current_rss_bytes()
+            setup["peak_rss_bytes_after_setup"] = sampler.peak
+            self.last = time.perf_counter()
+            self.window = CpuWindow()
+
+        def on_step(self, step: int, metrics: dict[str, float]) -> None:
+            now = time.perf_counter()
+            cpu = self.window.close() if self.window is not None else {}
+            self.window = CpuWindow()
+            record: dict[str, Any] = {
+                "cpu": cpu,
+                "step": step,
+                "wall_since_previous": None if self.last is None else now - self.last,
+                "loadavg_1m": os.getloadavg()[0],
+                "rss_bytes": current_rss_bytes(),
+                **metrics,
+            }
+            self.last = now
+            steps.append(record)
+            print(
+                f"[ours/{args.engine}] step {step}: {metrics['time/step']:.1f} s (rollout "
+                f"{metrics['time/rollout']:.1f}, logprobs {metrics['time/logprobs']:.1f}, update"
+                f" {metrics['time/update']:.1f}, sync {metrics['time/weight_sync']:.1f})",
+                flush=True,
+            )
+            if step >= total:
+                sampler.stop()  # peak RSS over the training steps, before the checkpoint write
+
+        def on_event(
+            self,
+            kind: str,
+            message: str,
+            level: str = "info",
+            data: dict[str, object] | None = None,
+        ) -> None:
+            events.append(f"{level} {kind}: {message}")
+
+    output_dir = Path(tempfile.mkdtemp(prefix="ours-bench-"))
+    try:
+        result_train = train(spec, Recorder(), output_dir=output_dir)
+    finally:
+        shutil.rmtree(output_dir, ignore_errors=True)
+    sampler.stop()
+    result: dict[str, Any] = {
+        "side": "ours",
+        "engine": f"{args.engine} ({args.dtype})",
+        "versions": {"torch": torch.__version__},
+        "torch_threads": torch.get_num_threads(),
+        "job_spec": spec.model_dump(mode="json", exclude={"dataset": {"rows"}}),
+        "setup_seconds": setup.get("seconds"),
+        "rss_bytes_after_setup": setup.get("rss_bytes_after_setup"),
+        "peak_rss_bytes_after_setup": setup.get("peak_rss_bytes_after_setup"),
+        "final_step": result_train.final_step,
+        "steps": steps,
+        "events": events[:50],
+        "peak_rss_bytes_sampled": sampler.peak,
+        "peak_rss_bytes_ru_maxrss": maxrss_bytes(),
+        "load_before": load_before,
+        "load_after": load_snapshot(),
+    }
+    try:
+        import transformers
+
+        result["versions"]["transformers"] = transformers.__version__
+        if args.engine == "vllm":
+            import vllm
+
+            result["versions"]["vllm"] = vllm.__version__
+    except ImportError:
+        pass
+    write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
