@@ -21,6 +21,7 @@ from app.db import session_scope
 from app.errors import IllegalTransition
 from app.models import Job
 from app.repositories import jobs as jobs_repo
+from app.services.dispatch import send_job
 from app.transitions import JobStatus
 from worker.context import WorkerContext
 
@@ -89,11 +90,7 @@ def redispatch_queued(ctx: WorkerContext) -> list[str]:
 
 def _send(ctx: WorkerContext, job_id: str, queue: str) -> bool:
     """Re-send to the queue the job was created for, whichever queue this worker consumes."""
-    if not ctx.dispatcher.send(job_id, queue):
-        return False
-    with session_scope(ctx.sessions) as session:
-        jobs_repo.mark_dispatched(session, job_id)
-    return True
+    return send_job(ctx.sessions, ctx.dispatcher, job_id, queue)
 
 
 class MaintenanceThread:

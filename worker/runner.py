@@ -20,7 +20,7 @@ from app import transitions
 from app.db import session_scope
 from app.errors import IllegalTransition
 from app.models import Checkpoint, File, Job
-from app.repositories import jobs as jobs_repo
+from app.services.dispatch import send_job
 from app.transitions import JobStatus
 from trainer.config import DatasetSpec, JobSpec, PromptRow
 from trainer.errors import TrainerError
@@ -86,9 +86,7 @@ def release(ctx: WorkerContext, job_id: str, attempt: int, message: str) -> None
             message=message,
             values={"lease_owner": None, "max_attempts": job.max_attempts + 1},
         )
-    if ctx.dispatcher.send(job_id, queue):
-        with session_scope(ctx.sessions) as session:
-            jobs_repo.mark_dispatched(session, job_id)
+    send_job(ctx.sessions, ctx.dispatcher, job_id, queue)
 
 
 def run_job(ctx: WorkerContext, job_id: str) -> str:

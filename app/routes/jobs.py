@@ -71,15 +71,8 @@ def validate_job(spec: JobSpec, principal: PrincipalDep, session: SessionDep) ->
         rows = len(spec.dataset.rows)
     elif spec.dataset.generator is not None:
         rows = spec.dataset.generator.count
-    elif spec.dataset.file_id is not None:
-        from app.services.files import get_file
-
-        try:
-            rows = get_file(session, principal.project_id, spec.dataset.file_id).row_count
-        except Exception as exc:
-            raise InvalidRequest(
-                f"file {spec.dataset.file_id} not found", param="dataset.file_id"
-            ) from exc
+    elif (file := jobs_service.dataset_file(session, principal.project_id, spec)) is not None:
+        rows = file.row_count
     return ValidationResult(
         spec=spec.model_dump(mode="json"), warnings=spec.warnings(), dataset_rows=rows
     )

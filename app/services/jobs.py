@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import transitions
-from app.clock import utcnow
+from app.clock import as_utc, utcnow
 from app.db import session_scope
 from app.errors import (
     Conflict,
@@ -26,6 +26,7 @@ from app.models import File, IdempotencyRecord, Job
 from app.queue import Dispatcher
 from app.repositories import idempotency as idem_repo
 from app.repositories import jobs as jobs_repo
+from app.services.dispatch import send_job
 from app.services.presenters import job_out
 from app.transitions import JobStatus
 from trainer.config import JobSpec
@@ -83,11 +84,7 @@ def _claim_key(
                 param="Idempotency-Key",
             )
         if record.state != "completed":
-            created = (
-                record.created_at
-                if record.created_at.tzinfo
-                else record.created_at.replace(tzinfo=now.tzinfo)
-            )
+            created = as_utc(record.created_at) or now
             if now - created > STALE_CLAIM:
                 idem_repo.release(session, project_id, key)
                 raise Conflict(
@@ -101,13 +98,16 @@ def _claim_key(
         return CreateOutcome(record.response_status or 201, record.response_body or {}, True)
 
 
-def _check_file(session: Session, project_id: str, spec: JobSpec) -> None:
+def dataset_file(session: Session, project_id: str, spec: JobSpec) -> File | None:
+    """The uploaded file the spec's dataset names (None when it names none); a 422 naming
+    `dataset.file_id` when it is not this project's."""
     file_id = spec.dataset.file_id
     if file_id is None:
-        return
+        return None
     row = session.get(File, file_id)
     if row is None or row.project_id != project_id:
         raise InvalidRequest(f"file {file_id} not found", param="dataset.file_id")
+    return row
 
 
 def create_job(
@@ -129,7 +129,7 @@ def create_job(
             return replay
     try:
         with session_scope(factory) as session:
-            _check_file(session, project_id, spec)
+            dataset_file(session, project_id, spec)
             now = utcnow()
             job = Job(
                 id=new_id("job"),
@@ -151,9 +151,7 @@ def create_job(
                 idem_repo.release(session, project_id, idempotency_key)
         raise
     # Only after the commit: a worker can never receive an id it cannot read.
-    if dispatcher.send(job_id, queue):
-        with session_scope(factory) as session:
-            jobs_repo.mark_dispatched(session, job_id)
+    send_job(factory, dispatcher, job_id, queue)
     with session_scope(factory) as session:
         body = job_out(_require(session, project_id, job_id)).model_dump(mode="json")
         if idempotency_key is not None:
