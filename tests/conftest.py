@@ -14,12 +14,16 @@ import os
 # import (worker subprocesses inherit it).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 import secrets
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import pytest
+import redis
 from fastapi.testclient import TestClient
 
 from app.db import make_engine, make_session_factory, session_scope
@@ -31,6 +35,36 @@ from grpo_cli import db as migrations
 PG_ADMIN = os.environ.get("GRPO_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("GRPO_TEST_REDIS", "redis://127.0.0.1:6379/11")
 BACKENDS = ("postgres", "sqlite")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_private_redis(
+    port: int, data_dir: Path | None = None, timeout: float = 10.0
+) -> subprocess.Popen[bytes]:
+    """A redis-server of the test's own, so a test can stop it without disturbing the shared
+    one. With `data_dir` it keeps an append-only file there (it survives its own restart).
+    Returns once it answers PING."""
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    if data_dir is None:
+        args += ["--appendonly", "no"]
+    else:
+        args += ["--dir", str(data_dir), "--appendonly", "yes"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if redis.Redis(port=port, socket_connect_timeout=0.5).ping():
+                return proc
+        except redis.RedisError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"redis-server on port {port} did not start")
 
 
 def _pg_url(dbname: str) -> str:

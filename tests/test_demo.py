@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_demo_streams_live_metrics_and_succeeds(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = subprocess.run(
         [
             sys.executable,

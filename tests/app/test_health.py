@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings, build_settings
-from tests.conftest import Api
+from tests.conftest import Api, free_port, start_private_redis
 
 
 def test_healthz_and_readyz_ok(api: Api) -> None:
@@ -24,37 +22,12 @@ def test_healthz_and_readyz_ok(api: Api) -> None:
     assert ready.json() == {"status": "ok", "database": "ok", "broker": "ok"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 def test_readyz_is_503_within_2s_when_redis_stops(pg_url: str, tmp_path: Path) -> None:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    port = free_port()
+    proc = start_private_redis(port)
     try:
         client = redis.Redis(port=port)
-        for _ in range(50):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
         settings: Settings = build_settings(
             data_dir=tmp_path, database_url=pg_url, broker_url=f"redis://127.0.0.1:{port}/0"
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,8 @@ import pytest
 import yaml
 
 from app.settings import Settings, build_settings
-from tests.conftest import REDIS_URL, new_project_key, tiny_spec
+from tests.conftest import REDIS_URL, free_port, new_project_key, tiny_spec
 from tests.worker.conftest import ROOT, WorkerProcess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class ServerProcess:

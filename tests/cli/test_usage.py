@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -15,14 +14,12 @@ from grpo_cli.ci_args import Exit
 from grpo_cli.client import Client
 from grpo_cli.waiting import retrying, stream_patiently
 from tests.cli.helpers import cli
+from tests.conftest import free_port
 
 
 @pytest.fixture
 def closed_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"  # nothing listens there any more
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 @pytest.fixture

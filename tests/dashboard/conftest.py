@@ -5,7 +5,6 @@ downloaded build)."""
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import uvicorn
 
 from app.main import create_app
 from app.settings import Settings, build_settings
-from tests.conftest import REDIS_URL, new_project_key
+from tests.conftest import REDIS_URL, free_port, new_project_key
 from tests.worker.conftest import start_worker  # noqa: F401  (fixture used by the tests here)
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -43,12 +42,6 @@ class Served:
         return {"Authorization": f"Bearer {self.key}"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def served(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[Served]:
     """The real app on a free port; signal handlers stay with pytest (uvicorn skips them off the
@@ -61,7 +54,7 @@ def served(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[Served]:
         queue_name=f"{queue_name}-dashboard",
     )
     key, _ = new_project_key(settings)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +25,9 @@ from app.settings import Settings, build_settings
 from grpo_cli import db as migrations
 from tests.conftest import (
     REDIS_URL,
+    free_port,
     new_project_key,
+    start_private_redis,
     tiny_spec,
 )
 from tests.worker.conftest import WorkerProcess, wait_for
@@ -80,12 +81,6 @@ class Service:
         except AssertionError:
             logs = "\n---\n".join(w.log_tail() for w in workers)
             raise AssertionError(f"job {self.job(job_id)}\nworker logs:\n{logs}") from None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -238,29 +233,12 @@ def test_sigterm_checkpoints_and_hands_the_job_over(
 def test_redis_restart_during_a_run(
     pg_url: str, tmp_path: Path, start_worker: Callable[..., WorkerProcess]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     data = tmp_path / "redis"
     data.mkdir()
 
     def start_redis() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(data),
-                "--appendonly",
-                "yes",
-                "--save",
-                "",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        wait_for(lambda: _ping(port), 10, "redis up")
-        return proc
+        return start_private_redis(port, data_dir=data)
 
     server = start_redis()
     settings = build_settings(
@@ -289,13 +267,6 @@ def test_redis_restart_during_a_run(
         server.kill()
 
 
-def _ping(port: int) -> bool:
-    try:
-        return bool(redis.Redis(port=port, socket_connect_timeout=0.5).ping())
-    except redis.RedisError:
-        return False
-
-
 def _pg_cluster_tools() -> bool:
     return shutil.which("pg_createcluster") is not None and Path("/etc/postgresql").is_dir()
 
@@ -305,8 +276,8 @@ def test_postgres_restart_during_a_run(
     tmp_path: Path, start_worker: Callable[..., WorkerProcess]
 ) -> None:
     version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
-    cluster = f"grpotest{_free_port()}"
-    port = _free_port()
+    cluster = f"grpotest{free_port()}"
+    port = free_port()
     subprocess.run(
         ["pg_createcluster", version, cluster, "-p", str(port), "--start", "--", "--auth=trust"],
         check=True,
