@@ -35,7 +35,11 @@ from bench.common import (
 
 
 def job_spec_dict(
-    cfg: dict[str, Any], engine: str, dtype: str, kv_cache_gib: float = 2.0
+    cfg: dict[str, Any],
+    engine: str,
+    dtype: str,
+    kv_cache_gib: float | None = None,
+    gradient_checkpointing: bool = True,
 ) -> dict[str, Any]:
     """The JobSpec (as a dict) equal to the TRL configuration of ``bench/trl_step.py``."""
     s = cfg["settings"]
@@ -67,6 +71,7 @@ def job_spec_dict(
             "loss_aggregation": "token_mean",
             "num_iterations": 1,
             "micro_batch_size": s["micro_batch_size"],
+            "gradient_checkpointing": gradient_checkpointing,
         },
         "rollout": {"engine": engine, "dtype": dtype, "kv_cache_gib": kv_cache_gib},
         "seed": s["seed"],
@@ -79,7 +84,13 @@ def main() -> None:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--engine", choices=["vllm", "transformers"], required=True)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--kv-cache-gib", type=float, default=2.0, help="vLLM KV cache (GiB)")
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=None,
+        help="vLLM KV cache (GiB; default: fit the batch)",
+    )
+    parser.add_argument("--no-gradient-checkpointing", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     cfg = json.loads(args.config.read_text())
@@ -93,7 +104,11 @@ def main() -> None:
     from trainer.config import JobSpec
     from trainer.loop import train
 
-    spec = JobSpec.model_validate(job_spec_dict(cfg, args.engine, args.dtype, args.kv_cache_gib))
+    spec = JobSpec.model_validate(
+        job_spec_dict(
+            cfg, args.engine, args.dtype, args.kv_cache_gib, not args.no_gradient_checkpointing
+        )
+    )
     total = spec.grpo.steps
     steps: list[dict[str, Any]] = []
     events: list[str] = []

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tokenizer,
             dtype=args.dtype,
             max_model_len=max_model_len,
-            kv_cache_gib=args.kv_cache_gib,
+            kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
         ),
     }
     vllm_start_s = time.perf_counter() - started

@@ -10,12 +10,14 @@ shuffling): step k trains on rows 8k..8k+7.
 
 Configurations (each in a fresh subprocess, so peak RSS is per configuration):
 
-- ``ours-vllm``: our trainer with its default engine (vLLM, float32, weights pushed each step);
+- ``ours-vllm``: our trainer with its default engine (vLLM, float32, weights pushed each step,
+  KV cache sized to the batch, gradient checkpointing on);
 - ``ours-transformers``: our trainer generating with transformers ``generate`` (as TRL does);
 - ``trl``: TRL's GRPOTrainer, run by ``bench/trl_step.py`` in ``.venv-trl`` (transformers
   generate, its default on CPU; gradient checkpointing on, its default);
 - optional variants of ours: ``-bf16`` (engine in bfloat16), ``-kvN`` (vLLM KV cache of N GiB
-  instead of 2), e.g. ``ours-vllm-kv1`` or ``ours-vllm-bf16-kv1``.
+  instead of the batch-sized default), ``-nogc`` (gradient checkpointing off), e.g.
+  ``ours-vllm-kv2-nogc`` (the previous defaults) or ``ours-vllm-bf16``.
 
 Run (from the repository root; about 15 to 25 minutes on 2 cores):
 
@@ -61,7 +63,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS,
-        help="comma-separated: ours-vllm, ours-transformers, trl; ours-* take -bf16 / -kvN",
+        help="comma-separated: ours-vllm, ours-transformers, trl; ours-* take -bf16 / -kvN / -nogc",
     )
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
@@ -87,12 +89,14 @@ def _command(name: str, config_path: Path, out: Path, trl_python: Path) -> list[
         raise ValueError(f"unknown configuration {name!r}")
     parts = name.split("-")
     engine = parts[1]
-    dtype, kv = "float32", "2"
+    options: list[str] = []
     for option in parts[2:]:
         if option == "bf16":
-            dtype = "bfloat16"
+            options += ["--dtype", "bfloat16"]
         elif option.startswith("kv") and option[2:].isdigit():
-            kv = option[2:]
+            options += ["--kv-cache-gib", option[2:]]
+        elif option == "nogc":
+            options.append("--no-gradient-checkpointing")
         else:
             raise ValueError(f"unknown option {option!r} in configuration {name!r}")
     return [
@@ -103,10 +107,7 @@ def _command(name: str, config_path: Path, out: Path, trl_python: Path) -> list[
         str(config_path),
         "--engine",
         engine,
-        "--dtype",
-        dtype,
-        "--kv-cache-gib",
-        kv,
+        *options,
         "--out",
         str(out),
     ]

@@ -14,6 +14,7 @@ from trainer.advantages import zero_variance_groups
 from trainer.config import GRPOSpec
 from trainer.data import Example, PromptSampler
 from trainer.graders import GraderSet
+from trainer.memory import release_free_memory
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.step import derive_seed
 
@@ -85,6 +86,7 @@ def collect_groups(
             seed=derive_seed(seed, step, rnd),
         )
         out.rollout_seconds += time.perf_counter() - started
+        release_free_memory()  # the engine's temporaries, before the trainer's passes
         out.rounds += 1
         started = time.perf_counter()
         texts = [c.text for group in results for c in group]

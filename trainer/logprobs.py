@@ -123,13 +123,24 @@ def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return decoder, head
 
 
+# Logits elements per output-head chunk: 16M float32 values are 64 MiB, and the chunk's softmax
+# temporaries (and its recomputation in the backward pass) are a few times that. 341 rows for
+# SmolLM2's 49,152-token vocabulary; larger chunks were no faster on CPU and cost memory.
+HEAD_CHUNK_ELEMENTS = 1 << 24
+
+
+def head_chunk_rows(vocab_size: int) -> int:
+    """Rows per output-head chunk for a vocabulary: about ``HEAD_CHUNK_ELEMENTS`` logits."""
+    return max(16, HEAD_CHUNK_ELEMENTS // max(1, vocab_size))
+
+
 def completion_logprobs(
     model: nn.Module,
     input_ids: Tensor,
     attention_mask: Tensor,
     prompt_len: int,
     temperature: float = 1.0,
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probabilities (and optionally entropies) of the completion tokens under ``model``.
@@ -150,7 +161,8 @@ def completion_logprobs(
             ``last_hidden_state``) and ``get_output_embeddings()`` (the lm_head), as Hugging
             Face ``*ForCausalLM`` models do.
         temperature: the sampling temperature; logits are divided by it.
-        chunk_size: rows per output-head call (bounds the [rows, V] temporaries).
+        chunk_size: rows per output-head call (bounds the [rows, V] temporaries); None picks
+            ``head_chunk_rows(V)``.
         with_entropy: also return the per-position entropy (detached: it is a metric).
 
     Returns:
@@ -158,7 +170,7 @@ def completion_logprobs(
         Gradients flow into the model's parameters when grad mode is enabled.
     """
     _check_temperature(temperature)
-    if chunk_size <= 0:
+    if chunk_size is not None and chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
         raise ValueError(
@@ -168,6 +180,9 @@ def completion_logprobs(
     if not 1 <= prompt_len <= length:
         raise ValueError(f"prompt_len must be in [1, {length}], got {prompt_len}")
     decoder, lm_head = _decoder_and_head(model)
+    if chunk_size is None:
+        weight = getattr(lm_head, "weight", None)
+        chunk_size = head_chunk_rows(int(weight.shape[0]) if weight is not None else 65_536)
 
     # Left padding shifts every real token right; positions must count real tokens only.
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)

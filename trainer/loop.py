@@ -44,8 +44,9 @@ from trainer.metrics import (
     token_metrics,
     update_metrics,
 )
-from trainer.models import load_policy, resolve_model
-from trainer.rollout.base import RolloutEngine, make_engine
+from trainer.models import enable_gradient_checkpointing, load_policy, resolve_model
+from trainer.rollout.base import RolloutEngine
+from trainer.rollout.startup import start_engine
 from trainer.shaping import overlong_penalty, truncation_loss_mask
 from trainer.step import (
     Batch,
@@ -119,6 +120,13 @@ class _Run:
         self.model_path = resolve_model(config.model)
         self.model, self.tokenizer = load_policy(self.model_path, dtype=torch.float32)
         _to_device(self.model, device)
+        if self.spec.gradient_checkpointing and not enable_gradient_checkpointing(self.model):
+            self.cb.on_event(
+                "config",
+                f"{type(self.model).__name__} cannot recompute activations; "
+                "gradient_checkpointing is off for this run",
+                level="warning",
+            )
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
         ds = config.dataset
@@ -167,15 +175,16 @@ class _Run:
                 checkpoint_path=Path(resume_from),
             )
         sync_seconds = 0.0
-        self.engine = engine = make_engine(
-            self.config.rollout.engine,
+        started = start_engine(
+            self.config,
             self.model_path,
             self.tokenizer,
-            dtype=self.config.rollout.dtype,
-            max_model_len=self.spec.max_prompt_tokens + self.spec.max_new_tokens,
-            policy_model=self.model,
-            kv_cache_gib=self.config.rollout.kv_cache_gib,
+            self.model,
+            self.train_ids,
+            self.eval_ids,
+            self.device,
         )
+        self.engine = engine = started.engine
         if resume_from is not None:
             # The engine loaded the base weights: push the restored ones before any rollout.
             sync_seconds = engine.sync_weights(self.model)
@@ -191,6 +200,9 @@ class _Run:
                 resumed_from=Path(resume_from) if resume_from is not None else None,
             )
         )
+        engine_line = started.describe(self.config)
+        if engine_line is not None:
+            self.cb.on_event("engine", engine_line, data={"kv_cache_bytes": started.kv_cache_bytes})
         if resume_from is not None:
             self.cb.on_event(
                 "resume",

@@ -28,6 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from torch import nn
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -130,6 +131,22 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
     return model, tokenizer
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> bool:
+    """Recompute each decoder layer's activations in the backward pass (train mode only, so
+    no-grad scoring and generation are unaffected). False when the model class cannot do it.
+
+    Non-reentrant checkpointing: it needs no ``requires_grad`` on the inputs and it replays the
+    layers with the RNG state of the forward pass, so results do not change.
+    """
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        return False
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if not callable(enable):
+        return False
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return True
 
 
 # --------------------------------------------------------------------------- atomic build

@@ -9,7 +9,12 @@ import torch
 from torch import Tensor, nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from trainer.logprobs import completion_logprobs, entropy_from_logits, selective_logprobs
+from trainer.logprobs import (
+    completion_logprobs,
+    entropy_from_logits,
+    head_chunk_rows,
+    selective_logprobs,
+)
 
 VOCAB = 50
 P, T = 5, 4  # prompt width, completion width
@@ -66,9 +71,11 @@ def _grads(model: LlamaForCausalLM, loss: Tensor) -> list[Tensor]:
     return list(torch.autograd.grad(loss, params))
 
 
-@pytest.mark.parametrize(("temperature", "chunk_size"), [(1.0, 1024), (0.7, 3), (1.3, 1)])
+@pytest.mark.parametrize(
+    ("temperature", "chunk_size"), [(1.0, 1024), (0.7, 3), (1.3, 1), (1.0, None)]
+)
 def test_completion_logprobs_match_naive_reference_with_gradients(
-    temperature: float, chunk_size: int
+    temperature: float, chunk_size: int | None
 ) -> None:
     model = _tiny_llama()
     ids, mask = _batch()
@@ -189,3 +196,10 @@ def test_full_vocabulary_logits_are_not_kept_for_backward() -> None:
     assert saved  # the decoder's activations were seen
     assert all(shape[-1] != VOCAB for shape in saved if shape), saved
     lp.sum().backward()  # and the recomputation works
+
+
+def test_head_chunks_hold_about_16m_logits() -> None:
+    # SmolLM2's vocabulary: 341 rows of 49,152 float32 logits = 64 MiB per chunk.
+    assert head_chunk_rows(49_152) == 341
+    assert head_chunk_rows(49_152) * 49_152 * 4 <= 64 << 20
+    assert head_chunk_rows(10_000_000) == 16  # never fewer rows than that, whatever the vocab

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-import trainer.loop as loop_module
+import trainer.rollout.startup as startup_module
 from trainer import losses
 from trainer.callbacks import Callbacks, RolloutSample, RunInfo
 from trainer.config import JobSpec
@@ -229,7 +229,7 @@ def _recording(monkeypatch: pytest.MonkeyPatch, log: list[list[list[int]]]) -> N
     def make(*args: Any, **kwargs: Any) -> RecordingEngine:
         return RecordingEngine(make_engine(*args, **kwargs), log)
 
-    monkeypatch.setattr(loop_module, "make_engine", make)
+    monkeypatch.setattr(startup_module, "make_engine", make)
 
 
 def test_resume_reproduces_the_straight_run(
@@ -315,7 +315,7 @@ def test_non_finite_updates_are_skipped_then_fatal(
 
         return Spy(engine, [])
 
-    monkeypatch.setattr(loop_module, "make_engine", make)
+    monkeypatch.setattr(startup_module, "make_engine", make)
     with pytest.raises(NonFiniteLossError) as info:
         train(spec, rec, output_dir=tmp_path)
     assert isinstance(info.value, TrainerError) and info.value.reason == "non_finite_loss"
@@ -390,12 +390,16 @@ def test_file_dataset_must_be_resolved(tmp_path: Path) -> None:
 def test_vllm_engine_gets_the_trained_weights(tmp_path: Path) -> None:
     """The engine generates with the weights of the last update: its logprobs of the sampled
     tokens match the trainer's (float32 engine) at every step, also after weights changed."""
-    spec = tiny_spec(steps=3, rollout={"engine": "vllm", "dtype": "float32", "kv_cache_gib": 1})
+    spec = tiny_spec(steps=3, rollout={"engine": "vllm", "dtype": "float32"})
     rec = Recorder()
     train(spec, rec, output_dir=tmp_path)
     diffs = [rec.metrics[s]["logprob_diff/engine_vs_trainer"] for s in (1, 2, 3)]
     assert all(d < 1e-3 for d in diffs), diffs
     assert rec.metrics[2]["time/weight_sync"] > 0
+    # The tiny model's KV cache fits the batch: megabytes, not the gigabytes of a fixed size.
+    engine_events = [m for kind, _, m in rec.events if kind == "engine"]
+    assert len(engine_events) == 1 and "MiB KV cache (sized to the batch)" in engine_events[0]
+    assert float(engine_events[0].split(" MiB")[0].split()[-1].replace(",", "")) < 64
 
 
 # --------------------------------------------------------------------------- SmolLM2 (slow)

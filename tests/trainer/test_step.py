@@ -4,10 +4,23 @@ import math
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from trainer.config import GRPOSpec
 from trainer.errors import NonFiniteLossError
-from trainer.step import NonFiniteGuard, derive_seed, lr_factor, make_scheduler, pack_batch
+from trainer.logprobs import completion_logprobs
+from trainer.models import enable_gradient_checkpointing
+from trainer.step import (
+    Batch,
+    NonFiniteGuard,
+    by_length,
+    derive_seed,
+    forward_logprobs,
+    lr_factor,
+    make_scheduler,
+    pack_batch,
+    run_updates,
+)
 
 
 def test_lr_schedules() -> None:
@@ -71,3 +84,128 @@ def test_non_finite_guard_counts_consecutive() -> None:
         guard.check(6, float("nan"), 1.0)
     assert info.value.reason == "non_finite_loss"
     assert events == ["non_finite"] * 5 and guard.skipped == 5
+
+
+# --------------------------------------------------------------------------- micro-batching
+
+
+def _tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        initializer_range=0.3,  # logits far from uniform, so a misplaced row shows
+        pad_token_id=0,
+    )
+    return LlamaForCausalLM(config).float()
+
+
+def _ragged_batch() -> Batch:
+    g = torch.Generator().manual_seed(3)
+    prompt_lens = [4, 2, 5, 3, 1, 4]
+    completion_lens = [6, 1, 3, 6, 2, 4]
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(1, 40, (n,), generator=g).tolist()
+
+    return pack_batch(
+        [ids(n) for n in prompt_lens],
+        [ids(n) for n in completion_lens],
+        [None] * len(prompt_lens),
+        [False] * len(prompt_lens),
+        torch.ones(len(prompt_lens)),
+        torch.device("cpu"),
+    )
+
+
+def test_by_length_puts_rows_of_similar_width_together() -> None:
+    batch = _ragged_batch()
+    assert by_length(batch, range(batch.size)) == [1, 4, 2, 5, 3, 0]
+    assert by_length(batch, [3, 0, 1]) == [1, 3, 0]  # a subset keeps to its own rows
+
+
+def test_forward_logprobs_places_each_row_where_it_was() -> None:
+    # Micro-batches are cut in length order; every row's values must still land on its own row:
+    # the same as scoring each row on its own.
+    model = _tiny_llama()
+    batch = _ragged_batch()
+    together, entropy = forward_logprobs(
+        model, batch, micro_batch_size=2, temperature=0.8, pad_id=0, with_entropy=True
+    )
+    alone, alone_entropy = forward_logprobs(
+        model, batch, micro_batch_size=1, temperature=0.8, pad_id=0, with_entropy=True
+    )
+    assert entropy is not None and alone_entropy is not None
+    assert together[batch.mask > 0].abs().min() > 0  # real values on every real token
+    assert torch.allclose(together, alone, atol=1e-5, rtol=0)
+    assert torch.allclose(entropy, alone_entropy, atol=1e-5, rtol=0)
+    assert torch.equal(together[batch.mask == 0], torch.zeros(int((batch.mask == 0).sum())))
+
+
+def _one_update(micro_batch_size: int, checkpointing: bool) -> list[torch.Tensor]:
+    model = _tiny_llama()
+    if checkpointing:
+        assert enable_gradient_checkpointing(model)
+    batch = _ragged_batch()
+    spec = GRPOSpec(micro_batch_size=micro_batch_size, learning_rate=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=spec.learning_rate)
+    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.75, -0.5])
+    run_updates(
+        model,
+        optimizer,
+        batch,
+        advantages,
+        spec=spec,
+        step=1,
+        seed=0,
+        old_logprobs=None,
+        ref_logprobs=None,
+        pad_id=0,
+        guard=NonFiniteGuard(lambda *a, **k: None),
+        collect_pre_update=False,
+    )
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_update_does_not_depend_on_micro_batching_or_checkpointing() -> None:
+    base = [p.detach().clone() for p in _tiny_llama().parameters()]
+    whole = _one_update(micro_batch_size=6, checkpointing=False)
+    assert max(float((a - b).abs().max()) for a, b in zip(whole, base, strict=True)) > 1e-3
+    for micro, checkpointing in [(2, False), (4, False), (2, True)]:
+        other = _one_update(micro_batch_size=micro, checkpointing=checkpointing)
+        for a, b in zip(whole, other, strict=True):
+            assert torch.allclose(a, b, atol=1e-6, rtol=0), (micro, checkpointing)
+
+
+def test_gradient_checkpointing_recomputes_layers_in_backward() -> None:
+    # The memory saving is real only if far less is kept for the backward pass and the layers
+    # run again in it.
+    calls = {"on": 0, "off": 0}
+    saved = {"on": 0, "off": 0}
+    for mode in ("off", "on"):
+        model = _tiny_llama().train()
+        if mode == "on":
+            assert enable_gradient_checkpointing(model)
+        model.model.layers[0].register_forward_pre_hook(
+            lambda *_, m=mode: calls.__setitem__(m, calls[m] + 1)
+        )
+
+        def pack(t: torch.Tensor, m: str = mode) -> torch.Tensor:
+            saved[m] += t.numel() * t.element_size()
+            return t
+
+        ids = torch.randint(1, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lp, _ = completion_logprobs(model, ids, torch.ones_like(ids), 3)
+        lp.sum().backward()
+    assert calls == {"off": 1, "on": 2}
+    assert saved["on"] < saved["off"] / 4
+
+
+def test_models_without_checkpointing_support_are_reported() -> None:
+    assert not enable_gradient_checkpointing(torch.nn.Linear(2, 2))

@@ -117,7 +117,7 @@ def test_vllm_job_end_to_end_with_live_stream(
     service: Service, start_worker: Callable[..., WorkerProcess]
 ) -> None:
     spec = job_spec(steps=4, kl={"estimator": "k3_unbiased", "beta": 0.05})
-    spec["rollout"] = {"engine": "vllm", "kv_cache_gib": 0.5}
+    spec["rollout"] = {"engine": "vllm"}  # KV cache sized to the batch
     worker = start_worker(service.settings)
     job_id = service.submit(spec)
     metrics_steps: list[int] = []

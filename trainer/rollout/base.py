@@ -24,6 +24,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 EngineKind = Literal["vllm", "transformers"]
+DEFAULT_KV_BYTES = 2 << 30  # vLLM KV cache when the caller does not size it
 FinishReason = Literal["stop", "length"]
 
 
@@ -118,12 +119,15 @@ def make_engine(
     dtype: str,
     max_model_len: int,
     policy_model: nn.Module | None = None,
-    kv_cache_gib: float = 2.0,
+    kv_cache_bytes: int | None = None,
+    kv_block_tokens: int | None = None,
 ) -> RolloutEngine:
     """Create a rollout engine.
 
     ``vllm`` loads ``model_path`` into an in-process vLLM engine (call ``sync_weights`` to push
-    trained weights); ``transformers`` generates with ``policy_model`` itself (required).
+    trained weights) with a KV cache of ``kv_cache_bytes`` (default 2 GiB) in blocks of
+    ``kv_block_tokens`` (default: vLLM's); ``transformers`` generates with ``policy_model`` itself
+    (required) and ignores both.
     """
     if kind == "vllm":
         # Imported here so that importing this module never imports vllm.
@@ -134,7 +138,8 @@ def make_engine(
             tokenizer,
             dtype=dtype,
             max_model_len=max_model_len,
-            kv_cache_gib=kv_cache_gib,
+            kv_cache_bytes=kv_cache_bytes if kv_cache_bytes is not None else DEFAULT_KV_BYTES,
+            block_tokens=kv_block_tokens,
         )
     if kind == "transformers":
         from trainer.rollout.hf_engine import HFEngine

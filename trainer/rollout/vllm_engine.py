@@ -15,7 +15,6 @@ recomputes.
 from __future__ import annotations
 
 import gc
-import math
 import os
 import time
 from pathlib import Path
@@ -46,13 +45,16 @@ class VLLMEngine:
         *,
         dtype: str,
         max_model_len: int,
-        kv_cache_gib: float = 2.0,
+        kv_cache_bytes: int,
+        block_tokens: int | None = None,
         engine_seed: int = 0,
     ) -> None:
         self._dtype = torch_dtype(dtype)
         # vLLM reads these when the engine is built; they must be set before the import.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_cache_gib)))
+        # The legacy variable counts whole GiB and would override kv_cache_memory_bytes below:
+        # the caller's size (usually fitted to the rollout batch, a fraction of a GiB) decides.
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
 
@@ -66,6 +68,9 @@ class VLLMEngine:
             tokenizer=str(model_path),
             dtype=cast(Any, dtype),  # validated above by torch_dtype
             max_model_len=max_model_len,
+            kv_cache_memory_bytes=kv_cache_bytes,
+            # None: the platform's default. Set when the cache was sized in blocks of this many.
+            block_size=block_tokens,
             enforce_eager=True,
             seed=engine_seed,
             logprobs_mode="processed_logprobs",

@@ -32,7 +32,7 @@ def engine(tiny_model_dir: Path) -> Iterator[VLLMEngine]:
         tokenizer,
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,
-        kv_cache_gib=1.0,
+        kv_cache_bytes=256 << 20,
     )
     assert isinstance(vllm_engine, VLLMEngine)
     yield vllm_engine
