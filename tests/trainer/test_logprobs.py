@@ -7,8 +7,9 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import Tensor, nn
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
+from tests.trainer.conftest import tiny_llama
 from trainer.logprobs import (
     completion_logprobs,
     entropy_from_logits,
@@ -23,23 +24,7 @@ COMPLETION_LENS = [4, 2, 3]
 
 
 def _tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        # A wider init than the default 0.02 so that the logits are far from uniform and a
-        # wrong position or token would show up well above the tolerance.
-        initializer_range=0.3,
-        pad_token_id=0,
-    )
-    model = LlamaForCausalLM(config).float()
-    model.eval()  # no dropout in Llama, but make it explicit
-    return model
+    return tiny_llama(VOCAB)
 
 
 def _batch() -> tuple[Tensor, Tensor]:

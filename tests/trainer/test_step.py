@@ -4,8 +4,9 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from tests.trainer.conftest import tiny_llama
 from trainer.config import GRPOSpec
 from trainer.errors import NonFiniteLossError
 from trainer.logprobs import completion_logprobs
@@ -90,19 +91,7 @@ def test_non_finite_guard_counts_consecutive() -> None:
 
 
 def _tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        initializer_range=0.3,  # logits far from uniform, so a misplaced row shows
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(config).float()
+    return tiny_llama(40)
 
 
 def _ragged_batch() -> Batch:

@@ -35,7 +35,7 @@ def kv_cache_bytes(
 
     Every sequence takes whole blocks of ``block_tokens`` tokens. Per token a decoder keeps a key
     and a value for every layer and KV head:
-    ``2 * layers * kv_heads * head_dim * itemsize`` bytes (46 KiB for SmolLM2-135M in float32).
+    ``2 * layers * kv_heads * head_dim * itemsize`` bytes (46,080 for SmolLM2-135M in float32).
     A cache that fits the whole rollout batch never preempts; a larger one is memory that the
     trainer needs more (vLLM-CPU allocates all of it up front, as host memory).
     """
