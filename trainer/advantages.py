@@ -4,23 +4,49 @@ Rewards arrive as [N_groups, G]: one row per prompt, one column per sampled comp
 All standard deviations here are population standard deviations (``unbiased=False``, divide by
 ``n``): a group is the whole set being normalised, not a sample of a larger one, and with
 ``unbiased=True`` a group of G = 1 would give NaN.
+
+Adding a scale: one function here, an entry in :data:`ADVANTAGE_SCALES`, and its name in
+``trainer.config.AdvantageScale`` (the spec declares the names; a test checks they match).
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-AdvantageScale = Literal["group", "batch", "none"]
-ADVANTAGE_SCALES: tuple[str, ...] = get_args(AdvantageScale)
+from trainer.config import AdvantageScale
 
 
 def _as_float(rewards: Tensor) -> Tensor:
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [N_groups, G], got shape {tuple(rewards.shape)}")
     return rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
+
+
+def _group_std(rewards: Tensor, centred: Tensor, eps: float) -> Tensor:
+    """GRPO: each group's centred rewards over that group's std. [N_groups, G] -> same."""
+    return centred / (rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
+
+
+def _batch_std(rewards: Tensor, centred: Tensor, eps: float) -> Tensor:
+    """Centred rewards over one std of every reward in the batch. [N_groups, G] -> same."""
+    return centred / (rewards.std(unbiased=False) + eps)
+
+
+def _unscaled(rewards: Tensor, centred: Tensor, eps: float) -> Tensor:
+    """Dr. GRPO: the centred rewards as they are. [N_groups, G] -> same."""
+    return centred
+
+
+# (rewards [N_groups, G], rewards minus their group mean [N_groups, G], eps) -> advantages.
+# Keys must equal trainer.config.AdvantageScale (tests/trainer/test_registries.py).
+ADVANTAGE_SCALES: dict[AdvantageScale, Callable[[Tensor, Tensor, float], Tensor]] = {
+    "group": _group_std,
+    "batch": _batch_std,
+    "none": _unscaled,
+}
 
 
 def group_advantages(rewards: Tensor, scale: AdvantageScale, eps: float = 1e-6) -> Tensor:
@@ -36,17 +62,14 @@ def group_advantages(rewards: Tensor, scale: AdvantageScale, eps: float = 1e-6) 
     what ``r - mean`` can give when the mean is not representable, e.g. three rewards of 0.1).
     The result carries no gradient.
     """
+    scale_fn = ADVANTAGE_SCALES.get(scale)
+    if scale_fn is None:
+        raise ValueError(
+            f"unknown advantage scale {scale!r}; expected one of {', '.join(ADVANTAGE_SCALES)}"
+        )
     r = _as_float(rewards).detach()
-    mean = r.mean(dim=1, keepdim=True)
-    centred = r - mean
-    if scale == "group":
-        adv = centred / (r.std(dim=1, keepdim=True, unbiased=False) + eps)
-    elif scale == "batch":
-        adv = centred / (r.std(unbiased=False) + eps)
-    elif scale == "none":
-        adv = centred
-    else:
-        raise ValueError(f"unknown advantage scale {scale!r}; expected one of {ADVANTAGE_SCALES}")
+    centred = r - r.mean(dim=1, keepdim=True)
+    adv = scale_fn(r, centred, eps)
     constant = (r.amax(dim=1) == r.amin(dim=1)).unsqueeze(1)
     return torch.where(constant, torch.zeros_like(adv), adv)
 

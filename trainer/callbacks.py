@@ -30,10 +30,10 @@ class RunInfo:
 
     total_steps: int
     start_step: int  # steps already done (0, or the step of the checkpoint resumed from)
-    model_path: Path
+    model_path: Path | None  # None when the caller passed a ready model object
     output_dir: Path
     device: str  # the trainer's torch device ("cpu", "cuda:0")
-    engine: str  # rollout engine kind ("vllm", "transformers")
+    engine: str  # rollout engine kind ("vllm", "transformers"), or the class of a passed engine
     resumed_from: Path | None = None
 
 
@@ -143,8 +143,9 @@ class ConsoleCallbacks(Callbacks):
 
     def on_start(self, info: RunInfo) -> None:
         resumed = f", resumed from {info.resumed_from}" if info.resumed_from else ""
+        model = info.model_path.name if info.model_path is not None else "the given model"
         self._write(
-            f"training {info.model_path.name} for {info.total_steps} steps on {info.device} "
+            f"training {model} for {info.total_steps} steps on {info.device} "
             f"({info.engine} rollouts{resumed}); output in {info.output_dir}"
         )
         self._bar = tqdm(

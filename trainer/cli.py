@@ -14,12 +14,12 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import ValidationError
 
-from trainer.config import JobSpec
+from trainer.config import JobSpec, RolloutEngineName
 
 __all__ = ["build_parser", "load_recipe", "main"]
 
@@ -50,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--steps", type=int, default=None, help="override grpo.steps")
     parser.add_argument(
-        "--engine", choices=["vllm", "transformers"], default=None, help="override rollout.engine"
+        "--engine",
+        choices=get_args(RolloutEngineName),  # the spec's names, so the two cannot disagree
+        default=None,
+        help="override rollout.engine",
     )
     parser.add_argument("--device", default="cpu", help="torch device of the trainer (cpu, cuda)")
     parser.add_argument(

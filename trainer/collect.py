@@ -13,8 +13,8 @@ import torch
 from trainer.advantages import zero_variance_groups
 from trainer.config import GRPOSpec
 from trainer.data import Example, PromptSampler
-from trainer.graders import GraderSet
 from trainer.memory import release_free_memory
+from trainer.rewards import Scorer, score_batch
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.step import derive_seed
 
@@ -29,7 +29,7 @@ class Group:
     prompt_ids: list[int]
     completions: list[Completion]
     rewards: list[float]  # [G] total task reward (weighted grader sum)
-    per_grader: dict[str, list[float]]  # name -> [G] unweighted scores
+    per_grader: dict[str, list[float]]  # scorer name -> [G] unweighted scores
     zero_std: bool  # all rewards equal: no learning signal
 
 
@@ -42,6 +42,9 @@ class Collected:
     reward_seconds: float = 0.0
     generated_tokens: int = 0
     stop_requested: bool = False  # should_stop() said so between rounds
+    # scorer name -> failed calls over every round (scored 0: raised, bad value, timed out)
+    grader_errors: dict[str, int] = field(default_factory=dict)
+    grader_timeouts: dict[str, int] = field(default_factory=dict)  # of which ran out of time
 
     @property
     def num_zero_std(self) -> int:
@@ -50,7 +53,7 @@ class Collected:
 
 def collect_groups(
     engine: RolloutEngine,
-    graders: GraderSet,
+    scorer: Scorer,
     sampler: PromptSampler,
     prompt_ids: Sequence[list[int]],
     examples: Sequence[Example],
@@ -60,7 +63,8 @@ def collect_groups(
     step: int,
     should_stop: Callable[[], bool],
 ) -> Collected:
-    """Sample and grade ``spec.prompts_per_step`` groups for training step ``step``.
+    """Sample ``spec.prompts_per_step`` groups for training step ``step`` and score them with
+    ``scorer`` (graders, or a reward function: ``trainer.rewards``).
 
     Round r of step s samples with the engine seed ``derive_seed(seed, s, r)``. Without dynamic
     sampling every group is kept. With it, zero-variance groups (judged on the task reward, the
@@ -91,7 +95,12 @@ def collect_groups(
         started = time.perf_counter()
         texts = [c.text for group in results for c in group]
         answers = [examples[r].answer for r in rows for _ in range(spec.group_size)]
-        totals, per_grader = graders.score(texts, answers)
+        scored = score_batch(scorer, texts, answers)
+        totals, per_grader = scored.totals, scored.components
+        for name, count in scored.errors.items():
+            out.grader_errors[name] = out.grader_errors.get(name, 0) + count
+        for name, count in scored.timeouts.items():
+            out.grader_timeouts[name] = out.grader_timeouts.get(name, 0) + count
         zero = zero_variance_groups(torch.tensor(totals, dtype=torch.float64).view(len(rows), -1))
         out.reward_seconds += time.perf_counter() - started
         g = spec.group_size

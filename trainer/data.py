@@ -2,7 +2,9 @@
 seeded sampler whose position is plain data (checkpoints save and restore it exactly).
 
 An uploaded dataset (``file_id``) is resolved into rows by the caller (the service's worker reads
-the file); :func:`with_rows` builds the equivalent inline spec.
+the file); ``DatasetSpec.with_rows`` builds the equivalent inline spec. Which rows a spec holds
+(inline or generated) is the spec's own business (``DatasetSpec.all_rows``); this module turns
+them into examples and tokens.
 """
 
 from __future__ import annotations
@@ -35,35 +37,17 @@ class Example:
 
 
 def with_rows(spec: DatasetSpec, rows: Sequence[PromptRow]) -> DatasetSpec:
-    """The same dataset settings with ``rows`` inline instead of a ``file_id`` (validated)."""
-    data = spec.model_dump(exclude={"file_id", "rows", "generator"})
-    return DatasetSpec.model_validate({**data, "rows": [r.model_dump() for r in rows]})
+    """``spec.with_rows(rows)``: kept for callers of the function form."""
+    return spec.with_rows(rows)
 
 
 def dataset_rows(spec: DatasetSpec) -> list[Example]:
-    """All rows of the dataset (training rows first, holdout rows at the end).
+    """All rows of the dataset as examples (training rows first, holdout rows at the end).
 
-    Raises ValueError for a ``file_id`` spec: the caller must resolve the file (:func:`with_rows`).
+    Raises ValueError for a ``file_id`` spec: the caller resolves the file first
+    (``DatasetSpec.with_rows``).
     """
-    if spec.rows is not None:
-        return [Example(r.prompt, r.answer) for r in spec.rows]
-    if spec.generator is not None:
-        gen = spec.generator
-        rng = random.Random(gen.seed)
-        out = []
-        for _ in range(gen.count):
-            a = rng.randint(gen.min_operand, gen.max_operand)
-            b = rng.randint(gen.min_operand, gen.max_operand)
-            # replace, not str.format: other braces in a user template must stay literal.
-            prompt = gen.template.replace("{a}", str(a)).replace("{b}", str(b))
-            out.append(Example(prompt, str(a + b)))
-        return out
-    if spec.file_id is not None:
-        raise ValueError(
-            f"dataset.file_id {spec.file_id!r} must be resolved into rows before training "
-            "(read the file and pass trainer.data.with_rows(spec, rows))"
-        )
-    raise ValueError("the dataset has no rows, file_id or generator")
+    return [Example(r.prompt, r.answer) for r in spec.all_rows()]
 
 
 def split_holdout(rows: Sequence[Example], holdout: int) -> tuple[list[Example], list[Example]]:

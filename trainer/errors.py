@@ -19,3 +19,11 @@ class NonFiniteLossError(TrainerError):
     """Several updates in a row had a non-finite loss or gradient norm."""
 
     reason = "non_finite_loss"
+
+
+class ModelNotAllowed(TrainerError):
+    """The job's ``model`` names a folder outside the model roots this worker may read. The
+    message depends only on the configuration, never on the path asked for, so a refusal does
+    not tell whether that path exists."""
+
+    reason = "model_not_allowed"

@@ -16,20 +16,23 @@ k3_unbiased    ``r * k3``, ``r`` per      grad KL(pi || ref) on- and off-policy
 
 Placement: in the loss the caller adds ``beta * aggregate(per_token_kl(...))``; in the reward
 it subtracts :func:`kl_reward_penalty` from the sequence reward before computing advantages.
+
+Adding an estimator: one function here, an entry in :data:`KL_ESTIMATORS`, and its name in
+``trainer.config.KLEstimatorName`` (the spec declares the names; a test checks they match).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Protocol, get_args
 
 import torch
 from torch import Tensor
 
-KLEstimator = Literal["none", "k1", "k2", "k3", "k3_unbiased"]
-KLPlacement = Literal["loss", "reward"]
+from trainer.config import KLEstimatorName, KLPlacement
 
-KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
-KL_PLACEMENTS: tuple[str, ...] = get_args(KLPlacement)
+# Older names, kept importable.
+KLEstimator = KLEstimatorName
+KL_PLACEMENTS: tuple[KLPlacement, ...] = get_args(KLPlacement)
 
 
 class _StraightThroughClamp(torch.autograd.Function):
@@ -70,8 +73,62 @@ def _k3_of(log_ratio: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
+class KLEstimatorFn(Protocol):
+    """One estimator: ([B, T] lp with gradient, [B, T] ref detached, [B, T] old or None) -> [B, T].
+
+    ``old`` is passed as the caller gave it (``None`` means on-policy); estimators that use it
+    detach it and check its shape themselves.
+    """
+
+    def __call__(
+        self, logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float
+    ) -> Tensor: ...
+
+
+def _none(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+    """No KL: [B, T] zeros without a graph."""
+    return torch.zeros_like(logprobs, requires_grad=False)
+
+
+def _k1(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+    """k1 = ``-d`` = ``lp - ref``: [B, T]."""
+    # No exp: the value is exact and its gradient (+1 per unit of lp) is bounded.
+    return -(ref - logprobs)
+
+
+def _k2(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+    """k2 = ``d^2 / 2``: [B, T]."""
+    return 0.5 * (ref - logprobs).square()
+
+
+def _k3(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+    """k3 = ``exp(d) - d - 1`` with ``d`` clamped before ``exp``: [B, T]."""
+    return _k3_of(clamp_log_ratio(ref - logprobs, max_log_ratio))
+
+
+def _k3_unbiased(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+    """``exp(lp - old) * k3``: [B, T]; ``old`` None means on-policy (``lp`` detached)."""
+    old = logprobs.detach() if old is None else old.detach()
+    if old.shape != logprobs.shape:
+        raise ValueError(f"shape mismatch: logprobs {logprobs.shape}, old {old.shape}")
+    # Importance weight per token, kept in the graph: its gradient r * grad(lp) is what turns
+    # E_old[r * k3] into an unbiased estimate of grad KL(pi || ref).
+    ratio = torch.exp(clamp_log_ratio(logprobs - old, max_log_ratio))
+    return ratio * _k3_of(clamp_log_ratio(ref - logprobs, max_log_ratio))
+
+
+# Keys must equal trainer.config.KLEstimatorName (tests/trainer/test_registries.py).
+KL_ESTIMATORS: dict[KLEstimatorName, KLEstimatorFn] = {
+    "none": _none,
+    "k1": _k1,
+    "k2": _k2,
+    "k3": _k3,
+    "k3_unbiased": _k3_unbiased,
+}
+
+
 def per_token_kl(
-    estimator: KLEstimator,
+    estimator: KLEstimatorName,
     logprobs: Tensor,
     ref_logprobs: Tensor,
     old_logprobs: Tensor | None = None,
@@ -81,7 +138,8 @@ def per_token_kl(
     """Per-token KL estimate whose autograd gradient is the estimator's.
 
     Args:
-        estimator: one of ``none``, ``k1``, ``k2``, ``k3``, ``k3_unbiased``.
+        estimator: a key of :data:`KL_ESTIMATORS` (``none``, ``k1``, ``k2``, ``k3``,
+            ``k3_unbiased``).
         logprobs: [B, T] ``log pi_theta`` of the sampled tokens, with gradient.
         ref_logprobs: [B, T] ``log pi_ref`` of the same tokens (treated as constant).
         old_logprobs: [B, T] ``log pi_old`` of the sampling policy (treated as constant);
@@ -94,28 +152,14 @@ def per_token_kl(
         [B, T] per-token values (padding positions are not masked here; the caller's
         aggregation applies the mask). ``none`` returns zeros without a graph.
     """
+    fn = KL_ESTIMATORS.get(estimator)
+    if fn is None:
+        raise ValueError(
+            f"unknown KL estimator {estimator!r}; expected one of {', '.join(KL_ESTIMATORS)}"
+        )
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"shape mismatch: logprobs {logprobs.shape}, ref {ref_logprobs.shape}")
-    if estimator == "none":
-        return torch.zeros_like(logprobs, requires_grad=False)
-    ref = ref_logprobs.detach()
-    d = ref - logprobs
-    if estimator == "k1":
-        # No exp: the value is exact and its gradient (+1 per unit of lp) is bounded.
-        return -d
-    if estimator == "k2":
-        return 0.5 * d.square()
-    if estimator == "k3":
-        return _k3_of(clamp_log_ratio(d, max_log_ratio))
-    if estimator == "k3_unbiased":
-        old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
-        if old.shape != logprobs.shape:
-            raise ValueError(f"shape mismatch: logprobs {logprobs.shape}, old {old.shape}")
-        # Importance weight per token, kept in the graph: its gradient r * grad(lp) is what turns
-        # E_old[r * k3] into an unbiased estimate of grad KL(pi || ref).
-        ratio = torch.exp(clamp_log_ratio(logprobs - old, max_log_ratio))
-        return ratio * _k3_of(clamp_log_ratio(d, max_log_ratio))
-    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+    return fn(logprobs, ref_logprobs.detach(), old_logprobs, max_log_ratio)
 
 
 def kl_reward_penalty(per_token_kl: Tensor, mask: Tensor, beta: float) -> Tensor:

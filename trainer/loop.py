@@ -1,66 +1,54 @@
 """The GRPO training loop: ``train(config, callbacks, output_dir=...)``.
 
-One step: sample prompts -> G completions each from the rollout engine -> graders -> optional
-overlong penalty -> optional KL penalty in the reward -> group advantages (with DAPO dynamic
-sampling, zero-variance groups are dropped and refilled) -> ``num_iterations`` passes of
-minibatched clipped policy-gradient updates -> push weights into the engine -> metrics.
+One step: sample prompts -> G completions each from the rollout engine -> scores (graders or a
+reward function; with DAPO dynamic sampling, zero-variance groups are dropped and refilled) ->
+the update phases of ``trainer.phases`` -> metrics, samples, evaluation, checkpoint.
 
-Evaluation (``eval/accuracy``): greedy decoding of the held-out rows; a row counts as correct
-when its total reward reaches the sum of the positive grader weights, i.e. every positively
-weighted grader gave full marks (with no positive weight at all: the mean total reward).
+The worker and the CLI pass the job spec and everything is built from it; a caller with pieces
+of its own (a notebook) passes them to :func:`train` as keyword arguments.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
-from trainer import kl as kl_math
-from trainer.advantages import group_advantages
 from trainer.callbacks import Callbacks, RunInfo
 from trainer.checkpoint import load_checkpoint, save_checkpoint, sweep_temp_dirs
 from trainer.collect import Collected, collect_groups
 from trainer.config import JobSpec
-from trainer.data import (
-    PromptSampler,
-    SamplerState,
-    dataset_rows,
-    encode_prompts,
-    split_holdout,
-)
+from trainer.data import PromptSampler, SamplerState, dataset_rows, encode_prompts, split_holdout
 from trainer.errors import NonFiniteLossError, TrainerError
-from trainer.graders import build_graders
-from trainer.metrics import (
-    build_samples,
-    eval_accuracy,
-    rollout_metrics,
-    token_metrics,
-    update_metrics,
-)
+from trainer.graders import Grader
+from trainer.metrics import build_samples, evaluate, rollout_metrics
 from trainer.models import enable_gradient_checkpointing, load_policy, resolve_model
-from trainer.rollout.base import RolloutEngine
-from trainer.rollout.startup import start_engine
-from trainer.shaping import overlong_penalty, truncation_loss_mask
-from trainer.step import (
-    Batch,
-    NonFiniteGuard,
-    derive_seed,
-    forward_logprobs,
-    make_scheduler,
-    pack_batch,
-    run_updates,
+from trainer.phases import (
+    advantages_by_group,
+    compute_advantages,
+    needs_old_logprobs,
+    pack_groups,
+    score_logprobs,
+    shaped_rewards,
+    update_step_metrics,
 )
+from trainer.rewards import RewardFn, Scorer, resolve_scorer
+from trainer.rollout.base import RolloutEngine
+from trainer.rollout.startup import StartedEngine, start_engine
+from trainer.step import NonFiniteGuard, derive_seed, make_scheduler, run_updates
 
 __all__ = ["NonFiniteLossError", "TrainResult", "TrainerError", "train"]
 
-SAMPLE_GROUPS_PER_STEP = 2  # rollout groups handed to on_samples each step
+DEFAULT_SAMPLE_GROUPS = 2  # rollout groups handed to on_samples each step
 KEEP_CHECKPOINTS = 3
 _EVAL_SEED_SALT = 99_991
 
@@ -73,6 +61,18 @@ class TrainResult:
     stopped_early: bool = False
 
 
+@dataclass(frozen=True)
+class _Given:
+    """What the caller of :func:`train` supplied instead of the job spec (None: build it)."""
+
+    graders: Scorer | Sequence[Grader] | None = None
+    reward_fn: RewardFn | None = None
+    model: nn.Module | None = None
+    tokenizer: PreTrainedTokenizerBase | None = None
+    engine: RolloutEngine | None = None
+    sample_groups: int = DEFAULT_SAMPLE_GROUPS
+
+
 def train(
     config: JobSpec,
     callbacks: Callbacks | None = None,
@@ -80,16 +80,43 @@ def train(
     output_dir: Path,
     resume_from: Path | None = None,
     device: str = "cpu",
+    graders: Scorer | Sequence[Grader] | None = None,
+    reward_fn: RewardFn | None = None,
+    model: nn.Module | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    engine: RolloutEngine | None = None,
+    sample_groups: int = DEFAULT_SAMPLE_GROUPS,
 ) -> TrainResult:
     """Run (or resume) a GRPO job; checkpoints go to ``output_dir/checkpoint-<step>``.
 
     ``resume_from`` (a checkpoint folder) restores weights, optimizer, scheduler, RNG and data
     position, and pushes the restored weights into the rollout engine before the first rollout,
     so a resumed run samples exactly what the uninterrupted run would have.
+
+    Everything else comes from ``config`` unless given here:
+
+    - ``graders``: a list of graders or a Scorer (``trainer.rewards``) instead of
+      ``config.graders``; or ``reward_fn(completions, answers) -> rewards``, one float each
+      (metric ``reward/<function name>/mean``). Not both.
+    - ``model`` and ``tokenizer`` (together): a ready Hugging Face causal LM, trained in place
+      on ``device`` instead of loading ``config.model``; the KL reference is a frozen copy of it
+      as given. The vllm engine loads a copy saved under ``output_dir``.
+    - ``engine``: a rollout engine to sample with instead of ``config.rollout``; the run pushes
+      the policy's weights into it before the first rollout and after every update, and leaves
+      it open.
+    - ``sample_groups``: how many rollout groups of each step go to ``callbacks.on_samples``.
+
     Raises NonFiniteLossError (a TrainerError, ``reason`` "non_finite_loss") after
-    consecutive non-finite updates, and ValueError for an unusable dataset.
+    consecutive non-finite updates, and ValueError for an unusable dataset or arguments.
     """
-    run = _Run(config, callbacks or Callbacks(), Path(output_dir), torch.device(device))
+    if (model is None) != (tokenizer is None):
+        raise ValueError("pass model and tokenizer together (or neither)")
+    if graders is not None and reward_fn is not None:
+        raise ValueError("pass graders or reward_fn, not both")
+    if sample_groups < 0:
+        raise ValueError(f"sample_groups must be >= 0, got {sample_groups}")
+    given = _Given(graders, reward_fn, model, tokenizer, engine, sample_groups)
+    run = _Run(config, callbacks or Callbacks(), Path(output_dir), torch.device(device), given)
     try:
         return run.execute(resume_from)
     finally:
@@ -98,48 +125,33 @@ def train(
 
 class _Run:
     def __init__(
-        self, config: JobSpec, callbacks: Callbacks, output_dir: Path, device: torch.device
+        self,
+        config: JobSpec,
+        callbacks: Callbacks,
+        output_dir: Path,
+        device: torch.device,
+        given: _Given,
     ) -> None:
         self.config = config
         self.spec = config.grpo
         self.cb = callbacks
         self.output_dir = output_dir
         self.device = device
+        self.given_engine = given.engine
+        self.sample_groups = given.sample_groups
+        self.started: StartedEngine | None = None
         self.engine: RolloutEngine | None = None
         output_dir.mkdir(parents=True, exist_ok=True)
         for swept in sweep_temp_dirs(output_dir):
             self.cb.on_event("checkpoint", f"removed an interrupted checkpoint write: {swept.name}")
 
         # Rows first: a bad dataset fails before any model is loaded.
-        rows = dataset_rows(config.dataset)
-        self.train_rows, self.eval_rows = split_holdout(rows, config.dataset.holdout)
-        self.graders = build_graders(config.graders)
-
+        self._load_rows()
+        self.scorer = resolve_scorer(given.graders, given.reward_fn, config.graders)
         random.seed(config.seed)
         torch.manual_seed(config.seed)
-        self.model_path = resolve_model(config.model)
-        self.model, self.tokenizer = load_policy(self.model_path, dtype=torch.float32)
-        _to_device(self.model, device)
-        if self.spec.gradient_checkpointing and not enable_gradient_checkpointing(self.model):
-            self.cb.on_event(
-                "config",
-                f"{type(self.model).__name__} cannot recompute activations; "
-                "gradient_checkpointing is off for this run",
-                level="warning",
-            )
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
-        ds = config.dataset
-        self.train_ids = encode_prompts(
-            self.tokenizer, self.train_rows, ds, self.spec.max_prompt_tokens
-        )
-        self.eval_ids = encode_prompts(
-            self.tokenizer, self.eval_rows[: config.eval.max_rows], ds, self.spec.max_prompt_tokens
-        )
-        # What on_samples shows: the row's prompt as written (not the chat-formatted text).
-        self.sample_prompts = [row.prompt for row in self.train_rows]
-        self.sample_answers = [row.answer for row in self.train_rows]
-        self.sampler = PromptSampler(len(self.train_rows), seed=config.seed, shuffle=ds.shuffle)
+        self._load_policy(given.model, given.tokenizer)
+        self._encode_prompts()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=self.spec.learning_rate,
@@ -147,69 +159,70 @@ class _Run:
         )
         self.scheduler = make_scheduler(self.optimizer, self.spec)
         self.guard = NonFiniteGuard(self.cb.on_event)
-        self.ref_model: nn.Module | None = None
-        if self.spec.kl.active:
-            # The reference is always the base model, also when resuming from a checkpoint.
-            ref_model, _ = load_policy(self.model_path, dtype=torch.float32)
-            _to_device(ref_model, device)
-            self.ref_model = ref_model.eval().requires_grad_(False)
+        self.ref_model = self._reference()
+
+    def _load_rows(self) -> None:
+        """Training and held-out rows, the sampler over the training rows, and what
+        ``on_samples`` shows of each row (its prompt as written, not the chat-formatted text)."""
+        ds = self.config.dataset
+        self.train_rows, self.eval_rows = split_holdout(dataset_rows(ds), ds.holdout)
+        self.sample_prompts = [row.prompt for row in self.train_rows]
+        self.sample_answers = [row.answer for row in self.train_rows]
+        self.sampler = PromptSampler(
+            len(self.train_rows), seed=self.config.seed, shuffle=ds.shuffle
+        )
+
+    def _load_policy(
+        self, model: nn.Module | None, tokenizer: PreTrainedTokenizerBase | None
+    ) -> None:
+        """The policy on the run's device (the caller's object, or ``config.model`` loaded in
+        float32) with gradient checkpointing as the spec says, and its tokenizer."""
+        self.model_path: Path | None = None
+        if model is None or tokenizer is None:
+            self.model_path = resolve_model(self.config.model)
+            model, tokenizer = load_policy(self.model_path, dtype=torch.float32)
+        self.model: nn.Module = model
+        self.tokenizer = tokenizer
+        model.to(self.device)  # in place: a caller's model object stays the trained one
+        if self.spec.gradient_checkpointing and not enable_gradient_checkpointing(model):
+            self.cb.on_event(
+                "config",
+                f"{type(model).__name__} cannot recompute activations; "
+                "gradient_checkpointing is off for this run",
+                level="warning",
+            )
+
+    def _encode_prompts(self) -> None:
+        """Training and evaluation prompts as token ids, and the pad id of the tokenizer."""
+        tok, ds, max_tokens = self.tokenizer, self.config.dataset, self.spec.max_prompt_tokens
+        pad = tok.pad_token_id
+        self.pad_id = int(pad if pad is not None else tok.eos_token_id or 0)
+        self.train_ids = encode_prompts(tok, self.train_rows, ds, max_tokens)
+        self.eval_ids = encode_prompts(
+            tok, self.eval_rows[: self.config.eval.max_rows], ds, max_tokens
+        )
+
+    def _reference(self) -> nn.Module | None:
+        """The KL reference: a frozen copy of the policy as the run starts (the base model, also
+        when resuming, since checkpoints are loaded after this); None when the KL is off."""
+        if not self.spec.kl.active:
+            return None
+        ref = copy.deepcopy(self.model)
+        ref.zero_grad(set_to_none=True)  # a caller's model may carry gradients
+        return ref.eval().requires_grad_(False)
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        if self.started is not None:
+            self.started.close()
+            self.started = None
             self.engine = None
 
     # ------------------------------------------------------------------ main loop
 
     def execute(self, resume_from: Path | None) -> TrainResult:
-        start_step = 0
-        result = TrainResult(final_step=0)
-        if resume_from is not None:
-            state = load_checkpoint(Path(resume_from), self.model, self.optimizer, self.scheduler)
-            self.sampler.restore(SamplerState.from_dict(state.sampler))
-            self.guard.streak = int(state.extra.get("nonfinite_streak", 0))
-            start_step = state.step
-            result = TrainResult(
-                final_step=start_step,
-                last_metrics=dict(state.extra.get("metrics", {})),
-                checkpoint_path=Path(resume_from),
-            )
-        sync_seconds = 0.0
-        started = start_engine(
-            self.config,
-            self.model_path,
-            self.tokenizer,
-            self.model,
-            self.train_ids,
-            self.eval_ids,
-            self.device,
-        )
-        self.engine = engine = started.engine
-        if resume_from is not None:
-            # The engine loaded the base weights: push the restored ones before any rollout.
-            sync_seconds = engine.sync_weights(self.model)
-        total = self.spec.steps
-        self.cb.on_start(
-            RunInfo(
-                total_steps=total,
-                start_step=start_step,
-                model_path=self.model_path,
-                output_dir=self.output_dir,
-                device=str(self.device),
-                engine=self.config.rollout.engine,
-                resumed_from=Path(resume_from) if resume_from is not None else None,
-            )
-        )
-        engine_line = started.describe(self.config)
-        if engine_line is not None:
-            self.cb.on_event("engine", engine_line, data={"kv_cache_bytes": started.kv_cache_bytes})
-        if resume_from is not None:
-            self.cb.on_event(
-                "resume",
-                f"resumed from {resume_from} at step {start_step}; weights pushed to the "
-                f"engine in {sync_seconds:.2f}s",
-                data={"step": start_step, "path": str(resume_from)},
-            )
+        result = self._restore(resume_from) if resume_from is not None else TrainResult(0)
+        start_step, total = result.final_step, self.spec.steps
+        self._open_engine(resume_from, start_step)
         if resume_from is None and self.eval_ids and self.config.eval.interval > 0:
             # Baseline before any update, so a run shows what training changed.
             self._evaluate(0)
@@ -235,6 +248,60 @@ class _Run:
                 break
         return result
 
+    def _restore(self, path: Path) -> TrainResult:
+        """Load a checkpoint into the policy, optimizer, scheduler, RNGs and data sampler."""
+        state = load_checkpoint(Path(path), self.model, self.optimizer, self.scheduler)
+        self.sampler.restore(SamplerState.from_dict(state.sampler))
+        self.guard.streak = int(state.extra.get("nonfinite_streak", 0))
+        metrics = dict(state.extra.get("metrics", {}))
+        return TrainResult(state.step, last_metrics=metrics, checkpoint_path=Path(path))
+
+    def _open_engine(self, resume_from: Path | None, start_step: int) -> None:
+        """Start the engine of ``config.rollout`` (or take the caller's), give it the policy's
+        weights where it may not hold them yet, and announce the run."""
+        if self.given_engine is not None:
+            self.started = StartedEngine(self.given_engine, None, owned=False)
+        else:
+            self.started = start_engine(
+                self.config,
+                self.model_path,
+                self.tokenizer,
+                self.model,
+                self.train_ids,
+                self.eval_ids,
+                self.device,
+                staging_root=self.output_dir,
+            )
+        self.engine = self.started.engine
+        sync_seconds = 0.0
+        if resume_from is not None or not self.started.owned:
+            # A built engine holds the weights it was built from: push restored ones before any
+            # rollout. A caller's engine may hold anything: always push.
+            sync_seconds = self.engine.sync_weights(self.model)
+        resumed = Path(resume_from) if resume_from is not None else None
+        self.cb.on_start(
+            RunInfo(
+                total_steps=self.spec.steps,
+                start_step=start_step,
+                model_path=self.model_path,
+                output_dir=self.output_dir,
+                device=str(self.device),
+                engine=self.started.kind(self.config),
+                resumed_from=resumed,
+            )
+        )
+        line = self.started.describe(self.config)
+        if line is not None:
+            self.cb.on_event("engine", line, data={"kv_cache_bytes": self.started.kv_cache_bytes})
+        if resumed is not None:
+            self.cb.on_event(
+                "resume",
+                # The folder's name only: a service shows events to users, paths are its own.
+                f"resumed from {resumed.name} at step {start_step}; weights pushed to the "
+                f"engine in {sync_seconds:.2f}s",
+                data={"step": start_step, "checkpoint": resumed.name},
+            )
+
     def _save(self, step: int, metrics: dict[str, float]) -> Path:
         path = save_checkpoint(
             self.output_dir,
@@ -258,7 +325,7 @@ class _Run:
         started = time.perf_counter()
         col = collect_groups(
             self.engine,
-            self.graders,
+            self.scorer,
             self.sampler,
             self.train_ids,
             self.train_rows,
@@ -275,7 +342,7 @@ class _Run:
                 f"({col.rounds} sampling rounds, {len(col.kept)} groups trained on)",
                 data={"rounds": col.rounds, "dropped": dropped},
             )
-        metrics = rollout_metrics(col, self.graders.names)
+        metrics = rollout_metrics(col, self.scorer.names)
         lr = float(self.optimizer.param_groups[0]["lr"])
         advantages: dict[int, list[float]] = {}
         if col.kept:
@@ -288,7 +355,7 @@ class _Run:
             self.scheduler.step()
         metrics["lr"] = lr
         samples = build_samples(
-            col, advantages, self.sample_prompts, self.sample_answers, SAMPLE_GROUPS_PER_STEP
+            col, advantages, self.sample_prompts, self.sample_answers, self.sample_groups
         )
         self.cb.on_samples(step, samples)
         if self.eval_ids and (
@@ -302,53 +369,25 @@ class _Run:
     def _train_on(
         self, col: Collected, step: int, metrics: dict[str, float]
     ) -> dict[int, list[float]]:
-        """Shaping, advantages, updates and weight sync for the kept groups; fills ``metrics``
-        and returns the advantages by group position in ``col.kept``."""
+        """The update phases (``trainer.phases``) on the kept groups, in order; fills
+        ``metrics`` and returns the advantages by group position in ``col.kept``."""
         spec = self.spec
-        kl_spec = spec.kl
-        comps = [c for g in col.kept for c in g.completions]
-        g_size = spec.group_size
-        started = time.perf_counter()
-        task = torch.tensor([r for g in col.kept for r in g.rewards], device=self.device)
-        truncated = torch.tensor([c.finish_reason == "length" for c in comps], device=self.device)
-        batch = pack_batch(
-            [g.prompt_ids for g in col.kept for _ in range(g_size)],
-            [c.token_ids for c in comps],
-            [c.logprobs for c in comps],
-            [c.finish_reason == "length" for c in comps],
-            truncation_loss_mask(truncated, spec.mask_truncated),
-            self.device,
+        assert self.engine is not None
+        clock = time.perf_counter()
+        batch = pack_groups(col.kept, spec, self.device)
+        shaped = shaped_rewards(col.kept, batch, spec)
+        metrics["time/reward"] += time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        with_old = needs_old_logprobs(spec, batch.size)
+        scored = score_logprobs(
+            self.model, self.ref_model, batch, spec, pad_id=self.pad_id, with_old=with_old
         )
-        shaped = task.clone().float()
-        if spec.overlong.enabled:
-            shaped += overlong_penalty(
-                batch.lengths,
-                spec.max_new_tokens,
-                spec.overlong.cache_tokens,
-                spec.overlong.penalty,
-            )
-        reward_time = time.perf_counter() - started
+        metrics["time/logprobs"] = time.perf_counter() - clock
 
-        # Old logprobs need their own pass unless the one update's forward pass provides them.
-        mini = spec.mini_batch_size or batch.size
-        kl_in_reward = kl_spec.active and kl_spec.placement == "reward"
-        need_old = spec.num_iterations > 1 or mini < batch.size or kl_in_reward
-        started = time.perf_counter()
-        old: torch.Tensor | None = None
-        old_entropy: torch.Tensor | None = None
-        ref: torch.Tensor | None = None
-        if need_old:
-            old, old_entropy = self._forward(self.model, batch, with_entropy=True)
-        if self.ref_model is not None:
-            ref, _ = self._forward(self.ref_model, batch)
-        logprob_time = time.perf_counter() - started
+        adv = compute_advantages(shaped, scored, batch, spec)
 
-        if kl_in_reward and old is not None and ref is not None:
-            per_token = kl_math.per_token_kl(kl_spec.estimator, old, ref)
-            shaped -= kl_math.kl_reward_penalty(per_token, batch.mask, kl_spec.beta)
-        adv = group_advantages(shaped.view(-1, g_size), spec.advantage_scale).view(-1)
-
-        started = time.perf_counter()
+        clock = time.perf_counter()
         stats, pre = run_updates(
             self.model,
             self.optimizer,
@@ -357,70 +396,29 @@ class _Run:
             spec=spec,
             step=step,
             seed=self.config.seed,
-            old_logprobs=old,
-            ref_logprobs=ref,
+            old_logprobs=scored.old,
+            ref_logprobs=scored.ref,
             pad_id=self.pad_id,
             guard=self.guard,
-            collect_pre_update=not need_old,
+            collect_pre_update=not with_old,
         )
-        update_time = time.perf_counter() - started
-        sync_time = 0.0
-        if stats.updates > stats.skipped:
-            assert self.engine is not None
-            sync_time = self.engine.sync_weights(self.model)
+        metrics["time/update"] = time.perf_counter() - clock
 
-        metrics.update(update_metrics(stats, adv))
-        metrics["time/reward"] += reward_time
-        metrics["time/logprobs"] = logprob_time
-        metrics["time/update"] = update_time
-        metrics["time/weight_sync"] = sync_time
-        metrics.update(
-            token_metrics(
-                batch.mask,
-                # Pre-update trainer values: from the old-logprob pass, or from the single
-                # update's own forward pass (which ran before its optimizer step).
-                logprobs=old if old is not None else (pre.logprobs if pre else None),
-                entropy=old_entropy if old is not None else (pre.entropy if pre else None),
-                engine_logprobs=batch.engine_logprobs,
-                ref_logprobs=ref,
-                estimator=kl_spec.estimator,
-            )
-        )
-        values = adv.tolist()
-        return {i: values[i * g_size : (i + 1) * g_size] for i in range(len(col.kept))}
-
-    def _forward(
-        self, model: nn.Module, batch: Batch, *, with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return forward_logprobs(
-            model,
-            batch,
-            micro_batch_size=self.spec.micro_batch_size,
-            temperature=self.spec.temperature,
-            pad_id=self.pad_id,
-            with_entropy=with_entropy,
-        )
+        # Only an applied update changed the weights the engine generates with.
+        applied = stats.updates > stats.skipped
+        metrics["time/weight_sync"] = self.engine.sync_weights(self.model) if applied else 0.0
+        metrics.update(update_step_metrics(stats, adv, batch, scored, pre, spec))
+        return advantages_by_group(adv, len(col.kept), spec.group_size)
 
     def _evaluate(self, step: int) -> float:
         assert self.engine is not None
         rows = self.eval_rows[: len(self.eval_ids)]
-        results = self.engine.generate(
-            self.eval_ids,
-            1,
-            max_new_tokens=self.spec.max_new_tokens,
-            temperature=self.spec.temperature,
-            seed=derive_seed(self.config.seed, step, _EVAL_SEED_SALT),
-            greedy=True,
-        )
-        totals, _ = self.graders.score([r[0].text for r in results], [x.answer for x in rows])
-        accuracy = eval_accuracy(totals, self.graders.max_total)
+        seed = derive_seed(self.config.seed, step, _EVAL_SEED_SALT)
+        answers = [row.answer for row in rows]
+        accuracy = evaluate(self.engine, self.scorer, self.eval_ids, answers, self.spec, seed=seed)
         self.cb.on_event(
             "eval",
             f"step {step}: eval accuracy {accuracy:.3f} on {len(rows)} rows",
             data={"step": step, "accuracy": accuracy, "rows": len(rows)},
         )
         return accuracy
-
-
-def _to_device(module: nn.Module, device: torch.device) -> None:
-    module.to(device)

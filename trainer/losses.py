@@ -3,17 +3,22 @@
 Shapes: B sequences (completions) by T completion positions; ``mask`` [B, T] is 1 on valid
 completion tokens and 0 on padding or on tokens removed from the loss (bool or 0/1 float, e.g.
 the token mask times the per-sequence truncation mask from :mod:`trainer.shaping`).
+
+Adding an aggregation: one function here, an entry in :data:`LOSS_AGGREGATIONS`, and its name in
+``trainer.config.LossAggregation`` (the spec declares the names; a test checks they match).
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, get_args
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-AggregationMode = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-AGGREGATION_MODES: tuple[str, ...] = get_args(AggregationMode)
+from trainer.config import LossAggregation
+
+# Older name, kept importable.
+AggregationMode = LossAggregation
 
 
 class SurrogateResult(NamedTuple):
@@ -106,16 +111,91 @@ def valid_counts(mask: Tensor) -> tuple[float, float]:
     return float(m.sum().item()), float((m.sum(dim=-1) > 0).sum().item())
 
 
+class AggregationFn(Protocol):
+    """One aggregation: masked values [B, T] (0 at padding) and mask [B, T] as the values' dtype
+    -> scalar. ``total_tokens`` / ``total_sequences`` are the global denominators of a
+    micro-batched call (None: this batch's own); see :func:`aggregate`."""
+
+    def __call__(
+        self,
+        masked: Tensor,
+        mask: Tensor,
+        *,
+        max_completion_len: int,
+        total_tokens: float | Tensor | None,
+        total_sequences: float | Tensor | None,
+    ) -> Tensor: ...
+
+
+def _over_sequences(
+    per_seq: Tensor, mask: Tensor, total_sequences: float | Tensor | None
+) -> Tensor:
+    """Mean of per-sequence values [B] over the sequences with at least one valid token."""
+    n_seq = (mask.sum(dim=-1) > 0).sum() if total_sequences is None else total_sequences
+    return per_seq.sum() / _nonzero(n_seq, per_seq)
+
+
+def _token_mean(
+    masked: Tensor,
+    mask: Tensor,
+    *,
+    max_completion_len: int,
+    total_tokens: float | Tensor | None,
+    total_sequences: float | Tensor | None,
+) -> Tensor:
+    """DAPO: ``sum_i sum_t x_it / sum_i |o_i|``. [B, T] -> scalar."""
+    denom = mask.sum() if total_tokens is None else total_tokens
+    return masked.sum() / _nonzero(denom, masked)
+
+
+def _seq_mean_token_mean(
+    masked: Tensor,
+    mask: Tensor,
+    *,
+    max_completion_len: int,
+    total_tokens: float | Tensor | None,
+    total_sequences: float | Tensor | None,
+) -> Tensor:
+    """GRPO: ``(1/N) sum_i (1/|o_i|) sum_t x_it``. [B, T] -> scalar."""
+    per_seq = masked.sum(dim=-1) / _nonzero(mask.sum(dim=-1))
+    return _over_sequences(per_seq, mask, total_sequences)
+
+
+def _seq_mean_token_sum_norm(
+    masked: Tensor,
+    mask: Tensor,
+    *,
+    max_completion_len: int,
+    total_tokens: float | Tensor | None,
+    total_sequences: float | Tensor | None,
+) -> Tensor:
+    """Dr. GRPO: ``(1/N) sum_i (1/max_completion_len) sum_t x_it``. [B, T] -> scalar."""
+    if max_completion_len <= 0:
+        raise ValueError(f"max_completion_len must be positive, got {max_completion_len}")
+    per_seq = masked.sum(dim=-1) / float(max_completion_len)
+    return _over_sequences(per_seq, mask, total_sequences)
+
+
+# Keys must equal trainer.config.LossAggregation (tests/trainer/test_registries.py).
+LOSS_AGGREGATIONS: dict[LossAggregation, AggregationFn] = {
+    "token_mean": _token_mean,
+    "seq_mean_token_mean": _seq_mean_token_mean,
+    "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
+}
+# Older name (once a tuple of the names; iterating either gives the names), kept importable.
+AGGREGATION_MODES = LOSS_AGGREGATIONS
+
+
 def aggregate(
     values: Tensor,
     mask: Tensor,
-    mode: AggregationMode,
+    mode: LossAggregation,
     *,
     max_completion_len: int,
     total_tokens: float | Tensor | None = None,
     total_sequences: float | Tensor | None = None,
 ) -> Tensor:
-    """Reduce per-token values [B, T] to a scalar loss.
+    """Reduce per-token values [B, T] to a scalar loss with the aggregation named ``mode``.
 
     Modes (``|o_i|`` = number of valid tokens of sequence i, ``N`` = number of sequences):
 
@@ -134,20 +214,19 @@ def aggregate(
     the micro-batch results equal the full-batch value. ``total_tokens`` is only used by
     ``token_mean``; ``total_sequences`` by the two ``seq_mean`` modes.
     """
+    fn = LOSS_AGGREGATIONS.get(mode)
+    if fn is None:
+        raise ValueError(
+            f"unknown aggregation {mode!r}; expected one of {', '.join(LOSS_AGGREGATIONS)}"
+        )
     masked, m = _masked(values, mask)
-    if mode == "token_mean":
-        denom = m.sum() if total_tokens is None else total_tokens
-        return masked.sum() / _nonzero(denom, values)
-    if mode == "seq_mean_token_mean":
-        per_seq = masked.sum(dim=-1) / _nonzero(m.sum(dim=-1))
-    elif mode == "seq_mean_token_sum_norm":
-        if max_completion_len <= 0:
-            raise ValueError(f"max_completion_len must be positive, got {max_completion_len}")
-        per_seq = masked.sum(dim=-1) / float(max_completion_len)
-    else:
-        raise ValueError(f"unknown aggregation {mode!r}; expected one of {AGGREGATION_MODES}")
-    n_seq = (m.sum(dim=-1) > 0).sum() if total_sequences is None else total_sequences
-    return per_seq.sum() / _nonzero(n_seq, values)
+    return fn(
+        masked,
+        m,
+        max_completion_len=max_completion_len,
+        total_tokens=total_tokens,
+        total_sequences=total_sequences,
+    )
 
 
 def _nonzero(denominator: float | Tensor, like: Tensor | None = None) -> Tensor:

@@ -1,7 +1,11 @@
 """Per-step metrics (the stable catalog of design.md section 6) and rollout samples.
 
 Names emitted by the loop:
-``reward/mean``, ``reward/std``, ``reward/<grader>/mean`` (unweighted scores), and
+``reward/mean``, ``reward/std``, ``reward/<grader>/mean`` (unweighted scores),
+``reward/<grader>/errors`` (how many of the step's calls of that grader failed and scored 0:
+it raised, returned something that is not a score in [0, 1], or ran past its time limit),
+``reward/errors`` (the sum over graders) and ``reward/timeouts`` (of those, the calls that ran
+past their time limit; only isolated graders have one, see ``trainer.grader_pool``), and
 ``frac_zero_std_groups``, ``completion_len/mean``, ``completion_len/max``, ``truncated_frac``
 over EVERY completion sampled in the step (all dynamic-sampling rounds, kept or dropped: the
 honest learning curve; rewards before overlong/KL shaping);
@@ -12,11 +16,16 @@ rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen es
 |engine - trainer| logprob of the sampled tokens before the update), over the completions
 trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
 ``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``; ``eval/accuracy`` on
-evaluation steps. Values that are not finite (e.g. ``grad_norm`` when every update was skipped)
+evaluation steps (greedy decoding of the held-out rows; a row counts as correct when its total
+reward reaches the scorer's ``max_total``: for graders, the sum of the positive weights, i.e.
+every positively weighted grader gave full marks; with a ``max_total`` of 0 or less, the mean
+total reward is reported instead). Values that are not finite (e.g. ``grad_norm`` when every update was skipped)
 are left out of the step's metrics rather than sent as NaN.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -24,11 +33,20 @@ from torch import Tensor
 from trainer import kl as kl_math
 from trainer.callbacks import CompletionSample, RolloutSample
 from trainer.collect import Collected
-from trainer.config import KLEstimatorName
+from trainer.config import GRPOSpec, KLEstimatorName
 from trainer.losses import masked_mean
+from trainer.rewards import Scorer
+from trainer.rollout.base import RolloutEngine
 from trainer.step import UpdateStats
 
-__all__ = ["build_samples", "eval_accuracy", "rollout_metrics", "token_metrics", "update_metrics"]
+__all__ = [
+    "build_samples",
+    "eval_accuracy",
+    "evaluate",
+    "rollout_metrics",
+    "token_metrics",
+    "update_metrics",
+]
 
 
 def rollout_metrics(col: Collected, grader_names: list[str]) -> dict[str, float]:
@@ -53,6 +71,9 @@ def rollout_metrics(col: Collected, grader_names: list[str]) -> dict[str, float]
     for name in grader_names:
         scores = [s for g in col.groups for s in g.per_grader[name]]
         metrics[f"reward/{name}/mean"] = sum(scores) / max(1, len(scores))
+        metrics[f"reward/{name}/errors"] = float(col.grader_errors.get(name, 0))
+    metrics["reward/errors"] = float(sum(col.grader_errors.values()))
+    metrics["reward/timeouts"] = float(sum(col.grader_timeouts.values()))
     return metrics
 
 
@@ -92,6 +113,29 @@ def token_metrics(
         )
         out["kl_k3"] = float(masked_mean(kl_math.per_token_kl("k3", logprobs, ref_logprobs), mask))
     return out
+
+
+def evaluate(
+    engine: RolloutEngine,
+    scorer: Scorer,
+    prompt_ids: list[list[int]],
+    answers: Sequence[str | None],
+    spec: GRPOSpec,
+    *,
+    seed: int,
+) -> float:
+    """``eval/accuracy``: greedy completions of the held-out prompts (token ids), scored, and
+    reduced by :func:`eval_accuracy` against the scorer's ``max_total``."""
+    results = engine.generate(
+        prompt_ids,
+        1,
+        max_new_tokens=spec.max_new_tokens,
+        temperature=spec.temperature,
+        seed=seed,
+        greedy=True,
+    )
+    totals, _ = scorer.score([r[0].text for r in results], answers)
+    return eval_accuracy(totals, scorer.max_total)
 
 
 def eval_accuracy(totals: list[float], max_total: float) -> float:

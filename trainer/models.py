@@ -20,8 +20,9 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 # The hub client reads this when transformers is imported: set it before the import below.
@@ -40,11 +41,14 @@ from transformers import (
 )
 
 from trainer.config import PACKAGED_MODELS
+from trainer.errors import ModelNotAllowed
+from trainer.model_paths import allowed_model_folder, model_refusal
 
 __all__ = [
     "PACKAGED_MODELS",
     "TINY_ALPHABET",
     "build_tiny_random_llama",
+    "confined_model_folder",
     "convert_smollm2",
     "load_policy",
     "model_cache_dir",
@@ -53,10 +57,6 @@ __all__ = [
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump a version when its recipe changes so stale cached builds are not reused.
-_CACHE_FOLDERS = {
-    "smollm2-135m-instruct": "smollm2-135m-instruct-v1",
-    "tiny-random-llama": "tiny-random-llama-v1",
-}
 
 # --------------------------------------------------------------------------- tiny tokenizer
 
@@ -89,19 +89,27 @@ def model_cache_dir() -> Path:
     return Path.home() / ".cache" / "grpo-service" / "models"
 
 
-def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> Path:
+def resolve_model(
+    name_or_path: str,
+    cache_dir: Path | None = None,
+    *,
+    allowed_roots: Sequence[Path] | None = None,
+    forbidden: Sequence[Path] = (),
+) -> Path:
     """Turn a packaged model name or a local folder into a folder holding a plain HF model.
 
-    Packaged models are built on first use and reused afterwards; a path is returned unchanged
-    after checking that it looks like a model folder.
+    Packaged models are built on first use and reused afterwards. A path is returned unchanged
+    after checking that it looks like a model folder; with ``allowed_roots`` (a service's
+    worker: the operator's model roots, possibly none) it must also lie under one of them, see
+    :func:`confined_model_folder`, and its real path is returned. ``None`` (the library and
+    ``grpo train``) allows any folder.
     """
     if name_or_path in PACKAGED_MODELS:
         cache = cache_dir if cache_dir is not None else model_cache_dir()
-        builders: dict[str, Callable[[Path], None]] = {
-            "smollm2-135m-instruct": convert_smollm2,
-            "tiny-random-llama": build_tiny_random_llama,
-        }
-        return _build_once(cache, _CACHE_FOLDERS[name_or_path], builders[name_or_path])
+        packaged = PACKAGED_BUILDERS[name_or_path]
+        return _build_once(cache, packaged.folder, packaged.build)
+    if allowed_roots is not None:
+        return confined_model_folder(name_or_path, allowed_roots, forbidden)
     path = Path(name_or_path).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(
@@ -114,6 +122,19 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None) -> Path:
             "(config.json, weights, tokenizer files)"
         )
     return path
+
+
+def confined_model_folder(
+    model: str, roots: Sequence[Path], forbidden: Sequence[Path] = ()
+) -> Path:
+    """The real folder ``model`` names, when a job may train from it; else ModelNotAllowed.
+
+    The rule of :mod:`trainer.model_paths`, which the API's admission check applies too,
+    enforced again where the weights are read."""
+    real = allowed_model_folder(model, roots, forbidden)
+    if real is None:
+        raise ModelNotAllowed(model_refusal(has_roots=bool(roots)))
+    return real
 
 
 def load_policy(
@@ -282,3 +303,19 @@ def convert_smollm2(out_dir: Path) -> None:
     generation.pad_token_id = tokenizer.pad_token_id
     plain.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """How a packaged model name becomes a folder: the cache folder name (bump its version when
+    the build changes, so old caches are not reused) and the function that writes it."""
+
+    folder: str
+    build: Callable[[Path], None]
+
+
+# The one registry of packaged models; its keys are trainer.config.PACKAGED_MODELS (a test checks).
+PACKAGED_BUILDERS: dict[str, PackagedModel] = {
+    "smollm2-135m-instruct": PackagedModel("smollm2-135m-instruct-v1", convert_smollm2),
+    "tiny-random-llama": PackagedModel("tiny-random-llama-v1", build_tiny_random_llama),
+}

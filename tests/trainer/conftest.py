@@ -1,9 +1,35 @@
-"""Shared helpers of the trainer tests."""
+"""Shared helpers of the trainer tests, and which of them are model runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+HERE = Path(__file__).resolve().parent
+
+# Model runs (marker `model`, left out of `make test-fast`): tests that start vLLM or run the
+# training loop. Modules, or single tests given as "module::test". The math tests on a tiny
+# random Llama (a forward/backward pass or two) stay in the fast tier.
+MODEL_RUNS = (
+    "rollout/test_vllm_engine.py",
+    "test_loop.py",
+    "test_library.py",
+    "test_cli.py::test_tiny_recipe_runs_and_resumes",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(item.path)
+        if not path.is_relative_to(HERE):
+            continue  # this hook sees the whole session's items
+        module = path.relative_to(HERE).as_posix()
+        test = f"{module}::{getattr(item, 'originalname', item.name)}"
+        if module in MODEL_RUNS or test in MODEL_RUNS:
+            item.add_marker(pytest.mark.model)
 
 
 def tiny_llama(vocab_size: int) -> LlamaForCausalLM:

@@ -28,6 +28,7 @@ CATALOG = {
     "grad_norm", "lr", "completion_len/mean", "completion_len/max", "truncated_frac",
     "time/rollout", "time/reward", "time/logprobs", "time/update", "time/weight_sync",
     "time/step", "tokens_per_s/rollout", "logprob_diff/engine_vs_trainer",
+    "reward/has_seven/errors", "reward/errors", "reward/timeouts",
 }  # fmt: skip
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from trainer.errors import ModelNotAllowed
 from trainer.models import (
     PACKAGED_MODELS,
     TINY_ALPHABET,
@@ -174,3 +175,88 @@ def test_smollm2_conversion_answers_arithmetic() -> None:
         )
     answer = tokenizer.decode(out[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "5" in answer, answer
+
+
+def test_every_packaged_name_has_exactly_one_builder() -> None:
+    from trainer.config import PACKAGED_MODELS
+    from trainer.models import PACKAGED_BUILDERS
+
+    assert set(PACKAGED_BUILDERS) == set(PACKAGED_MODELS)
+    folders = [p.folder for p in PACKAGED_BUILDERS.values()]
+    assert len(set(folders)) == len(folders), "two models would share one cache folder"
+
+
+# --------------------------------------------------------------------------- confinement
+
+
+def model_folder(path: Path) -> Path:
+    """A folder that looks like a Hugging Face model (the check reads only config.json)."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    return path
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> dict[str, Path]:
+    """A model root with one model, a folder beside it with another, and the service's
+    checkpoint folder inside the root (an operator's root that is too broad)."""
+    root = tmp_path / "models"
+    return {
+        "root": root,
+        "inside": model_folder(root / "team" / "llama"),
+        "outside": model_folder(tmp_path / "other-project" / "checkpoint-3"),
+        "checkpoints": model_folder(root / "grpo-checkpoints" / "job_x" / "checkpoint-2"),
+        "no_config": (root / "bare").resolve(),
+    }
+
+
+def test_a_folder_under_a_root_resolves_to_its_real_path(layout: dict[str, Path]) -> None:
+    root = layout["root"]
+    assert resolve_model(str(layout["inside"]), allowed_roots=[root]) == layout["inside"]
+    # A symlink that stays inside the root is fine; the real path comes back.
+    (root / "alias").symlink_to(layout["inside"])
+    assert resolve_model(str(root / "alias"), allowed_roots=[root]) == layout["inside"]
+    # A root that is itself a symlink may be named either way.
+    link_root = root.parent / "models-link"
+    link_root.symlink_to(root)
+    named = str(link_root / "team" / "llama")
+    assert resolve_model(named, allowed_roots=[link_root]) == layout["inside"]
+
+
+def test_every_escape_is_refused_with_one_message_that_names_no_path(
+    layout: dict[str, Path],
+) -> None:
+    root, outside = layout["root"], layout["outside"]
+    layout["no_config"].mkdir()
+    (root / "escape").symlink_to(outside)  # a symlink inside the root leading out
+    attempts = {
+        "outside the roots": str(outside),
+        "missing": str(root / "team" / "missing"),
+        "dot-dot": f"{root}/team/../../other-project/checkpoint-3",
+        "dot-dot that stays inside": f"{root}/team/../team/llama",
+        "symlink escape": str(root / "escape"),
+        "relative": "models/team/llama",
+        "no config.json": str(layout["no_config"]),
+        "the service's checkpoints": str(layout["checkpoints"]),
+        "NUL": f"{layout['inside']}\x00",
+    }
+    forbidden = [root / "grpo-checkpoints"]
+    messages = set()
+    for why, model in attempts.items():
+        with pytest.raises(ModelNotAllowed) as refused:
+            resolve_model(model, allowed_roots=[root], forbidden=forbidden)
+        assert refused.value.reason == "model_not_allowed", why
+        messages.add(str(refused.value))
+    # The same words whatever the reason, so a refusal never tells whether a path exists.
+    assert len(messages) == 1
+    (message,) = messages
+    assert str(layout["root"].parent) not in message and "/" not in message
+
+
+def test_no_roots_means_packaged_models_only(layout: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ModelNotAllowed, match="packaged models: smollm2-135m-instruct"):
+        resolve_model(str(layout["inside"]), allowed_roots=[])
+    built = resolve_model("tiny-random-llama", tmp_path / "cache", allowed_roots=[])
+    assert (built / "config.json").is_file()
+    # The library (no allowed_roots) still opens any folder: `grpo train` on a laptop.
+    assert resolve_model(str(layout["outside"])) == layout["outside"]

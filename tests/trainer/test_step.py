@@ -50,7 +50,9 @@ def test_scheduler_steps_once_per_training_step() -> None:
 
 
 def test_derive_seed_is_stable_and_distinct() -> None:
-    assert derive_seed(0, 1, 0) == derive_seed(0, 1, 0)
+    # Pinned values: a resumed run in another process must draw the very same seeds.
+    assert derive_seed(0, 1, 0) == 2085219357
+    assert derive_seed(1, 49, 2) == 1022779501
     seeds = {derive_seed(s, step, r) for s in (0, 1) for step in range(50) for r in range(3)}
     assert len(seeds) == 300 and all(0 <= x < 2**31 for x in seeds)
 

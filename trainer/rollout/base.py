@@ -11,6 +11,10 @@ Sampling semantics every engine follows, so that the trainer can treat them alik
   ``max_new_tokens`` tokens (finish "length").
 - ``seed`` fixes the samples of one call: same seed, same weights and same prompts give the same
   completions, regardless of what the engine generated before.
+
+Adding an engine: its module under ``trainer/rollout/``, a factory here in
+:data:`ROLLOUT_ENGINES` that imports that module lazily, and its name in
+``trainer.config.RolloutEngineName`` (a test checks the keys equal the spec's names).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-EngineKind = Literal["vllm", "transformers"]
+from trainer.config import RolloutEngineName
+
+EngineKind = RolloutEngineName  # older name, kept importable
 DEFAULT_KV_BYTES = 2 << 30  # vLLM KV cache when the caller does not size it
 FinishReason = Literal["stop", "length"]
 
@@ -111,8 +117,71 @@ def completion_from_tokens(
     return Completion(token_ids=kept, logprobs=kept_logprobs, text=text, finish_reason=reason)
 
 
+class EngineFactory(Protocol):
+    """Builds one engine; takes every engine's options and ignores those it has no use for."""
+
+    def __call__(
+        self,
+        model_path: Path,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        dtype: str,
+        max_model_len: int,
+        policy_model: nn.Module | None,
+        kv_cache_bytes: int | None,
+        kv_block_tokens: int | None,
+    ) -> RolloutEngine: ...
+
+
+def _vllm(
+    model_path: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    dtype: str,
+    max_model_len: int,
+    policy_model: nn.Module | None,
+    kv_cache_bytes: int | None,
+    kv_block_tokens: int | None,
+) -> RolloutEngine:
+    # Imported here so that importing this module never imports vllm.
+    from trainer.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(
+        model_path,
+        tokenizer,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        kv_cache_bytes=kv_cache_bytes if kv_cache_bytes is not None else DEFAULT_KV_BYTES,
+        block_tokens=kv_block_tokens,
+    )
+
+
+def _transformers(
+    model_path: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    dtype: str,
+    max_model_len: int,
+    policy_model: nn.Module | None,
+    kv_cache_bytes: int | None,
+    kv_block_tokens: int | None,
+) -> RolloutEngine:
+    from trainer.rollout.hf_engine import HFEngine
+
+    if policy_model is None:
+        raise ValueError("the transformers engine needs policy_model")
+    return HFEngine(policy_model, tokenizer, dtype=dtype, max_model_len=max_model_len)
+
+
+# Keys must equal trainer.config.RolloutEngineName (tests/trainer/test_registries.py).
+ROLLOUT_ENGINES: dict[RolloutEngineName, EngineFactory] = {
+    "vllm": _vllm,
+    "transformers": _transformers,
+}
+
+
 def make_engine(
-    kind: EngineKind,
+    kind: RolloutEngineName,
     model_path: Path,
     tokenizer: PreTrainedTokenizerBase,
     *,
@@ -122,29 +191,24 @@ def make_engine(
     kv_cache_bytes: int | None = None,
     kv_block_tokens: int | None = None,
 ) -> RolloutEngine:
-    """Create a rollout engine.
+    """Create the rollout engine named ``kind`` (a key of :data:`ROLLOUT_ENGINES`).
 
     ``vllm`` loads ``model_path`` into an in-process vLLM engine (call ``sync_weights`` to push
     trained weights) with a KV cache of ``kv_cache_bytes`` (default 2 GiB) in blocks of
     ``kv_block_tokens`` (default: vLLM's); ``transformers`` generates with ``policy_model`` itself
     (required) and ignores both.
     """
-    if kind == "vllm":
-        # Imported here so that importing this module never imports vllm.
-        from trainer.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(
-            model_path,
-            tokenizer,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            kv_cache_bytes=kv_cache_bytes if kv_cache_bytes is not None else DEFAULT_KV_BYTES,
-            block_tokens=kv_block_tokens,
+    factory = ROLLOUT_ENGINES.get(kind)
+    if factory is None:
+        raise ValueError(
+            f"unknown rollout engine {kind!r}; expected one of {', '.join(ROLLOUT_ENGINES)}"
         )
-    if kind == "transformers":
-        from trainer.rollout.hf_engine import HFEngine
-
-        if policy_model is None:
-            raise ValueError("the transformers engine needs policy_model")
-        return HFEngine(policy_model, tokenizer, dtype=dtype, max_model_len=max_model_len)
-    raise ValueError(f"unknown rollout engine {kind!r}; expected 'vllm' or 'transformers'")
+    return factory(
+        model_path,
+        tokenizer,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        policy_model=policy_model,
+        kv_cache_bytes=kv_cache_bytes,
+        kv_block_tokens=kv_block_tokens,
+    )

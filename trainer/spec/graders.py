@@ -1,0 +1,186 @@
+"""The ``graders`` section of the job spec, and the regex engine its patterns run on (RE2).
+
+Regex patterns are compiled with RE2 (the ``google-re2`` package), which matches in time linear
+in the text: no pattern can backtrack catastrophically (Python's ``re`` takes minutes on
+``(\\w+\\s?)+$`` against 49 characters of prose, holding the GIL). The price is RE2's syntax:
+no lookaround, no backreferences, no possessive or atomic groups, and ASCII ``\\d \\w \\s \\b``.
+Validation compiles every pattern the way the grader will, so what RE2 cannot run is a 422.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+import re2
+from pydantic import Field, field_validator, model_validator
+
+from trainer.spec.base import StrictModel, literal_tag
+
+__all__ = [
+    "GRADER_SPECS",
+    "GRADER_TYPES",
+    "MAX_LENGTH_CHARS",
+    "MAX_PATTERN_CHARS",
+    "REGEX_MAX_MEM",
+    "ExactMatchGrader",
+    "GraderSpec",
+    "GraderSpecBase",
+    "GraderSpecUnion",
+    "LengthGrader",
+    "NumericMatchGrader",
+    "RegexGrader",
+    "compile_regex",
+    "grader_name",
+]
+
+# RE2's memory budget for one compiled pattern (program plus DFA cache; RE2's default is 8 MiB).
+# A pattern whose program does not fit fails to compile ("too large"), which bounds both the
+# memory of a job's 16 graders and the time the API spends compiling a submitted pattern
+# (about 0.06 s at most at 4 MiB, against 0.3 s at 8 MiB); matching stays linear in the text.
+REGEX_MAX_MEM = 4 << 20
+MAX_PATTERN_CHARS = 500
+MAX_LENGTH_CHARS = 1_000_000
+
+_LINEAR_TIME = (
+    "lookaround ((?=, (?!, (?<=, (?<!), backreferences (\\1, (?P=name)) and possessive or "
+    "atomic groups (a*+, (?>...)) are not supported, because patterns must run in linear time "
+    "(RE2)"
+)
+
+
+def _options() -> Any:
+    options = re2.Options()
+    options.max_mem = REGEX_MAX_MEM
+    options.log_errors = False  # a bad user pattern is a 422, not a line in the server log
+    return options
+
+
+def _explain(detail: str, pattern: str) -> str:
+    """A user-facing message for RE2's error ``detail`` (e.g. "invalid perl operator: (?=")."""
+    if (
+        detail.endswith(("(?=", "(?!", "(?<=", "(?<!", "(?>"))
+        or (detail.startswith("bad repetition operator") and detail.endswith("+"))
+        or (detail.endswith("(?P") and "(?P=" in pattern)
+        or (detail.startswith("invalid escape sequence: \\") and detail[-1:].isdigit())
+    ):
+        return f"{detail}: {_LINEAR_TIME}"
+    if detail == "invalid escape sequence: \\Z":
+        return f"{detail}: write \\z for the end of the text"
+    if detail.startswith("pattern too large"):
+        return (
+            f"{detail}: the compiled pattern needs more than {REGEX_MAX_MEM >> 20} MiB; "
+            "use smaller counted repetitions ({n,m}) or fewer Unicode classes"
+        )
+    return f"{detail} (RE2 syntax: https://github.com/google/re2/wiki/Syntax)"
+
+
+def compile_regex(pattern: str) -> Any:
+    """``pattern`` compiled with RE2 under :data:`REGEX_MAX_MEM`; ValueError (with a message for
+    the user) when RE2 cannot run it.
+
+    Deliberately not ``re2.compile``: that caches the last 128 patterns, and the API compiles
+    every pattern it is sent, so a stream of large distinct patterns would be kept alive there.
+    """
+    uncached = getattr(re2, "_Regexp", None)  # google-re2's pattern class, if still there
+    try:
+        if uncached is None:
+            return re2.compile(pattern, _options())
+        return uncached(pattern, _options())
+    except re2.error as exc:
+        raw = exc.args[0] if exc.args else ""
+        detail = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        raise ValueError(f"pattern is not supported: {_explain(detail, pattern)}") from None
+    except UnicodeEncodeError as exc:  # a lone surrogate (the text check reports it too)
+        raise ValueError(f"pattern is not valid Unicode text: {exc.reason}") from None
+
+
+class GraderSpecBase(StrictModel):
+    """Fields every grader has. A subclass adds ``type: Literal["<tag>"]`` and its settings."""
+
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[a-z][a-z0-9_]{0,39}$",
+        description="Name used in per-grader metrics (reward/<name>/mean); defaults to the type.",
+    )
+    weight: float = Field(
+        default=1.0, ge=-100, le=100, description="Weight of this grader in the total reward."
+    )
+
+
+class ExactMatchGrader(GraderSpecBase):
+    """1.0 when the completion equals the reference answer (after optional normalisation)."""
+
+    type: Literal["exact_match"]
+    case_sensitive: bool = Field(default=False, description="Compare case-sensitively.")
+    strip: bool = Field(default=True, description="Strip surrounding whitespace before comparing.")
+
+
+class NumericMatchGrader(GraderSpecBase):
+    """1.0 when the last number in the completion equals the reference answer's number."""
+
+    type: Literal["numeric_match"]
+    tolerance: float = Field(
+        default=1e-6, ge=0, le=1e12, description="Absolute tolerance of the numeric comparison."
+    )
+
+
+class RegexGrader(GraderSpecBase):
+    """1.0 when the pattern matches the completion (a format check)."""
+
+    type: Literal["regex"]
+    pattern: str = Field(
+        min_length=1,
+        max_length=MAX_PATTERN_CHARS,
+        description=(
+            "RE2 regular expression (https://github.com/google/re2/wiki/Syntax): Python-like "
+            "syntax that matches in linear time, without lookaround or backreferences; "
+            "\\d, \\w, \\s and \\b are ASCII (\\pL, \\p{Nd} are Unicode) and $ is the very end "
+            "of the text (write \\s*$ to allow trailing whitespace)."
+        ),
+    )
+    full_match: bool = Field(
+        default=False, description="Require the whole completion to match, not just a part."
+    )
+
+    @field_validator("pattern")
+    @classmethod
+    def _runs_on_re2(cls, pattern: str) -> str:
+        compile_regex(pattern)
+        return pattern
+
+
+class LengthGrader(GraderSpecBase):
+    """1.0 inside [min_chars, max_chars], falling linearly to 0 over `slack_chars` outside it."""
+
+    type: Literal["length"]
+    min_chars: int = Field(
+        default=0, ge=0, le=MAX_LENGTH_CHARS, description="Shortest length with full reward."
+    )
+    max_chars: int = Field(
+        default=200, ge=1, le=MAX_LENGTH_CHARS, description="Longest length with full reward."
+    )
+    slack_chars: int = Field(
+        default=50,
+        ge=1,
+        le=MAX_LENGTH_CHARS,
+        description="Distance outside the range over which reward falls to 0.",
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> LengthGrader:
+        if self.min_chars > self.max_chars:
+            raise ValueError("min_chars must be <= max_chars")
+        return self
+
+
+# The one list of grader spec classes: a new grader type is a class above plus a member here
+# (and its implementation in trainer.graders.GRADER_BUILDERS). Everything else derives from it.
+GraderSpecUnion = ExactMatchGrader | NumericMatchGrader | RegexGrader | LengthGrader
+GraderSpec = Annotated[GraderSpecUnion, Field(discriminator="type")]
+GRADER_SPECS: tuple[type[GraderSpecBase], ...] = get_args(GraderSpecUnion)
+GRADER_TYPES: tuple[str, ...] = tuple(literal_tag(cls) for cls in GRADER_SPECS)
+
+
+def grader_name(grader: GraderSpecBase) -> str:
+    """The grader's metric name: its ``name``, or its type tag when unnamed."""
+    return grader.name or literal_tag(type(grader))

@@ -1,0 +1,236 @@
+"""The ``grpo``, ``rollout`` and ``eval`` sections of the job spec, and the names they choose."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trainer.spec.base import MAX_STEPS, MAX_TOKENS, StrictModel
+
+__all__ = [
+    "MAX_COMPLETIONS_PER_UPDATE",
+    "AdvantageScale",
+    "DynamicSamplingSpec",
+    "EvalSpec",
+    "GRPOSpec",
+    "KLEstimatorName",
+    "KLPlacement",
+    "KLSpec",
+    "LossAggregation",
+    "OverlongSpec",
+    "RolloutEngineName",
+    "RolloutSpec",
+]
+
+# The names a job can choose, declared once, here: pydantic rejects anything else with a 422
+# naming the field. Each is implemented by a name-keyed registry whose keys must equal these
+# (tests/trainer/test_registries.py checks):
+#   KLEstimatorName   -> trainer.kl.KL_ESTIMATORS
+#   AdvantageScale    -> trainer.advantages.ADVANTAGE_SCALES
+#   LossAggregation   -> trainer.losses.LOSS_AGGREGATIONS
+#   RolloutEngineName -> trainer.rollout.base.ROLLOUT_ENGINES
+# Grader types are the `type` tags of GraderSpecUnion's members (trainer.graders.GRADER_BUILDERS).
+KLEstimatorName = Literal["none", "k1", "k2", "k3", "k3_unbiased"]
+KLPlacement = Literal["loss", "reward"]
+AdvantageScale = Literal["group", "batch", "none"]
+LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+RolloutEngineName = Literal["vllm", "transformers"]
+
+MAX_PROMPTS_PER_STEP = 4096
+MAX_GROUP_SIZE = 256
+# The most completions one step can train on (prompts_per_step x group_size at their maxima).
+MAX_COMPLETIONS_PER_UPDATE = MAX_PROMPTS_PER_STEP * MAX_GROUP_SIZE
+
+
+class KLSpec(StrictModel):
+    estimator: KLEstimatorName = Field(
+        default="k3_unbiased",
+        description=(
+            "Per-token KL estimator against the reference model: k1 (-d), k2 (d^2/2), "
+            "k3 (exp(d)-d-1), k3_unbiased (importance-weighted k3, DeepSeek-V3.2), or none."
+        ),
+    )
+    beta: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=10.0,
+        description="KL coefficient; 0 (or estimator none) loads no reference model.",
+    )
+    placement: KLPlacement = Field(
+        default="loss",
+        description="Add beta*KL to the loss, or subtract it (detached) from the reward.",
+    )
+
+    @property
+    def active(self) -> bool:
+        return self.beta > 0 and self.estimator != "none"
+
+
+class DynamicSamplingSpec(StrictModel):
+    enabled: bool = Field(
+        default=False,
+        description="Drop groups whose rewards are all equal and sample more prompts.",
+    )
+    max_rounds: int = Field(
+        default=3, ge=1, le=20, description="Most sampling rounds per step to fill the batch."
+    )
+
+
+class OverlongSpec(StrictModel):
+    enabled: bool = Field(default=False, description="Apply DAPO's soft overlong penalty.")
+    cache_tokens: int = Field(
+        default=16,
+        ge=1,
+        le=MAX_TOKENS,
+        description="L_cache: the penalty ramps from 0 to -penalty over the last cache_tokens tokens.",
+    )
+    penalty: float = Field(default=1.0, ge=0, le=100, description="Penalty at max_new_tokens.")
+
+
+class GRPOSpec(StrictModel):
+    steps: int = Field(
+        default=20, ge=1, le=MAX_STEPS, description="Optimizer steps (rollout batches)."
+    )
+    prompts_per_step: int = Field(
+        default=8, ge=1, le=MAX_PROMPTS_PER_STEP, description="Prompts per rollout batch."
+    )
+    group_size: int = Field(
+        default=8, ge=2, le=MAX_GROUP_SIZE, description="Completions sampled per prompt (G)."
+    )
+    learning_rate: float = Field(default=1e-6, gt=0, le=1.0, description="AdamW learning rate.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant", description="Learning-rate schedule after warmup."
+    )
+    warmup_steps: int = Field(
+        default=0, ge=0, le=MAX_STEPS, description="Linear warmup steps (at most steps)."
+    )
+    weight_decay: float = Field(default=0.0, ge=0, le=1.0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(default=1.0, gt=0, le=1e6, description="Gradient clipping norm.")
+    max_new_tokens: int = Field(
+        default=128, ge=1, le=MAX_TOKENS, description="Completion token limit (L_max)."
+    )
+    max_prompt_tokens: int = Field(
+        default=256, ge=1, le=MAX_TOKENS, description="Prompts longer than this are truncated."
+    )
+    temperature: float = Field(
+        default=1.0,
+        gt=0,
+        le=10.0,
+        description="Sampling temperature; log-probabilities are recomputed at the same temperature.",
+    )
+    eps_low: float = Field(default=0.2, ge=0, lt=1, description="Lower clip: ratio >= 1 - eps_low.")
+    eps_high: float = Field(
+        default=0.28,
+        ge=0,
+        le=10,
+        description="Upper clip: ratio <= 1 + eps_high (DAPO clip-higher).",
+    )
+    kl: KLSpec = Field(default_factory=KLSpec, description="KL regularisation.")
+    advantage_scale: AdvantageScale = Field(
+        default="group",
+        description="Divide centred rewards by the group std, the batch std, or not at all (Dr. GRPO).",
+    )
+    loss_aggregation: LossAggregation = Field(
+        default="token_mean",
+        description=(
+            "token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum_norm (Dr. GRPO)."
+        ),
+    )
+    dynamic_sampling: DynamicSamplingSpec = Field(
+        default_factory=DynamicSamplingSpec, description="DAPO dynamic sampling."
+    )
+    overlong: OverlongSpec = Field(
+        default_factory=OverlongSpec, description="DAPO overlong reward shaping."
+    )
+    mask_truncated: bool = Field(
+        default=False, description="Leave completions that hit max_new_tokens out of the loss."
+    )
+    num_iterations: int = Field(
+        default=1, ge=1, le=16, description="Updates per rollout batch (mu)."
+    )
+    mini_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COMPLETIONS_PER_UPDATE,
+        description="Completions per optimizer update; default is the whole rollout batch.",
+    )
+    micro_batch_size: int = Field(
+        default=16,
+        ge=1,
+        le=4096,
+        description="Completions per forward/backward pass (memory bound).",
+    )
+    gradient_checkpointing: bool = Field(
+        default=True,
+        description=(
+            "Recompute the decoder's activations in the backward pass instead of keeping them: "
+            "about half the activation memory for about a quarter more update time."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> GRPOSpec:
+        if self.overlong.enabled and self.overlong.cache_tokens >= self.max_new_tokens:
+            raise ValueError("overlong.cache_tokens must be smaller than max_new_tokens")
+        if self.warmup_steps > self.steps:
+            raise ValueError("warmup_steps must not exceed steps")
+        return self
+
+    @property
+    def completions_per_step(self) -> int:
+        """Completions one step trains on: ``prompts_per_step * group_size``."""
+        return self.prompts_per_step * self.group_size
+
+    @property
+    def sampled_completions_per_step(self) -> int:
+        """The most completions one step samples and grades: ``completions_per_step``, times
+        ``dynamic_sampling.max_rounds`` when dynamic sampling may sample again."""
+        rounds = self.dynamic_sampling.max_rounds if self.dynamic_sampling.enabled else 1
+        return self.completions_per_step * rounds
+
+    @property
+    def sequence_tokens(self) -> int:
+        """The longest sequence (prompt and completion) a step handles, in tokens."""
+        return self.max_prompt_tokens + self.max_new_tokens
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Upper bound of the tokens one step's rollout holds (prompts included):
+        ``sampled_completions_per_step * (max_prompt_tokens + max_new_tokens)``."""
+        return self.sampled_completions_per_step * self.sequence_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        """Upper bound of the sequence tokens the run's training passes go over:
+        ``steps * num_iterations * tokens_per_step`` (each of a step's ``num_iterations``
+        updates passes over at most ``tokens_per_step`` tokens)."""
+        return self.steps * self.num_iterations * self.tokens_per_step
+
+
+class RolloutSpec(StrictModel):
+    engine: RolloutEngineName = Field(
+        default="vllm", description="vllm (fast, weights pushed every step) or transformers."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32", description="Precision of the rollout engine."
+    )
+    kv_cache_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=512,
+        description=(
+            "KV-cache memory of the vLLM engine (GiB). Default: sized to hold the step's whole "
+            "rollout batch (and the evaluation batch) at once, nothing more."
+        ),
+    )
+
+
+class EvalSpec(StrictModel):
+    interval: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_STEPS,
+        description="Evaluate greedy accuracy on the held-out rows every N steps (0: only at the end).",
+    )
+    max_rows: int = Field(default=64, ge=1, le=10_000, description="Held-out rows per evaluation.")
