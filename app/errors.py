@@ -58,3 +58,21 @@ class IllegalTransition(ApiError):
 
     status_code = 409
     error_type = "invalid_state"
+
+
+class TooManyRequests(ApiError):
+    """A fair-use limit (request rate, open streams); `retry_after` becomes the Retry-After
+    header, in whole seconds."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: int, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = max(1, int(retry_after))
+
+
+class QuotaExceeded(TooManyRequests):
+    """A project holds as many queued and running jobs as it may: finish or cancel one."""
+
+    error_type = "quota_exceeded"

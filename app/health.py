@@ -9,17 +9,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import redis
 from kombu import Connection
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
+from app.repositories.health import ping
 from app.settings import Settings
 
 PROBE_TIMEOUT_S = 1.5
 _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="readyz")
-
-
-def _database_ok(engine: Engine) -> None:
-    with engine.connect() as conn:
-        conn.execute(text("SELECT 1"))
 
 
 def _broker_ok(settings: Settings) -> None:
@@ -53,6 +49,6 @@ def readiness(engine: Engine, settings: Settings) -> dict[str, str]:
     """{"database": "ok" | reason, "broker": "ok" | reason}; both probes run concurrently and
     the answer comes within PROBE_TIMEOUT_S even when a server hangs."""
     deadline = time.monotonic() + PROBE_TIMEOUT_S
-    db = _pool.submit(_database_ok, engine)
+    db = _pool.submit(ping, engine)
     broker = _pool.submit(_broker_ok, settings)
     return {"database": _outcome(db, deadline), "broker": _outcome(broker, deadline)}

@@ -7,6 +7,7 @@ from fastapi import FastAPI
 from app import error_handlers
 from app.limits import BodySizeLimit
 from app.queue import Dispatcher
+from app.request_guard import RejectNul
 from app.routes import dashboard, files, health, jobs, progress
 from app.settings import Settings, build_settings
 from app.state import build_state
@@ -24,6 +25,8 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.state.grpo = build_state(settings, dispatcher)
     error_handlers.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Text Postgres cannot store never reaches a query: a 422 naming the parameter, not a 500.
+    app.add_middleware(RejectNul)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(progress.router)

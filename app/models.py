@@ -125,6 +125,23 @@ class JobMetric(Base):
     __table_args__ = (UniqueConstraint("job_id", "step", name="uq_job_metrics_job_step"),)
 
 
+class JobMetricRollup(Base):
+    """Count, sum, min and max of one metric's finite values over the aligned block of steps
+    ((block - 1) * level, block * level], kept up to date as steps arrive, so a chart read of
+    any length touches a few thousand rows (app.repositories.metrics). Name "" counts steps."""
+
+    __tablename__ = "job_metric_rollups"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    block: Mapped[int] = mapped_column(Integer, primary_key=True)
+    count: Mapped[int] = mapped_column(Integer)
+    total: Mapped[float]
+    min: Mapped[float | None]
+    max: Mapped[float | None]
+    last_step: Mapped[int | None] = mapped_column(Integer)
+
+
 class JobSample(Base):
     """A bounded sample of one step's rollouts (prompt, completions, rewards, advantages)."""
 

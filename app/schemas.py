@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import PurePath
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 
 class ErrorBody(BaseModel):
@@ -52,9 +53,18 @@ class JobOut(BaseModel):
     spec: dict[str, Any] = Field(description="The resolved job spec, every default filled in.")
 
 
+class JobSummary(JobOut):
+    """A job in a list: everything but the inline dataset rows, which can be megabytes."""
+
+    spec: dict[str, Any] = Field(
+        description="The resolved job spec, except that inline `dataset.rows` are replaced by "
+        "their count, `dataset.row_count`. GET /v1/jobs/{id} has the full spec."
+    )
+
+
 class JobList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[JobOut]
+    data: list[JobSummary]
     has_more: bool
     next_after: str | None = Field(description="Pass as `after` to get the next page.")
 
@@ -69,6 +79,14 @@ class EventOut(BaseModel):
     message: str
     data: dict[str, Any] | None
     created_at: datetime
+
+    @field_validator("data")
+    @classmethod
+    def _no_server_path(cls, data: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Checkpoint events store the worker's absolute folder; users see its name only.
+        if data and isinstance(data.get("path"), str):
+            return {**data, "path": PurePath(data["path"]).name}
+        return data
 
 
 class EventList(BaseModel):
@@ -107,19 +125,28 @@ class Readiness(BaseModel):
 
 
 class MetricPoint(BaseModel):
-    step: int = Field(description="Last step of the bucket.")
+    step: int = Field(description="Last step of the bucket that has a value.")
     value: float = Field(description="Mean over the bucket.")
     min: float
     max: float
-    count: int = Field(description="Steps in the bucket (1 without downsampling).")
+    count: int = Field(description="Values in the bucket (1 without downsampling).")
 
 
 class MetricSeries(BaseModel):
     object: Literal["job.metrics"] = "job.metrics"
     job_id: str
     steps: int = Field(description="Steps with metrics in the selected range.")
-    available: list[str] = Field(description="Every metric name recorded for these steps.")
+    available: list[str] = Field(description="Every metric name the job has recorded.")
     series: dict[str, list[MetricPoint]]
+    bucket_steps: int = Field(
+        description="Steps per bucket: with `max_points`, bucket k holds the steps "
+        "(k-1)*bucket_steps < step <= k*bucket_steps of the range; 1 without downsampling."
+    )
+    next_step_from: int | None = Field(
+        default=None,
+        description="Without `max_points` only: the range has more steps than `limit`; pass "
+        "this as `step_from` for the next page. Null when this page is the last.",
+    )
 
 
 class SampleCompletion(BaseModel):
@@ -155,8 +182,17 @@ class CheckpointOut(BaseModel):
     object: Literal["job.checkpoint"] = "job.checkpoint"
     step: int
     attempt: int
-    path: str
+    path: str = Field(
+        description="The checkpoint's folder name in the service's checkpoint store "
+        "(checkpoint-000010); never a path on the server."
+    )
     created_at: datetime
+
+    @field_validator("path")
+    @classmethod
+    def _folder_name(cls, path: str) -> str:
+        # Rows store the worker's absolute folder, which tells a tenant about the server.
+        return PurePath(path).name
 
 
 class CheckpointList(BaseModel):

@@ -7,7 +7,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 KEY_PREFIX = "grpo"
 
@@ -39,3 +46,54 @@ def split_key(plaintext: str) -> tuple[str, str] | None:
 
 def secret_matches(secret: str, secret_hash: str) -> bool:
     return hmac.compare_digest(_digest(secret), secret_hash)
+
+
+class VerifiedKeys(Generic[T]):
+    """Keys this process verified in the last `ttl_s` seconds, so a client polling a job does
+    not cost a database lookup per request. Keyed by the SHA-256 of the whole presented key
+    (prefix and secret), never by the key itself; only successes are kept, so wrong keys cannot
+    fill it. At most `max_entries` (least recently used go first).
+
+    The price: a key revoked or deleted in the database keeps working in each API process for
+    up to `ttl_s` seconds."""
+
+    def __init__(
+        self, ttl_s: float, max_entries: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[bytes, tuple[float, T]] = OrderedDict()
+        self._lock = threading.Lock()  # the API's sync routes run in a threadpool
+
+    @staticmethod
+    def _fingerprint(presented: str) -> bytes:
+        return hashlib.sha256(presented.encode()).digest()
+
+    def get(self, presented: str) -> T | None:
+        if self.ttl_s <= 0:
+            return None
+        fingerprint = self._fingerprint(presented)
+        with self._lock:
+            entry = self._entries.get(fingerprint)
+            if entry is None:
+                return None
+            if entry[0] <= self._clock():
+                del self._entries[fingerprint]
+                return None
+            self._entries.move_to_end(fingerprint)
+            return entry[1]
+
+    def put(self, presented: str, value: T) -> None:
+        if self.ttl_s <= 0:
+            return
+        fingerprint = self._fingerprint(presented)
+        with self._lock:
+            self._entries[fingerprint] = (self._clock() + self.ttl_s, value)
+            self._entries.move_to_end(fingerprint)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

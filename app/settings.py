@@ -57,6 +57,52 @@ class Settings(BaseSettings):
         default=None, description="Where workers write checkpoints; default: data_dir/checkpoints."
     )
 
+    # ---- operator limits on what one job may ask for (each refusal is a 422 naming the field)
+    max_completions_per_step: int = Field(
+        default=4096, ge=1, description="Most completions per step (prompts_per_step x group_size)."
+    )
+    max_tokens_per_step: int = Field(
+        default=4_000_000,
+        ge=1,
+        description="Most tokens per step: completions x (max_prompt_tokens + max_new_tokens).",
+    )
+    max_total_tokens: int = Field(
+        default=10**11, ge=1, description="Most tokens over a whole job (per step x steps x mu)."
+    )
+    model_roots: str = Field(
+        default="",
+        description=(
+            "Folders (separated by ':') under which a job's `model` may name a Hugging Face "
+            "model folder; empty: packaged models only. Mount them on the API too (read-only is "
+            "enough): it checks the folder at submission, the worker again before loading."
+        ),
+    )
+
+    # ---- fair use: one tenant must never starve another
+    rate_limit_per_minute: int = Field(
+        default=600, ge=1, description="Requests per API key per minute (429 beyond)."
+    )
+    rate_limit_burst: int = Field(
+        default=60, ge=1, description="Requests an idle key may send at once."
+    )
+    max_active_jobs_per_project: int = Field(
+        default=50, ge=1, description="Queued plus running jobs a project may hold (429 beyond)."
+    )
+    max_dispatched_per_project: int = Field(
+        default=2,
+        ge=1,
+        description=(
+            "Jobs of one project handed to workers at once; the rest wait in the database and "
+            "are dispatched round-robin across projects as slots free."
+        ),
+    )
+    max_streams_per_key: int = Field(
+        default=5, ge=1, description="Open event streams per API key (429 beyond)."
+    )
+    max_streams_per_process: int = Field(
+        default=200, ge=1, description="Open event streams per API process (429 beyond)."
+    )
+
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'grpo.db').resolve()}"
@@ -79,6 +125,11 @@ class Settings(BaseSettings):
     @property
     def resolved_checkpoint_dir(self) -> Path:
         return (self.checkpoint_dir or self.data_dir / "checkpoints").resolve()
+
+    @property
+    def resolved_model_roots(self) -> list[Path]:
+        """The allowed model folders, resolved (symlinks followed) so escapes can be checked."""
+        return [Path(p).expanduser().resolve() for p in self.model_roots.split(":") if p.strip()]
 
     @property
     def uses_embedded_database(self) -> bool:

@@ -1,7 +1,9 @@
-"""What a running API process holds: settings, engine, session factory, dispatcher."""
+"""What a running API process holds: settings, engine, session factory, dispatcher, and the
+fair-use counters (request rate, open streams)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
@@ -9,7 +11,32 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import make_engine, make_session_factory
 from app.queue import CeleryDispatcher, Dispatcher
+from app.ratelimit import Limits, build_limits
+from app.services import dispatch
 from app.settings import Settings
+
+
+class RequestSlots:
+    """At most `size` requests of this process inside their unit of work at once.
+
+    A request's session keeps its pooled connection (and any row lock it took) between the
+    thread hops FastAPI runs a sync dependency, the route and the commit in, and each hop
+    needs one of the threadpool's 40 threads. With more requests in flight than the pool holds,
+    threads blocked on the pool (or on a row lock) held every thread while the connection
+    holders waited for one to commit in: the API stalled under load (bench/load_create.py).
+    Waiting for a slot happens on the event loop, holding nothing. One semaphore per event
+    loop (a test client runs its own loop)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+
+    def semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._semaphore is None or self._loop is not loop:
+            self._loop, self._semaphore = loop, asyncio.Semaphore(self.size)
+        return self._semaphore
 
 
 @dataclass
@@ -18,13 +45,31 @@ class AppState:
     engine: Engine
     sessions: sessionmaker[Session]
     dispatcher: Dispatcher
+    limits: Limits
+    # Idempotency claims commit on their own while the request's transaction holds a pooled
+    # connection, so they get a pool of their own: sharing one pool, N requests holding its N
+    # connections and each waiting for a second one deadlocked the API under load (every
+    # request then timed out after 30 s; bench/load_create.py found it).
+    claims: sessionmaker[Session]
+    slots: RequestSlots
 
 
 def build_state(settings: Settings, dispatcher: Dispatcher | None = None) -> AppState:
     engine = make_engine(settings.resolved_database_url)
+    sessions = make_session_factory(engine)
+    dispatcher = dispatcher or CeleryDispatcher(settings)
+    # Every unit of work of this process dispatches within the per-project cap.
+    dispatch.install(sessions, dispatcher, max_per_project=settings.max_dispatched_per_project)
     return AppState(
         settings=settings,
         engine=engine,
-        sessions=make_session_factory(engine),
-        dispatcher=dispatcher or CeleryDispatcher(settings),
+        sessions=sessions,
+        dispatcher=dispatcher,
+        limits=build_limits(settings),
+        claims=make_session_factory(
+            make_engine(settings.resolved_database_url, pool_size=2, max_overflow=8)
+        ),
+        # As many as the pool keeps open: more in flight would only wait on the pool, or open
+        # and close overflow connections (a new Postgres backend each time).
+        slots=RequestSlots(max(1, int(getattr(engine.pool, "size", lambda: 10)()))),
     )

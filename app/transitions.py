@@ -6,21 +6,27 @@
 
 Every change is a compare-and-set `UPDATE ... WHERE status = :seen [AND attempt = :attempt]` plus
 an event row in the same transaction, so concurrent finishers, cancellers and reapers can never
-both win, and a worker that lost its lease (stale attempt) changes nothing.
+both win, and a worker that lost its lease (stale attempt) changes nothing. This module owns the
+rules (the table below, fencing); the statements themselves live in `app.repositories.jobs`
+(`compare_and_set`, called from nowhere else) and `app.repositories.events`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
+from app import db
 from app.clock import utcnow
 from app.errors import IllegalTransition, NotFound
 from app.models import Job, JobEvent
+from app.repositories import events as events_repo
+from app.repositories import jobs as jobs_repo
 
 
 class JobStatus(StrEnum):
@@ -61,6 +67,12 @@ _ENTRY_STAMPS: dict[JobStatus, str] = {
 }
 
 
+# `session.info` key of work to run once a job's end is committed: `hook(session, job_id=...)`.
+# app.services.dispatch installs it (it refills the project's dispatch slot); it sits above this
+# module, so the state machine only knows the key.
+ON_JOB_ENDED = "grpo_on_job_ended"
+
+
 def is_allowed(source: JobStatus | str, target: JobStatus | str) -> bool:
     return JobStatus(target) in ALLOWED[JobStatus(source)]
 
@@ -84,16 +96,13 @@ def add_event(
         data=data,
         created_at=utcnow(),
     )
-    session.add(event)
-    session.flush()
-    return event
+    return events_repo.add(session, event=event)
 
 
 def record_created(session: Session, job: Job) -> None:
     """Insert a new job in `queued` with its `created` event."""
     job.status = JobStatus.QUEUED
-    session.add(job)
-    session.flush()
+    jobs_repo.add(session, job=job)
     add_event(session, job.id, "created", "job created", data={"status": JobStatus.QUEUED.value})
 
 
@@ -117,7 +126,7 @@ def transition(
     does not allow from the job's current status. `only_if` adds conditions to the
     compare-and-set (the reaper uses it to re-check that the heartbeat is still stale).
     """
-    row = session.execute(select(Job.status, Job.attempt).where(Job.id == job_id)).one_or_none()
+    row = jobs_repo.status_and_attempt(session, job_id=job_id)
     if row is None:
         raise NotFound(f"job {job_id} not found", param="job_id")
     source = JobStatus(row.status)
@@ -139,14 +148,15 @@ def transition(
     if error_code is not None:
         changes["error_code"] = error_code
         changes["error_message"] = message
-    condition: list[ColumnElement[bool]] = [Job.id == job_id, Job.status == source.value]
-    if attempt is not None:
-        condition.append(Job.attempt == attempt)
-    condition.extend(only_if or [])
-    result = session.execute(
-        update(Job).where(*condition).values(**changes).execution_options(synchronize_session=False)
+    matched = jobs_repo.compare_and_set(
+        session,
+        job_id=job_id,
+        seen_status=source.value,
+        attempt=attempt,
+        values=changes,
+        only_if=list(only_if or []),
     )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if not matched:
         raise IllegalTransition(f"job {job_id} changed concurrently; {target} not applied")
     add_event(
         session,
@@ -157,6 +167,9 @@ def transition(
         level="error" if target == JobStatus.FAILED else level,
         data={"from": source.value, "to": target.value, "error_code": error_code},
     )
+    hook = session.info.get(ON_JOB_ENDED)
+    if target in TERMINAL and hook is not None:
+        db.after_commit(session, functools.partial(hook, job_id=job_id))
     return source
 
 
@@ -166,25 +179,26 @@ def claim(session: Session, job_id: str, owner: str) -> int | None:
     Returns the new attempt number, or None when the job is not claimable (someone else holds
     the lease, it was cancelled, it is finished, or it used up its attempts)."""
     now = utcnow()
-    job = session.get(Job, job_id)
+    job = jobs_repo.get(session, job_id=job_id)
     if job is None or job.status != JobStatus.QUEUED or job.attempt >= job.max_attempts:
         return None
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.attempt == job.attempt)
-        .values(
-            status=JobStatus.RUNNING.value,
-            attempt=job.attempt + 1,
-            lease_owner=owner,
-            heartbeat_at=now,
-            updated_at=now,
-            started_at=job.started_at or now,
-        )
-        .execution_options(synchronize_session=False)
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        return None
     attempt = job.attempt + 1
+    matched = jobs_repo.compare_and_set(
+        session,
+        job_id=job_id,
+        seen_status=JobStatus.QUEUED.value,
+        attempt=job.attempt,
+        values={
+            "status": JobStatus.RUNNING.value,
+            "attempt": attempt,
+            "lease_owner": owner,
+            "heartbeat_at": now,
+            "updated_at": now,
+            "started_at": job.started_at or now,
+        },
+    )
+    if not matched:
+        return None
     add_event(
         session,
         job_id,

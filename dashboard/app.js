@@ -1,6 +1,7 @@
 // grpo-service dashboard: jobs list, job page, compare page. Plain DOM, no framework.
-// Every data call goes to /v1 with `Authorization: Bearer <key>`; the key comes from `?key=`
-// once (then lives in localStorage) or from the form shown when there is none. Pages poll
+// Every data call goes to /v1 with `Authorization: Bearer <key>`; the key is typed into the
+// sign-in form and lives in localStorage. It is never read from the URL: a key in an address
+// ends up in browser history, proxy and server logs and Referer headers. Pages poll
 // every 2 s while something runs (EventSource cannot send the Authorization header).
 
 import { StepChart, alignSeries, fmtNum } from "/dashboard/charts.js";
@@ -66,15 +67,15 @@ function graderNames(spec) {
 class AuthError extends Error {}
 let apiKey = null;
 
+/** The stored key; returns a message when an old `?key=` link was used. Such a key is not
+ * used, only scrubbed from the address bar so it goes no further into history. */
 function loadKey() {
-  const url = new URL(location.href);
-  const fromUrl = url.searchParams.get("key");
-  if (fromUrl) {
-    localStorage.setItem(KEY_STORE, fromUrl);
-    url.searchParams.delete("key"); // keep the key out of the address bar and history
-    history.replaceState(null, "", url.pathname + url.search + url.hash);
-  }
   apiKey = localStorage.getItem(KEY_STORE);
+  const url = new URL(location.href);
+  if (!url.searchParams.has("key")) return "";
+  url.searchParams.delete("key");
+  history.replaceState(null, "", url.pathname + url.search + url.hash);
+  return "Keys in the address (?key=) are not accepted; paste the key here instead.";
 }
 
 function forgetKey(message) {
@@ -178,8 +179,7 @@ function keyView(root, message) {
   h("h2", {}, "Sign in with an API key"),
   h("p", { class: "muted" }, "The key is kept in this browser (localStorage) and sent as ",
     h("code", {}, "Authorization: Bearer …"), " on every API call. ",
-    "Create one with ", h("code", {}, "grpo keys create"), ", or open this page once with ",
-    h("code", {}, "?key=…"), "."),
+    "Create one with ", h("code", {}, "grpo keys create"), "."),
   message ? h("p", { class: "error" }, message) : null,
   h("div", { class: "row" }, input, h("button", { class: "primary", type: "submit" }, "Open dashboard")));
   root.append(form);
@@ -619,5 +619,4 @@ function compareView(root, params) {
 
 document.getElementById("forget-key").addEventListener("click", () => forgetKey(""));
 window.addEventListener("hashchange", () => route());
-loadKey();
-route();
+route(loadKey());

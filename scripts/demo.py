@@ -102,7 +102,10 @@ def main() -> int:
         if final["error"]:
             print(f"error: {final['error']['code']}: {final['error']['message']}")
         if checkpoints:
-            print(f"final checkpoint (a Hugging Face model folder): {checkpoints[-1]['path']}")
+            # The API names the folder only; this local service keeps it in its data folder.
+            store = Path(env.get("GRPO_CHECKPOINT_DIR") or data_dir / "checkpoints")
+            folder = store / job["id"] / checkpoints[-1]["path"]
+            print(f"final checkpoint (a Hugging Face model folder): {folder}")
         return 0 if final["status"] == "succeeded" else 1
     finally:
         server.send_signal(signal.SIGINT)

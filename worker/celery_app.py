@@ -29,6 +29,10 @@ def create_celery(ctx: WorkerContext) -> Celery:
     def _on_shutdown(**_: Any) -> None:
         # Warm shutdown (SIGTERM): the running job checkpoints at its next step boundary and is
         # handed back to the queue; Celery waits for the task to return before exiting.
+        # This handler runs only between bytecodes of the main thread, so a trainer stuck in a
+        # C call delays it; the job's heartbeat process hears the signal anyway (through the
+        # signal wakeup fd) and, past `stop_grace_seconds`, hands the job back and kills this
+        # process (worker.heartbeat).
         ctx.shutdown.set()
 
     worker_shutting_down.connect(_on_shutdown, weak=False)

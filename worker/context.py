@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import make_engine, make_session_factory
 from app.live import TailPublisher
 from app.queue import CeleryDispatcher, Dispatcher
+from app.services import dispatch
 from worker.settings import WorkerSettings
 
 
@@ -25,9 +26,13 @@ class WorkerContext:
 
 def build_context(settings: WorkerSettings) -> WorkerContext:
     engine = make_engine(settings.resolved_database_url)
+    sessions = make_session_factory(engine)
+    dispatcher = CeleryDispatcher(settings)
+    # A job this worker ends frees a dispatch slot: its project's next job is sent at once.
+    dispatch.install(sessions, dispatcher, max_per_project=settings.max_dispatched_per_project)
     return WorkerContext(
         settings=settings,
-        sessions=make_session_factory(engine),
-        dispatcher=CeleryDispatcher(settings),
+        sessions=sessions,
+        dispatcher=dispatcher,
         tail=TailPublisher(settings.resolved_redis_url),
     )

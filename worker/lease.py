@@ -1,6 +1,12 @@
-"""The lease of a running job: a heartbeat thread that keeps it, notices a cancel request, and
-notices when the lease was taken over (the job's attempt moved on), after which the worker must
-stop writing."""
+"""The lease of a running job attempt, as the worker process holds it.
+
+- `LeaseKeeper`: what the trainer's `should_stop` reads (lease lost, cancel requested, shutdown
+  requested). Entering it starts the heartbeat process (`worker.heartbeat`), which keeps the
+  lease from outside this process, so a trainer holding the GIL cannot starve it; its reports
+  and a synchronous fenced beat at each step boundary (`beat`) set the flags.
+- `end_attempt` and `release`: the fenced ways an attempt ends, shared by the runner and by the
+  heartbeat process when it has to end the attempt of a trainer that did not stop in time.
+"""
 
 from __future__ import annotations
 
@@ -9,38 +15,70 @@ import threading
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import transitions
 from app.db import session_scope
+from app.errors import IllegalTransition
+from app.queue import Dispatcher
 from app.repositories import jobs as jobs_repo
+from app.services.dispatch import send_after_commit
 from app.transitions import JobStatus
+from worker.heartbeat import CANCEL, LOST, SHUTDOWN, HeartbeatProcess
+from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
 
 class LeaseKeeper:
+    """The lease of `attempt`. With `settings`, entering it starts a heartbeat process that
+    beats every `interval_s` (and enforces the stop grace); without, nothing beats in the
+    background and the lease is refreshed only by `beat` (tests that drive callbacks by hand)."""
+
     def __init__(
-        self, sessions: sessionmaker[Session], job_id: str, attempt: int, interval_s: float
+        self,
+        sessions: sessionmaker[Session],
+        job_id: str,
+        attempt: int,
+        interval_s: float,
+        *,
+        settings: WorkerSettings | None = None,
     ) -> None:
         self._sessions = sessions
         self.job_id = job_id
         self.attempt = attempt
-        self._interval = interval_s
         self.lost = threading.Event()
         self.cancel_requested = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
+        self.shutdown_requested = threading.Event()
+        self._process = (
+            HeartbeatProcess(settings, job_id, attempt, interval_s)
+            if settings is not None
+            else None
+        )
 
     def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
+        if self._process is not None:
+            self._absorb(self._process.start())
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self._interval + 5)
+        # Waits for the heartbeat process to exit: once this returns, nothing but the caller
+        # ends the attempt.
+        if self._process is not None:
+            self._absorb(self._process.stop())
+
+    @property
+    def heartbeat_pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def refresh(self) -> None:
+        """Take in what the heartbeat process reported since the last call (never blocks)."""
+        if self._process is not None:
+            self._absorb(self._process.reports())
 
     def beat(self) -> None:
-        """One heartbeat; sets `lost` or `cancel_requested` from what the database says."""
+        """One heartbeat from this process; sets `lost` or `cancel_requested` from what the
+        database says."""
         with session_scope(self._sessions) as session:
-            status = jobs_repo.heartbeat(session, self.job_id, self.attempt)
+            status = jobs_repo.heartbeat(session, job_id=self.job_id, attempt=self.attempt)
         if status is None:
             if not self.lost.is_set():
                 log.warning("job %s attempt %s lost its lease", self.job_id, self.attempt)
@@ -48,11 +86,55 @@ class LeaseKeeper:
         elif status == JobStatus.CANCELLING:
             self.cancel_requested.set()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.beat()
-            except Exception as exc:  # database down: keep trying, the reaper decides
-                log.warning("heartbeat of job %s failed: %s", self.job_id, exc)
-            if self.lost.is_set():
-                return
+    def _absorb(self, reports: list[str]) -> None:
+        flags = {LOST: self.lost, CANCEL: self.cancel_requested, SHUTDOWN: self.shutdown_requested}
+        for word in reports:
+            if word in flags:
+                flags[word].set()
+
+
+def end_attempt(
+    sessions: sessionmaker[Session],
+    job_id: str,
+    attempt: int,
+    target: JobStatus,
+    *,
+    message: str,
+    error_code: str | None = None,
+) -> bool:
+    """Move the job to `target`, fenced by `attempt`; False (logged) when the attempt no longer
+    holds the lease or the change is not allowed any more."""
+    try:
+        with session_scope(sessions) as session:
+            transitions.transition(
+                session, job_id, target, attempt=attempt, message=message, error_code=error_code
+            )
+    except IllegalTransition as exc:
+        log.warning("job %s could not end as %s: %s", job_id, target, exc)
+        return False
+    return True
+
+
+def release(
+    sessions: sessionmaker[Session], dispatcher: Dispatcher, job_id: str, attempt: int, message: str
+) -> bool:
+    """Hand the job back to the queue without spending one of its attempts; it is re-sent once
+    the hand-over is committed. False (logged) when the attempt no longer holds the lease."""
+    try:
+        with session_scope(sessions) as session:
+            job = jobs_repo.get(session, job_id=job_id)
+            if job is None:
+                return False
+            transitions.transition(
+                session,
+                job_id,
+                JobStatus.QUEUED,
+                attempt=attempt,
+                message=message,
+                values={"lease_owner": None, "max_attempts": job.max_attempts + 1},
+            )
+            send_after_commit(session, dispatcher, job_id=job_id, queue=job.queue)
+    except IllegalTransition as exc:
+        log.warning("job %s could not be handed back: %s", job_id, exc)
+        return False
+    return True

@@ -3,7 +3,9 @@
 - the reaper re-queues running jobs whose heartbeat went stale (their worker died), or fails them
   with `worker_lost` once they used all their attempts;
 - the sweep re-sends queued jobs whose message is older than a threshold (the broker may have
-  lost it; a duplicate message is harmless because claiming takes the lease).
+  lost it; a duplicate message is harmless because claiming takes the lease), and sends jobs
+  waiting for a dispatch slot into the free slots, round-robin across projects
+  (app.services.dispatch: fair dispatch).
 Every worker runs them; compare-and-set transitions make concurrent runs safe.
 """
 
@@ -19,27 +21,31 @@ from app import transitions
 from app.clock import utcnow
 from app.db import session_scope
 from app.errors import IllegalTransition
-from app.models import Job
 from app.repositories import jobs as jobs_repo
-from app.services.dispatch import send_job
+from app.services.dispatch import fill_slots, send_after_commit, send_job
 from app.transitions import JobStatus
 from worker.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
+# Most jobs (and projects) one sweep handles; the rest wait for the next sweep.
+SWEEP_BATCH = 1000
+
 
 def reap_stale_jobs(ctx: WorkerContext) -> list[str]:
     """Re-queue (or fail) running jobs whose lease expired; returns the ids it re-queued."""
     cutoff = utcnow() - timedelta(seconds=ctx.settings.lease_seconds)
-    requeued: list[tuple[str, str]] = []
+    requeued: list[str] = []
     with session_scope(ctx.sessions) as session:
         stale = [
             (j.id, j.attempt, j.max_attempts, j.status, j.queue)
-            for j in jobs_repo.stale_running(session, cutoff)
+            for j in jobs_repo.stale_running(session, older_than=cutoff)
         ]
     for job_id, attempt, max_attempts, status, queue in stale:
-        still_stale = [Job.heartbeat_at.is_(None) | (Job.heartbeat_at < cutoff)]
+        still_stale = [jobs_repo.heartbeat_older_than(cutoff)]
         try:
+            # One task boundary per job: a job another reaper (or its worker) got to first
+            # rolls back alone, and the re-queued job is sent only once its row is committed.
             with session_scope(ctx.sessions) as session:
                 if status == JobStatus.CANCELLING:
                     transitions.transition(
@@ -72,25 +78,57 @@ def reap_stale_jobs(ctx: WorkerContext) -> list[str]:
                         level="warning",
                         only_if=still_stale,
                     )
-                    requeued.append((job_id, queue))
+                    # Back to the queue the job was created for, whichever queue this worker
+                    # consumes.
+                    send_after_commit(session, ctx.dispatcher, job_id=job_id, queue=queue)
+                    requeued.append(job_id)
         except IllegalTransition:
             continue  # the worker came back or another reaper won: nothing to do
-    for job_id, queue in requeued:
-        _send(ctx, job_id, queue)
-    return [job_id for job_id, _ in requeued]
+    return requeued
 
 
 def redispatch_queued(ctx: WorkerContext) -> list[str]:
-    """Send again every queued job whose last message is older than the threshold."""
+    """Send again every queued job whose last message is older than the threshold, then fill
+    the projects' free dispatch slots with their waiting jobs; returns the ids sent."""
     cutoff = utcnow() - timedelta(seconds=ctx.settings.redispatch_seconds)
     with session_scope(ctx.sessions) as session:
-        due = [(j.id, j.queue) for j in jobs_repo.undispatched_queued(session, cutoff)]
-    return [job_id for job_id, queue in due if _send(ctx, job_id, queue)]
+        lost = [
+            (j.id, j.queue)
+            for j in jobs_repo.lost_messages(session, older_than=cutoff, limit=SWEEP_BATCH)
+        ]
+    sent: list[str] = []
+    for job_id, queue in lost:
+        # These rows are committed already, so the send happens now; each stamp of
+        # `dispatched_at` is its own short unit of work. A lost message's job holds its slot
+        # already: re-sending it adds none.
+        with session_scope(ctx.sessions) as session:
+            if not send_job(session, ctx.dispatcher, job_id=job_id, queue=queue):
+                return sent  # broker down: the next sweep tries again
+        sent.append(job_id)
+    return sent + fill_round_robin(ctx)
 
 
-def _send(ctx: WorkerContext, job_id: str, queue: str) -> bool:
-    """Re-send to the queue the job was created for, whichever queue this worker consumes."""
-    return send_job(ctx.sessions, ctx.dispatcher, job_id, queue)
+def fill_round_robin(ctx: WorkerContext) -> list[str]:
+    """Send waiting jobs into free dispatch slots one per project per round, the project
+    waiting longest first and the oldest job first within a project, until no project can
+    send more. Each send is its own unit of work under the project's lock (exact counts
+    against the API and other workers doing the same)."""
+    cap = ctx.settings.max_dispatched_per_project
+    with session_scope(ctx.sessions) as session:
+        projects = jobs_repo.projects_waiting(session, limit=SWEEP_BATCH)
+    sent: list[str] = []
+    while projects and len(sent) < SWEEP_BATCH:
+        for project_id in list(projects):
+            with session_scope(ctx.sessions) as session:
+                filled = fill_slots(
+                    session, ctx.dispatcher, project_id=project_id, cap=cap, limit=1
+                )
+            sent += filled.sent
+            if filled.broker_down:
+                return sent  # the next sweep tries again
+            if not filled.sent:
+                projects.remove(project_id)  # full, or nothing left waiting
+    return sent
 
 
 class MaintenanceThread:

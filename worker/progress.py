@@ -15,14 +15,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import insert
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from app.clock import utcnow
 from app.db import session_scope
-from app.models import Checkpoint, JobMetric, JobSample
 from app.repositories import jobs as jobs_repo
+from app.repositories import progress as progress_repo
 from app.transitions import add_event
 from trainer.callbacks import Callbacks, RolloutSample, RunInfo
 from worker.context import WorkerContext
@@ -32,18 +30,6 @@ from worker.retry import with_db_retry
 
 class LeaseLost(Exception):
     """This worker's attempt no longer owns the job; stop without writing anything more."""
-
-
-def _insert_ignore(session: Session, model: type[Any], row: dict[str, Any]) -> None:
-    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        stmt: Any = postgresql.insert(model).values(**row).on_conflict_do_nothing()
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(model).values(**row).on_conflict_do_nothing()
-    else:  # pragma: no cover - other databases are not supported
-        stmt = insert(model).values(**row)
-    session.execute(stmt)
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
@@ -56,7 +42,7 @@ class DatabaseCallbacks(Callbacks):
         self._ctx = ctx
         self.job_id = job_id
         self.attempt = attempt
-        self._lease = lease
+        self.lease = lease
         self.stop_reason: str | None = None
 
     # -- plumbing --------------------------------------------------------------------------
@@ -65,10 +51,14 @@ class DatabaseCallbacks(Callbacks):
         """Update the job row (fenced) and, only if it matched, run `write(session)`."""
 
         def work() -> None:
+            # Each hook is its own task boundary: the fencing update and what it guards commit
+            # together, or neither does.
             with session_scope(self._ctx.sessions) as session:
                 # The fencing update always writes the heartbeat: any write is proof of life.
                 values = {"heartbeat_at": utcnow(), **progress}
-                if not jobs_repo.update_progress(session, self.job_id, self.attempt, values):
+                if not jobs_repo.update_progress(
+                    session, job_id=self.job_id, attempt=self.attempt, values=values
+                ):
                     raise LeaseLost(f"job {self.job_id} attempt {self.attempt} lost its lease")
                 if write is not None:
                     write(session)
@@ -105,16 +95,13 @@ class DatabaseCallbacks(Callbacks):
         values = _finite(metrics)
 
         def write(session: Session) -> None:
-            _insert_ignore(
+            progress_repo.add_metrics_once(
                 session,
-                JobMetric,
-                {
-                    "job_id": self.job_id,
-                    "step": step,
-                    "attempt": self.attempt,
-                    "values": values,
-                    "created_at": utcnow(),
-                },
+                job_id=self.job_id,
+                step=step,
+                attempt=self.attempt,
+                values=values,
+                now=utcnow(),
             )
 
         self._fenced(
@@ -138,38 +125,32 @@ class DatabaseCallbacks(Callbacks):
         self._fenced("on_event", {}, write)
 
     def on_samples(self, step: int, samples: list[RolloutSample]) -> None:
-        keep = samples[: self._ctx.settings.sample_groups_per_step]
-        if not keep:
+        # The trainer already sends `sample_groups_per_step` groups (train(sample_groups=...)).
+        if not samples:
             return
-        data = [dataclasses.asdict(s) for s in keep]
+        data = [dataclasses.asdict(s) for s in samples]
 
         def write(session: Session) -> None:
-            _insert_ignore(
+            progress_repo.add_samples_once(
                 session,
-                JobSample,
-                {
-                    "job_id": self.job_id,
-                    "step": step,
-                    "attempt": self.attempt,
-                    "data": data,
-                    "created_at": utcnow(),
-                },
+                job_id=self.job_id,
+                step=step,
+                attempt=self.attempt,
+                data=data,
+                now=utcnow(),
             )
 
         self._fenced("on_samples", {}, write)
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         def write(session: Session) -> None:
-            _insert_ignore(
+            progress_repo.add_checkpoint_once(
                 session,
-                Checkpoint,
-                {
-                    "job_id": self.job_id,
-                    "step": step,
-                    "attempt": self.attempt,
-                    "path": str(path),
-                    "created_at": utcnow(),
-                },
+                job_id=self.job_id,
+                step=step,
+                attempt=self.attempt,
+                path=path,
+                now=utcnow(),
             )
             add_event(
                 session,
@@ -177,20 +158,24 @@ class DatabaseCallbacks(Callbacks):
                 "checkpoint",
                 f"checkpoint of step {step} saved",
                 attempt=self.attempt,
-                data={"step": step, "path": str(path)},
+                # No path: events are shown to the job's owner, paths are the server's.
+                data={"step": step},
             )
 
         self._fenced("on_checkpoint", {}, write)
 
     def should_stop(self) -> bool:
-        # Ask the database now rather than trusting the last heartbeat, so a cancel takes
-        # effect at the very next step boundary. A failed read (database down) does not stop.
-        with contextlib.suppress(Exception):  # the heartbeat thread keeps trying
-            self._lease.beat()
-        if self._lease.lost.is_set():
+        # The heartbeat process's reports first (it may have seen a SIGTERM this process's own
+        # handler could not run for), then one fenced beat of our own: the process beats every
+        # few seconds, this asks the database now, so a cancel takes effect at the very next
+        # step boundary. A failed beat (database down) does not stop; the process keeps trying.
+        self.lease.refresh()
+        with contextlib.suppress(Exception):
+            self.lease.beat()
+        if self.lease.lost.is_set():
             self.stop_reason = "lease_lost"
-        elif self._lease.cancel_requested.is_set():
+        elif self.lease.cancel_requested.is_set():
             self.stop_reason = "cancelled"
-        elif self._ctx.shutdown.is_set():
+        elif self._ctx.shutdown.is_set() or self.lease.shutdown_requested.is_set():
             self.stop_reason = "shutdown"
         return self.stop_reason is not None

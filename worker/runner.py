@@ -4,31 +4,76 @@ Outcomes, each a fenced state change:
 - trained every step            -> succeeded
 - cancel requested              -> cancelled (after the trainer saved a checkpoint)
 - SIGTERM to the worker         -> back to queued, re-sent, resumed by the next worker
-- trainer error                 -> failed with the trainer's reason code
+- trainer error                 -> failed with the trainer's reason code (any other error:
+                                   failed as `trainer_error`, details only in the worker log)
+- model outside the model roots -> failed as `model_not_allowed`, before any model is read
 - lease lost (another attempt)  -> nothing: the new lease holder owns the job
+
+A trainer that does not stop within `stop_grace_seconds` of a cancel or SIGTERM is ended by the
+heartbeat process instead (`worker.heartbeat`), which then kills this process.
+
+The trainer is a parameter (`Train`): the worker passes nothing and gets `trainer.loop.train`,
+imported only when a job really runs (it pulls in torch); tests pass plain functions.
 """
 
 from __future__ import annotations
 
 import logging
-import traceback
+import secrets
 from pathlib import Path
-
-from sqlalchemy import select
+from typing import Protocol
 
 from app import transitions
 from app.db import session_scope
-from app.errors import IllegalTransition
-from app.models import Checkpoint, File, Job
-from app.services.dispatch import send_job
+from app.models import Job
+from app.repositories import checkpoints as checkpoints_repo
+from app.repositories import files as files_repo
+from app.repositories import jobs as jobs_repo
+from app.repositories import progress as progress_repo
 from app.transitions import JobStatus
-from trainer.config import DatasetSpec, JobSpec, PromptRow
+from trainer.callbacks import Callbacks
+from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow
 from trainer.errors import TrainerError
 from worker.context import WorkerContext
-from worker.lease import LeaseKeeper
+from worker.lease import LeaseKeeper, end_attempt, release
 from worker.progress import DatabaseCallbacks, LeaseLost
+from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
+
+
+class TrainOutcome(Protocol):
+    """What the runner reads from a finished run (trainer.loop.TrainResult has more)."""
+
+    @property
+    def final_step(self) -> int: ...
+
+    @property
+    def stopped_early(self) -> bool: ...
+
+
+class Train(Protocol):
+    """A training run, as the runner calls it. `trainer.loop.train` is one; it may take more
+    optional keyword arguments. Raises TrainerError (with a `reason`) for a failure of the run."""
+
+    def __call__(
+        self,
+        spec: JobSpec,
+        callbacks: Callbacks,
+        /,
+        *,
+        output_dir: Path,
+        resume_from: Path | None,
+        device: str,
+        sample_groups: int,
+    ) -> TrainOutcome: ...
+
+
+def load_trainer() -> Train:
+    """The real trainer; torch is imported only once a job really runs."""
+    from trainer.loop import train
+
+    return train
 
 
 def load_spec(ctx: WorkerContext, job: Job) -> JobSpec:
@@ -38,21 +83,17 @@ def load_spec(ctx: WorkerContext, job: Job) -> JobSpec:
     if file_id is None:
         return spec
     with session_scope(ctx.sessions) as session:
-        file = session.get(File, file_id)
+        file = files_repo.get(session, file_id=file_id)
         if file is None:
             raise TrainerError(f"dataset file {file_id} no longer exists", reason="file_missing")
         rows = [PromptRow.model_validate(r) for r in file.rows]
-    data = spec.dataset.model_dump()
-    data.update(file_id=None, rows=rows)
-    return spec.model_copy(update={"dataset": DatasetSpec.model_validate(data)})
+    return spec.model_copy(update={"dataset": spec.dataset.with_rows(rows)})
 
 
 def latest_checkpoint(ctx: WorkerContext, job_id: str) -> Path | None:
     """The newest checkpoint recorded for the job whose folder still exists."""
     with session_scope(ctx.sessions) as session:
-        rows = session.scalars(
-            select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step.desc())
-        ).all()
+        rows = progress_repo.checkpoints(session, job_id=job_id, newest_first=True)
     for row in rows:
         path = Path(row.path)
         if path.is_dir():
@@ -61,80 +102,105 @@ def latest_checkpoint(ctx: WorkerContext, job_id: str) -> Path | None:
 
 
 def _end(
-    ctx: WorkerContext, job_id: str, attempt: int, target: JobStatus, **kwargs: object
+    ctx: WorkerContext,
+    job_id: str,
+    attempt: int,
+    target: JobStatus,
+    *,
+    message: str,
+    error_code: str | None = None,
 ) -> None:
-    try:
-        with session_scope(ctx.sessions) as session:
-            transitions.transition(session, job_id, target, attempt=attempt, **kwargs)  # type: ignore[arg-type]
-    except IllegalTransition as exc:
-        log.warning("job %s could not end as %s: %s", job_id, target, exc)
+    end_attempt(ctx.sessions, job_id, attempt, target, message=message, error_code=error_code)
     ctx.tail.notify(job_id, "status")
 
 
-def release(ctx: WorkerContext, job_id: str, attempt: int, message: str) -> None:
-    """Hand the job back to the queue without spending one of its attempts."""
+def confine_model(spec: JobSpec, settings: WorkerSettings) -> JobSpec:
+    """The spec with `model` checked against the operator's model roots (again: the API checked
+    at submission), and a folder replaced by its real path, so the trainer opens exactly the
+    folder that was checked. Raises ModelNotAllowed (a TrainerError) otherwise."""
+    if spec.model in PACKAGED_MODELS:
+        return spec
+    from trainer.models import resolve_model  # torch: only for a job that names a folder
+
+    roots = [Path(p.strip()) for p in settings.model_roots.split(":") if p.strip()]
+    folder = resolve_model(
+        spec.model,
+        allowed_roots=roots,
+        forbidden=[settings.data_dir, settings.resolved_checkpoint_dir],
+    )
+    return spec.model_copy(update={"model": str(folder)})
+
+
+def starting_model(ctx: WorkerContext, job: Job, spec: JobSpec) -> JobSpec:
+    """The spec with `model` set to the folder the run starts from: the checkpoint `init_from`
+    names (looked up by job and step within the job's own project, never by a path the user
+    wrote), or the confined `model` folder (see confine_model)."""
+    init = spec.init_from
+    if init is None:
+        return confine_model(spec, ctx.settings)
     with session_scope(ctx.sessions) as session:
-        job = session.get(Job, job_id)
-        if job is None:
-            return
-        queue = job.queue
-        transitions.transition(
-            session,
-            job_id,
-            JobStatus.QUEUED,
-            attempt=attempt,
-            message=message,
-            values={"lease_owner": None, "max_attempts": job.max_attempts + 1},
+        row = checkpoints_repo.checkpoint_of_project_job(
+            session, project_id=job.project_id, job_id=init.job_id, step=init.step
         )
-    send_job(ctx.sessions, ctx.dispatcher, job_id, queue)
+        folder = Path(row.path) if row is not None else None
+    if folder is None or not (folder / "config.json").is_file():
+        # Admission checked it at submission; the checkpoint was deleted since.
+        raise TrainerError(
+            f"init_from: job {init.job_id} has no checkpoint at step {init.step} any more",
+            reason="init_checkpoint_missing",
+        )
+    return spec.model_copy(update={"model": str(folder)})
 
 
-def run_job(ctx: WorkerContext, job_id: str) -> str:
-    """Run one attempt of `job_id`; returns a short outcome word (for logs and tests)."""
-    settings = ctx.settings
+def _claim(ctx: WorkerContext, job_id: str) -> tuple[int, Job] | None:
+    """Take the lease; the claimed job as it is now, or None when it is not claimable."""
     with session_scope(ctx.sessions) as session:
-        attempt = transitions.claim(session, job_id, settings.worker_name)
-        job = session.get(Job, job_id) if attempt is not None else None
-        if job is not None:
-            session.refresh(job)
-    if attempt is None or job is None:
+        attempt = transitions.claim(session, job_id, ctx.settings.worker_name)
+        if attempt is None:
+            return None
+        job = jobs_repo.get(session, job_id=job_id)
+        if job is None:
+            return None
+        return attempt, jobs_repo.reload(session, job=job)
+
+
+def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> str:
+    """Run one attempt of `job_id` with `train` (default: the real trainer); returns a short
+    outcome word (for logs and tests)."""
+    settings = ctx.settings
+    claimed = _claim(ctx, job_id)
+    if claimed is None:
         log.info("job %s is not claimable (lease held, finished or cancelled)", job_id)
         return "not_claimed"
+    attempt, job = claimed
 
-    with LeaseKeeper(ctx.sessions, job_id, attempt, settings.heartbeat_seconds) as lease:
-        callbacks = DatabaseCallbacks(ctx, job_id, attempt, lease)
+    lease = LeaseKeeper(
+        ctx.sessions, job_id, attempt, settings.heartbeat_seconds, settings=settings
+    )
+    callbacks = DatabaseCallbacks(ctx, job_id, attempt, lease)
+    result: TrainOutcome | None = None
+    error: Exception | None = None
+    with lease:
         try:
-            spec = load_spec(ctx, job)
-            from trainer.loop import train  # torch is imported only once a job really runs
-
-            resume_from = latest_checkpoint(ctx, job_id)
-            result = train(
+            spec = starting_model(ctx, job, load_spec(ctx, job))
+            run = train or load_trainer()
+            result = run(
                 spec,
                 callbacks,
                 output_dir=settings.resolved_checkpoint_dir / job_id,
-                resume_from=resume_from,
+                resume_from=latest_checkpoint(ctx, job_id),
                 device=settings.device,
+                sample_groups=settings.sample_groups_per_step,
             )
-        except LeaseLost:
-            return "lease_lost"
-        except TrainerError as exc:
-            if lease.lost.is_set():
-                return "lease_lost"
-            _end(ctx, job_id, attempt, JobStatus.FAILED, message=str(exc), error_code=exc.reason)
-            return "failed"
-        except Exception as exc:
-            if lease.lost.is_set():
-                return "lease_lost"
-            log.exception("job %s failed", job_id)
-            message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"[:4000]
-            _end(
-                ctx, job_id, attempt, JobStatus.FAILED, message=message, error_code="trainer_error"
-            )
-            return "failed"
-
-    reason = callbacks.stop_reason
-    if reason == "lease_lost" or lease.lost.is_set():
+        except Exception as exc:  # judged below, once the heartbeat process has stopped
+            error = exc
+    # The heartbeat process has exited: from here on only this function ends the attempt.
+    if isinstance(error, LeaseLost) or lease.lost.is_set():
         return "lease_lost"
+    if error is not None:
+        return _fail(ctx, job_id, attempt, error)
+    assert result is not None
+    reason = callbacks.stop_reason
     if reason == "cancelled" and result.stopped_early:
         _end(
             ctx,
@@ -145,7 +211,33 @@ def run_job(ctx: WorkerContext, job_id: str) -> str:
         )
         return "cancelled"
     if reason == "shutdown" and result.stopped_early:
-        release(ctx, job_id, attempt, f"worker shut down at step {result.final_step}; re-queued")
+        message = f"worker shut down at step {result.final_step}; re-queued"
+        release(ctx.sessions, ctx.dispatcher, job_id, attempt, message)
+        ctx.tail.notify(job_id, "status")
         return "released"
     _end(ctx, job_id, attempt, JobStatus.SUCCEEDED, message=f"finished {result.final_step} steps")
     return "succeeded"
+
+
+def _fail(ctx: WorkerContext, job_id: str, attempt: int, error: Exception) -> str:
+    """End the attempt as failed. A TrainerError's message is ours and meant for the user; any
+    other error may carry server paths or internals, so the user gets a reference and the
+    worker log gets the traceback under the same reference."""
+    if isinstance(error, TrainerError):
+        message, code = str(error)[:4000], error.reason
+    else:
+        reference = secrets.token_hex(6)
+        log.error(
+            "job %s attempt %s: trainer error (reference %s)",
+            job_id,
+            attempt,
+            reference,
+            exc_info=error,
+        )
+        message = (
+            f"internal error in the trainer ({type(error).__name__}, reference {reference}); "
+            f"the operator's worker log has the details under job {job_id}"
+        )
+        code = "trainer_error"
+    _end(ctx, job_id, attempt, JobStatus.FAILED, message=message, error_code=code)
+    return "failed"

@@ -31,6 +31,15 @@ class WorkerSettings(Settings):
         gt=0,
         description="How long progress writes retry while the database is unreachable.",
     )
+    stop_grace_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "How long a trainer may take to stop after a cancel request or SIGTERM. Past it, "
+            "the heartbeat process ends the job itself (cancelled, or handed back to the queue) "
+            "and kills the worker process; keep the orchestrator's stop grace period longer."
+        ),
+    )
 
 
 def build_worker_settings(**overrides: object) -> WorkerSettings:

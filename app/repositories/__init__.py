@@ -1,1 +1,3 @@
-"""Queries, one module per aggregate. No business rules and no commits here."""
+"""Queries, one module per aggregate: every SELECT, INSERT, UPDATE and DELETE of the service lives
+here (tests/test_architecture.py enforces it). No business rules and no commits: a repository
+function flushes at most, and the request or task boundary commits."""

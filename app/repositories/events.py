@@ -8,8 +8,14 @@ from sqlalchemy.orm import Session
 from app.models import JobEvent
 
 
+def add(session: Session, *, event: JobEvent) -> JobEvent:
+    session.add(event)
+    session.flush()
+    return event
+
+
 def list_after(
-    session: Session, job_id: str, *, after: int | None, limit: int
+    session: Session, *, job_id: str, after: int | None, limit: int
 ) -> tuple[list[JobEvent], bool]:
     """Oldest first, strictly after the event id `after`."""
     query = select(JobEvent).where(JobEvent.job_id == job_id)

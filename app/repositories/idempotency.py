@@ -1,4 +1,5 @@
-"""Idempotency records: claimed in their own transaction so a concurrent duplicate sees them."""
+"""Idempotency records. The service claims a key in its own committed transaction so that a
+concurrent duplicate sees the claim (see app.services.jobs)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,21 @@ from sqlalchemy.orm import Session
 from app.models import IdempotencyRecord
 
 
-def get(session: Session, project_id: str, key: str) -> IdempotencyRecord | None:
+def claim(session: Session, *, project_id: str, key: str, request_hash: str, now: datetime) -> None:
+    """Insert the `in_progress` record; IntegrityError when the key is already claimed."""
+    session.add(
+        IdempotencyRecord(
+            project_id=project_id,
+            key=key,
+            request_hash=request_hash,
+            state="in_progress",
+            created_at=now,
+        )
+    )
+    session.flush()
+
+
+def get(session: Session, *, project_id: str, key: str) -> IdempotencyRecord | None:
     return session.scalars(
         select(IdempotencyRecord).where(
             IdempotencyRecord.project_id == project_id, IdempotencyRecord.key == key
@@ -19,7 +34,7 @@ def get(session: Session, project_id: str, key: str) -> IdempotencyRecord | None
     ).one_or_none()
 
 
-def delete_older_than(session: Session, project_id: str, key: str, cutoff: datetime) -> None:
+def delete_older_than(session: Session, *, project_id: str, key: str, cutoff: datetime) -> None:
     session.execute(
         delete(IdempotencyRecord).where(
             IdempotencyRecord.project_id == project_id,
@@ -30,7 +45,7 @@ def delete_older_than(session: Session, project_id: str, key: str, cutoff: datet
 
 
 def complete(
-    session: Session, project_id: str, key: str, status: int, body: dict[str, Any]
+    session: Session, *, project_id: str, key: str, status: int, body: dict[str, Any]
 ) -> None:
     session.execute(
         update(IdempotencyRecord)
@@ -40,7 +55,7 @@ def complete(
     )
 
 
-def release(session: Session, project_id: str, key: str) -> None:
+def release(session: Session, *, project_id: str, key: str) -> None:
     session.execute(
         delete(IdempotencyRecord).where(
             IdempotencyRecord.project_id == project_id, IdempotencyRecord.key == key

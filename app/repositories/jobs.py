@@ -1,29 +1,48 @@
-"""Job queries. Every read takes the project id, so another project's job is simply not found."""
+"""Job queries. Reads made for a caller take the project id, so another project's job is simply
+not found. Status changes go through `compare_and_set`, which only `app.transitions` calls."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import ColumnElement, Row, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.clock import utcnow
 from app.models import Job
 
+# Literal states rather than app.transitions' enum: repositories sit below the state machine.
 RUNNING_STATES = ("running", "cancelling")
 
 
-def get_for_project(session: Session, project_id: str, job_id: str) -> Job | None:
+def add(session: Session, *, job: Job) -> Job:
+    session.add(job)
+    session.flush()
+    return job
+
+
+def get(session: Session, *, job_id: str) -> Job | None:
+    """Any project's job: for workers and the stream, which hold an id they were given."""
+    return session.get(Job, job_id)
+
+
+def get_for_project(session: Session, *, project_id: str, job_id: str) -> Job | None:
     return session.scalars(
         select(Job).where(Job.id == job_id, Job.project_id == project_id)
     ).one_or_none()
 
 
+def reload(session: Session, *, job: Job) -> Job:
+    """Re-read a loaded job; bulk updates (compare-and-set) bypass the identity map."""
+    session.refresh(job)
+    return job
+
+
 def list_page(
     session: Session,
-    project_id: str,
     *,
+    project_id: str,
     after: str | None,
     limit: int,
     statuses: list[str] | None,
@@ -38,7 +57,38 @@ def list_page(
     return rows[:limit], len(rows) > limit
 
 
-def mark_dispatched(session: Session, job_id: str) -> None:
+def status_and_attempt(session: Session, *, job_id: str) -> Row[tuple[str, int]] | None:
+    """The two columns a state change decides on, read fresh (never from the identity map)."""
+    return session.execute(select(Job.status, Job.attempt).where(Job.id == job_id)).one_or_none()
+
+
+def compare_and_set(
+    session: Session,
+    *,
+    job_id: str,
+    seen_status: str,
+    attempt: int | None,
+    values: dict[str, Any],
+    only_if: list[ColumnElement[bool]] | None = None,
+) -> bool:
+    """`UPDATE jobs SET values WHERE id AND status = seen [AND attempt] [AND only_if]`; True when
+    it matched. Only `app.transitions` calls this: it owns the rules of every status change."""
+    condition: list[ColumnElement[bool]] = [Job.id == job_id, Job.status == seen_status]
+    if attempt is not None:
+        condition.append(Job.attempt == attempt)
+    condition.extend(only_if or [])
+    result = session.execute(
+        update(Job).where(*condition).values(**values).execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def heartbeat_older_than(cutoff: datetime) -> ColumnElement[bool]:
+    """A condition for compare-and-set: the lease is still stale (no heartbeat since `cutoff`)."""
+    return Job.heartbeat_at.is_(None) | (Job.heartbeat_at < cutoff)
+
+
+def mark_dispatched(session: Session, *, job_id: str) -> None:
     session.execute(
         update(Job)
         .where(Job.id == job_id)
@@ -47,7 +97,17 @@ def mark_dispatched(session: Session, job_id: str) -> None:
     )
 
 
-def heartbeat(session: Session, job_id: str, attempt: int) -> str | None:
+def mark_undispatched(session: Session, *, job_id: str) -> None:
+    """The job needs a (new) message: it waits for a dispatch slot of its project."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id)
+        .values(dispatched_at=None)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def heartbeat(session: Session, *, job_id: str, attempt: int) -> str | None:
     """Refresh the lease of `attempt`; return the job status, or None when the lease is lost."""
     result = session.execute(
         update(Job)
@@ -60,7 +120,7 @@ def heartbeat(session: Session, job_id: str, attempt: int) -> str | None:
     return session.scalar(select(Job.status).where(Job.id == job_id))
 
 
-def update_progress(session: Session, job_id: str, attempt: int, values: dict[str, Any]) -> bool:
+def update_progress(session: Session, *, job_id: str, attempt: int, values: dict[str, Any]) -> bool:
     """Progress fields (step, last metrics) of the lease holder; False if the lease is lost."""
     result = session.execute(
         update(Job)
@@ -71,7 +131,7 @@ def update_progress(session: Session, job_id: str, attempt: int, values: dict[st
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
-def stale_running(session: Session, older_than: datetime) -> list[Job]:
+def stale_running(session: Session, *, older_than: datetime) -> list[Job]:
     """Running jobs whose worker stopped heartbeating (or never did)."""
     return list(
         session.scalars(
@@ -86,14 +146,87 @@ def stale_running(session: Session, older_than: datetime) -> list[Job]:
     )
 
 
-def undispatched_queued(session: Session, older_than: datetime) -> list[Job]:
-    """Queued jobs whose message may have been lost by the broker."""
+def lost_messages(session: Session, *, older_than: datetime, limit: int) -> list[Job]:
+    """Queued jobs sent to the broker before `older_than` and still not claimed: the broker may
+    have lost their message. (They hold a dispatch slot already, so a re-send adds none.)"""
     return list(
         session.scalars(
-            select(Job).where(
+            select(Job)
+            .where(
                 Job.status == "queued",
-                or_(Job.dispatched_at.is_(None), Job.dispatched_at < older_than),
+                Job.dispatched_at < older_than,
                 Job.updated_at < older_than,
             )
+            .order_by(Job.dispatched_at)
+            .limit(limit)
+        )
+    )
+
+
+# ---- fair dispatch: a job "holds a slot" from its send to the broker until it ends.
+# A queued job with no dispatched_at waits in the database for a slot of its project.
+
+
+def _holds_slot() -> ColumnElement[bool]:
+    return Job.status.in_(RUNNING_STATES) | (
+        (Job.status == "queued") & Job.dispatched_at.is_not(None)
+    )
+
+
+def dispatch_row(
+    session: Session, *, job_id: str
+) -> Row[tuple[str, str, datetime | None, str]] | None:
+    """(project_id, status, dispatched_at, queue), read fresh: whether the job still waits."""
+    return session.execute(
+        select(Job.project_id, Job.status, Job.dispatched_at, Job.queue).where(Job.id == job_id)
+    ).one_or_none()
+
+
+def count_dispatched(session: Session, *, project_id: str) -> int:
+    """The project's jobs handed to the broker or running (each holds a dispatch slot)."""
+    return int(
+        session.scalar(
+            select(func.count()).select_from(Job).where(Job.project_id == project_id, _holds_slot())
+        )
+        or 0
+    )
+
+
+def count_active(session: Session, *, project_id: str) -> int:
+    """The project's jobs that are not finished: queued (sent or waiting), running, cancelling."""
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.project_id == project_id, Job.status.in_(("queued", *RUNNING_STATES)))
+        )
+        or 0
+    )
+
+
+def waiting(session: Session, *, project_id: str, limit: int) -> list[Row[tuple[str, str]]]:
+    """(id, queue) of the project's queued jobs not sent yet, oldest first."""
+    return list(
+        session.execute(
+            select(Job.id, Job.queue)
+            .where(
+                Job.project_id == project_id, Job.status == "queued", Job.dispatched_at.is_(None)
+            )
+            .order_by(Job.created_at, Job.id)
+            .limit(limit)
+        )
+    )
+
+
+def projects_waiting(session: Session, *, limit: int) -> list[str]:
+    """Projects with queued jobs not sent yet, the one waiting longest first."""
+    oldest = func.min(Job.created_at)
+    return list(
+        session.scalars(
+            select(Job.project_id)
+            .where(Job.status == "queued", Job.dispatched_at.is_(None))
+            .group_by(Job.project_id)
+            .order_by(oldest)
+            .limit(limit)
         )
     )

@@ -8,11 +8,23 @@ from sqlalchemy.orm import Session
 from app.models import ApiKey, Project
 
 
-def find_key_by_prefix(session: Session, prefix: str) -> ApiKey | None:
+def add_project(session: Session, *, project: Project) -> Project:
+    session.add(project)
+    session.flush()
+    return project
+
+
+def add_key(session: Session, *, key: ApiKey) -> ApiKey:
+    session.add(key)
+    session.flush()
+    return key
+
+
+def find_key_by_prefix(session: Session, *, prefix: str) -> ApiKey | None:
     return session.scalars(select(ApiKey).where(ApiKey.prefix == prefix)).one_or_none()
 
 
-def find_project_by_name(session: Session, name: str) -> Project | None:
+def find_project_by_name(session: Session, *, name: str) -> Project | None:
     return session.scalars(select(Project).where(Project.name == name)).one_or_none()
 
 

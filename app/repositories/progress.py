@@ -1,25 +1,65 @@
-"""Queries of what a running job produces: metrics, samples, checkpoints."""
+"""What a running job produces: metrics, samples, checkpoints.
+
+Each is unique per (job, step) and inserted with ON CONFLICT DO NOTHING, so a resumed attempt
+that repeats a step writes nothing twice. Metric reads are in app.repositories.metrics."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from app.models import Checkpoint, JobMetric, JobSample
+from app.repositories import metrics as metrics_repo
 
 
-def metric_rows(
-    session: Session, job_id: str, *, step_from: int | None, step_to: int | None
-) -> list[JobMetric]:
-    query = select(JobMetric).where(JobMetric.job_id == job_id)
-    if step_from is not None:
-        query = query.where(JobMetric.step >= step_from)
-    if step_to is not None:
-        query = query.where(JobMetric.step <= step_to)
-    return list(session.scalars(query.order_by(JobMetric.step)))
+def _insert_once(session: Session, model: type[Any], row: dict[str, Any]) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key; True if inserted."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        stmt: Any = postgresql.insert(model).values(**row).on_conflict_do_nothing()
+    elif dialect == "sqlite":
+        stmt = sqlite.insert(model).values(**row).on_conflict_do_nothing()
+    else:  # pragma: no cover - other databases are not supported
+        stmt = insert(model).values(**row)
+    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
 
 
-def metrics_after(session: Session, job_id: str, after_step: int, limit: int) -> list[JobMetric]:
+def add_metrics_once(
+    session: Session,
+    *,
+    job_id: str,
+    step: int,
+    attempt: int,
+    values: dict[str, float | None],
+    now: datetime,
+) -> None:
+    row = {"job_id": job_id, "step": step, "attempt": attempt, "values": values, "created_at": now}
+    if _insert_once(session, JobMetric, row):  # a repeated step must not count twice
+        metrics_repo.add_rollups(
+            session, job_id=job_id, acc=metrics_repo.rollups_of([(step, values)])
+        )
+
+
+def add_samples_once(
+    session: Session, *, job_id: str, step: int, attempt: int, data: list[Any], now: datetime
+) -> None:
+    row = {"job_id": job_id, "step": step, "attempt": attempt, "data": data, "created_at": now}
+    _insert_once(session, JobSample, row)
+
+
+def add_checkpoint_once(
+    session: Session, *, job_id: str, step: int, attempt: int, path: Path, now: datetime
+) -> None:
+    row = {"job_id": job_id, "step": step, "attempt": attempt, "path": str(path), "created_at": now}
+    _insert_once(session, Checkpoint, row)
+
+
+def metrics_after(session: Session, *, job_id: str, after_step: int, limit: int) -> list[JobMetric]:
     query = (
         select(JobMetric)
         .where(JobMetric.job_id == job_id, JobMetric.step > after_step)
@@ -30,7 +70,7 @@ def metrics_after(session: Session, job_id: str, after_step: int, limit: int) ->
 
 
 def samples_page(
-    session: Session, job_id: str, *, after_step: int | None, step: int | None, limit: int
+    session: Session, *, job_id: str, after_step: int | None, step: int | None, limit: int
 ) -> tuple[list[JobSample], bool]:
     query = select(JobSample).where(JobSample.job_id == job_id)
     if step is not None:
@@ -41,9 +81,8 @@ def samples_page(
     return rows[:limit], len(rows) > limit
 
 
-def checkpoints(session: Session, job_id: str) -> list[Checkpoint]:
+def checkpoints(session: Session, *, job_id: str, newest_first: bool = False) -> list[Checkpoint]:
+    order = Checkpoint.step.desc() if newest_first else Checkpoint.step
     return list(
-        session.scalars(
-            select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)
-        )
+        session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(order))
     )

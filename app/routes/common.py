@@ -11,6 +11,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "No such object in this project."},
     413: {"model": ErrorResponse, "description": "Request body too large."},
     422: {"model": ErrorResponse, "description": "Invalid request; `param` names the field."},
+    429: {
+        "model": ErrorResponse,
+        "description": "A fair-use limit (request rate, open streams, active jobs); see "
+        "Retry-After.",
+    },
     503: {"model": ErrorResponse, "description": "Database unavailable."},
 }
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, File, Form, Path, UploadFile
+from fastapi import APIRouter, File, Form, UploadFile
 
-from app.deps import PrincipalDep, SessionDep
+from app.deps import FileDep, PrincipalDep, SessionDep
+from app.models import File as FileRow
 from app.routes.common import ERRORS
 from app.schemas import FileOut
 from app.services import files as files_service
@@ -14,7 +15,7 @@ from app.services import files as files_service
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=ERRORS)
 
 
-def _out(row: object) -> FileOut:
+def _out(row: FileRow) -> FileOut:
     return FileOut.model_validate(row, from_attributes=True)
 
 
@@ -25,16 +26,16 @@ def upload_file(
     file: Annotated[UploadFile, File(description='JSONL: one {"prompt", "answer"} per line.')],
     purpose: Annotated[Literal["train"], Form()] = "train",
 ) -> FileOut:
-    content = file.file.read()
     row = files_service.create_file(
-        session, principal.project_id, file.filename or "upload.jsonl", purpose, content
+        session,
+        project_id=principal.project_id,
+        filename=file.filename or "upload.jsonl",
+        purpose=purpose,
+        content=file.file.read(),
     )
-    session.commit()
     return _out(row)
 
 
 @router.get("/{file_id}", response_model=FileOut, summary="Get a file's metadata")
-def get_file(
-    file_id: Annotated[str, Path(max_length=64)], principal: PrincipalDep, session: SessionDep
-) -> FileOut:
-    return _out(files_service.get_file(session, principal.project_id, file_id))
+def get_file(file: FileDep) -> FileOut:
+    return _out(file)

@@ -5,23 +5,24 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
-from app.deps import PrincipalDep, SessionDep, StateDep
+from app.deps import JobDep, PrincipalDep, SessionDep, StateDep
 from app.errors import InvalidRequest
 from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
 from app.routes.common import CONFLICT, ERRORS
+from app.routes.presenters import event_out, job_out, job_summary
 from app.schemas import EventList, JobList, JobOut, ValidationResult
+from app.services import admission
 from app.services import jobs as jobs_service
-from app.services.presenters import event_out, job_out
 from app.transitions import JobStatus
-from trainer.config import JobSpec
+from trainer.config import JobSpec, text_problem
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
 
-JobId = Annotated[str, Path(max_length=64, description="Job id.")]
+REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 @router.post(
@@ -34,6 +35,7 @@ JobId = Annotated[str, Path(max_length=64, description="Job id.")]
 def create_job(
     spec: JobSpec,
     principal: PrincipalDep,
+    session: SessionDep,
     state: StateDep,
     idempotency_key: Annotated[
         str | None,
@@ -42,22 +44,38 @@ def create_job(
             description="Retries with the same key and body return the original job.",
         ),
     ] = None,
-) -> JSONResponse:
-    if idempotency_key is not None and not idempotency_key.strip():
-        raise InvalidRequest("Idempotency-Key must not be blank", param="Idempotency-Key")
-    outcome = jobs_service.create_job(
-        state.sessions,
-        state.dispatcher,
+) -> JobOut | JSONResponse:
+    if idempotency_key is not None:
+        problem = "must not be blank" if not idempotency_key.strip() else None
+        problem = problem or text_problem(idempotency_key)
+        if problem is not None:  # stored as text: Postgres refuses NUL
+            raise InvalidRequest(f"Idempotency-Key {problem}", param="Idempotency-Key")
+    created = jobs_service.create_job(
+        session,
+        claims=state.claims,
+        dispatcher=state.dispatcher,
         project_id=principal.project_id,
         spec=spec,
-        raw_body=spec.model_dump(mode="json"),
         idempotency_key=idempotency_key,
         idempotency_ttl=timedelta(hours=state.settings.idempotency_ttl_hours),
         max_attempts=state.settings.max_attempts,
         queue=state.settings.queue_name,
+        settings=state.settings,
     )
-    headers = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
-    return JSONResponse(outcome.body, status_code=outcome.status_code, headers=headers)
+    if isinstance(created, jobs_service.Replay):
+        # The stored body, byte for byte what the first request answered.
+        return JSONResponse(
+            created.body, status_code=created.status_code, headers={REPLAYED_HEADER: "true"}
+        )
+    out = job_out(created)
+    jobs_service.record_response(
+        session,
+        project_id=principal.project_id,
+        idempotency_key=idempotency_key,
+        status_code=201,
+        body=out.model_dump(mode="json"),
+    )
+    return out
 
 
 @router.post(
@@ -65,20 +83,27 @@ def create_job(
     response_model=ValidationResult,
     summary="Dry run: resolve and check a spec without creating a job",
 )
-def validate_job(spec: JobSpec, principal: PrincipalDep, session: SessionDep) -> ValidationResult:
-    rows: int | None = None
-    if spec.dataset.rows is not None:
-        rows = len(spec.dataset.rows)
-    elif spec.dataset.generator is not None:
-        rows = spec.dataset.generator.count
-    elif (file := jobs_service.dataset_file(session, principal.project_id, spec)) is not None:
-        rows = file.row_count
+def validate_job(
+    spec: JobSpec, principal: PrincipalDep, session: SessionDep, state: StateDep
+) -> ValidationResult:
+    rows = spec.dataset.known_row_count()
+    if rows is None:  # an uploaded file: its row count was taken at upload
+        file = jobs_service.dataset_file(session, project_id=principal.project_id, spec=spec)
+        rows = file.row_count if file is not None else None
+    # The same checks, in the same order, as creating the job.
+    admission.admit(spec, settings=state.settings, project_id=principal.project_id, session=session)
     return ValidationResult(
         spec=spec.model_dump(mode="json"), warnings=spec.warnings(), dataset_rows=rows
     )
 
 
-@router.get("", response_model=JobList, summary="List jobs, newest first")
+@router.get(
+    "",
+    response_model=JobList,
+    summary="List jobs, newest first",
+    description="Job summaries: inline dataset rows are left out (`dataset.row_count` says how "
+    "many); GET /v1/jobs/{id} has the full spec.",
+)
 def list_jobs(
     principal: PrincipalDep,
     session: SessionDep,
@@ -88,21 +113,21 @@ def list_jobs(
 ) -> JobList:
     rows, has_more = jobs_repo.list_page(
         session,
-        principal.project_id,
+        project_id=principal.project_id,
         after=after,
         limit=limit,
         statuses=[s.value for s in status] if status else None,
     )
     return JobList(
-        data=[job_out(j) for j in rows],
+        data=[job_summary(j) for j in rows],
         has_more=has_more,
         next_after=rows[-1].id if rows and has_more else None,
     )
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Get a job")
-def get_job(job_id: JobId, principal: PrincipalDep, session: SessionDep) -> JobOut:
-    return job_out(jobs_service.get_job(session, principal.project_id, job_id))
+def get_job(job: JobDep) -> JobOut:
+    return job_out(job)
 
 
 @router.post(
@@ -111,20 +136,18 @@ def get_job(job_id: JobId, principal: PrincipalDep, session: SessionDep) -> JobO
     summary="Cancel a job (idempotent)",
     responses={409: CONFLICT | {"description": "The job is changing state; retry."}},
 )
-def cancel_job(job_id: JobId, principal: PrincipalDep, session: SessionDep) -> JobOut:
-    return job_out(jobs_service.cancel_job(session, principal.project_id, job_id))
+def cancel_job(job: JobDep, session: SessionDep) -> JobOut:
+    return job_out(jobs_service.cancel_job(session, job=job))
 
 
 @router.get("/{job_id}/events", response_model=EventList, summary="A job's events, oldest first")
 def list_events(
-    job_id: JobId,
-    principal: PrincipalDep,
+    job: JobDep,
     session: SessionDep,
     after: Annotated[int | None, Query(ge=0, le=2**62, description="Cursor: last id seen.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> EventList:
-    jobs_service.get_job(session, principal.project_id, job_id)
-    rows, has_more = events_repo.list_after(session, job_id, after=after, limit=limit)
+    rows, has_more = events_repo.list_after(session, job_id=job.id, after=after, limit=limit)
     return EventList(
         data=[event_out(e) for e in rows],
         has_more=has_more,

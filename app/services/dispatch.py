@@ -1,23 +1,127 @@
-"""Sending a job to its queue and recording when: the one place every sender (create, the
-sweep, the reaper, a worker handing a job back) goes through, so `dispatched_at` is always
-right for the sweep that reads it."""
+"""Sending jobs to their queue, fairly: the one place every sender (create, the sweep, the reaper,
+a worker handing a job back, a job's end) goes through, so `dispatched_at` is always right for
+the sweep that reads it.
+
+Fair dispatch: a project holds at most `max_per_project` dispatch slots, a slot being a job sent
+to the broker or running. Its other queued jobs wait in the database (`dispatched_at` is null)
+and never reach the broker, so one project's backlog cannot fill every worker: a worker takes
+messages in order, and the broker holds at most `max_per_project` of any one project. A slot is
+refilled when a job of the project ends (`job_ended`, run after the commit of that end) and by
+the worker's periodic sweep, which serves the projects round-robin, oldest job first within a
+project. Every count is taken under the project's row lock, so concurrent senders (API
+processes, workers, the sweep) never exceed the cap and never send one job twice.
+
+The cap travels with the session factory (`install`), because the state machine, which ends
+jobs, sits below this module and cannot import it; a factory without it sends without a cap.
+"""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import session_scope
+from app import db
 from app.queue import Dispatcher
 from app.repositories import jobs as jobs_repo
+from app.repositories import projects as projects_repo
+from app.transitions import ON_JOB_ENDED, JobStatus
+
+_POLICY = "grpo_fair_dispatch"
 
 
-def send_job(
-    sessions: sessionmaker[Session], dispatcher: Dispatcher, job_id: str, queue: str
-) -> bool:
-    """Publish the job to `queue`; on success stamp `dispatched_at`. False when the broker is
-    unreachable: the job stays queued and the sweep tries again."""
+@dataclass(frozen=True)
+class FairDispatch:
+    dispatcher: Dispatcher
+    max_per_project: int
+
+
+def install(
+    sessions: sessionmaker[Session], dispatcher: Dispatcher, *, max_per_project: int
+) -> None:
+    """Make every unit of work of `sessions` dispatch within the per-project cap, and refill a
+    project's slot (through `dispatcher`) once the end of one of its jobs is committed."""
+    policy = FairDispatch(dispatcher, max_per_project)
+    info = dict(sessions.kw.get("info") or {})
+    info[_POLICY] = policy
+    info[ON_JOB_ENDED] = functools.partial(job_ended, policy)
+    sessions.configure(info=info)
+
+
+def _cap(session: Session) -> int | None:
+    policy = session.info.get(_POLICY)
+    return policy.max_per_project if isinstance(policy, FairDispatch) else None
+
+
+def send_job(session: Session, dispatcher: Dispatcher, *, job_id: str, queue: str) -> bool:
+    """Publish an already committed job to `queue`; on success stamp `dispatched_at` (flushed,
+    the caller's boundary commits). False when the broker is unreachable: the job stays queued
+    and the sweep tries again."""
     if not dispatcher.send(job_id, queue):
         return False
-    with session_scope(sessions) as session:
-        jobs_repo.mark_dispatched(session, job_id)
+    jobs_repo.mark_dispatched(session, job_id=job_id)
     return True
+
+
+def send_after_commit(session: Session, dispatcher: Dispatcher, *, job_id: str, queue: str) -> None:
+    """Send the job once the unit of work that created or re-queued it has committed, if its
+    project has a free dispatch slot; otherwise it waits for one in the database.
+
+    A worker must never receive an id it cannot read yet, and a rolled-back job must never be
+    sent at all, so the message waits for the boundary's commit (app.db.after_commit). `queue`
+    is where the job goes (a re-queued job goes back to the queue it was created for)."""
+    # Until the send, the job holds no slot: a re-queued job gives its old one back, and the
+    # sweep may send it instead of us (then we find it sent and do nothing).
+    jobs_repo.mark_undispatched(session, job_id=job_id)
+    cap = _cap(session)
+
+    def send(after: Session) -> None:
+        row = jobs_repo.dispatch_row(after, job_id=job_id)
+        if row is None:
+            return
+        projects_repo.lock(after, project_id=row.project_id)
+        row = jobs_repo.dispatch_row(after, job_id=job_id)  # as it is now that we hold the lock
+        if row is None or row.status != JobStatus.QUEUED or row.dispatched_at is not None:
+            return  # sent by someone else meanwhile, or no longer queued
+        if cap is not None and jobs_repo.count_dispatched(after, project_id=row.project_id) >= cap:
+            return  # waits for a slot: a job of its project ending, or the sweep
+        send_job(after, dispatcher, job_id=job_id, queue=queue)
+
+    db.after_commit(session, send)
+
+
+@dataclass(frozen=True)
+class Filled:
+    sent: list[str]
+    broker_down: bool = False
+
+
+def fill_slots(
+    session: Session, dispatcher: Dispatcher, *, project_id: str, cap: int, limit: int | None = None
+) -> Filled:
+    """Send the project's oldest waiting jobs into its free dispatch slots (at most `limit`).
+    Run on committed rows, inside a unit of work of its own: it holds the project's lock until
+    that commits."""
+    projects_repo.lock(session, project_id=project_id)
+    free = cap - jobs_repo.count_dispatched(session, project_id=project_id)
+    if limit is not None:
+        free = min(free, limit)
+    sent: list[str] = []
+    if free <= 0:
+        return Filled(sent)
+    for job_id, queue in jobs_repo.waiting(session, project_id=project_id, limit=free):
+        if not send_job(session, dispatcher, job_id=job_id, queue=queue):
+            return Filled(sent, broker_down=True)
+        sent.append(job_id)
+    return Filled(sent)
+
+
+def job_ended(policy: FairDispatch, session: Session, *, job_id: str) -> None:
+    """After-commit work of a job's end (installed by `install`): its slot is free, so the
+    project's next waiting jobs are sent."""
+    row = jobs_repo.dispatch_row(session, job_id=job_id)
+    if row is not None:
+        fill_slots(
+            session, policy.dispatcher, project_id=row.project_id, cap=policy.max_per_project
+        )

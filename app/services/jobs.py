@@ -1,7 +1,12 @@
-"""Job rules: create (idempotent, enqueue after commit), read, list, cancel."""
+"""Job rules: create (idempotent; sent to the broker only after the commit), read, cancel.
+
+Everything here runs inside the caller's unit of work and only flushes; the request boundary
+(app.deps.get_session) commits. The one exception is the idempotency claim, see `_claim_key`.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -11,23 +16,27 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import transitions
+from app import db, transitions
 from app.clock import as_utc, utcnow
-from app.db import session_scope
 from app.errors import (
     Conflict,
     IdempotencyKeyReused,
     IllegalTransition,
     InvalidRequest,
     NotFound,
+    QuotaExceeded,
 )
 from app.ids import new_id
-from app.models import File, IdempotencyRecord, Job
+from app.models import File, Job
 from app.queue import Dispatcher
+from app.repositories import files as files_repo
 from app.repositories import idempotency as idem_repo
 from app.repositories import jobs as jobs_repo
-from app.services.dispatch import send_job
-from app.services.presenters import job_out
+from app.repositories import projects as projects_repo
+from app.services import admission
+from app.services import files as files_service
+from app.services.dispatch import send_after_commit
+from app.settings import Settings
 from app.transitions import JobStatus
 from trainer.config import JobSpec
 
@@ -36,10 +45,11 @@ STALE_CLAIM = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
-class CreateOutcome:
+class Replay:
+    """The stored first response of an idempotent retry, to be sent again unchanged."""
+
     status_code: int
     body: dict[str, Any]
-    replayed: bool
 
 
 def spec_fingerprint(raw_body: dict[str, Any]) -> str:
@@ -49,31 +59,28 @@ def spec_fingerprint(raw_body: dict[str, Any]) -> str:
 
 
 def _claim_key(
-    factory: sessionmaker[Session], project_id: str, key: str, fingerprint: str, ttl: timedelta
-) -> CreateOutcome | None:
-    """Claim the idempotency key in its own committed transaction.
+    claims: sessionmaker[Session], *, project_id: str, key: str, fingerprint: str, ttl: timedelta
+) -> Replay | None:
+    """Claim the idempotency key in its own committed transactions.
 
-    Returns the stored outcome for a replay, raises for a mismatch or a request still in flight,
-    or returns None when this request owns the key and must do the work."""
+    This is the one place outside a boundary that commits, on purpose: the claim must be
+    visible to a concurrent duplicate *before* this request has done its work (that is what
+    turns the duplicate into a 409 instead of a second job), so it cannot wait for the request's
+    commit. Returns the stored response for a replay, raises for a mismatch or a request still
+    in flight, or returns None when this request owns the key and must do the work."""
     now = utcnow()
-    with session_scope(factory) as session:
-        idem_repo.delete_older_than(session, project_id, key, now - ttl)
+    with db.session_scope(claims) as session:
+        idem_repo.delete_older_than(session, project_id=project_id, key=key, cutoff=now - ttl)
     try:
-        with session_scope(factory) as session:
-            session.add(
-                IdempotencyRecord(
-                    project_id=project_id,
-                    key=key,
-                    request_hash=fingerprint,
-                    state="in_progress",
-                    created_at=now,
-                )
+        with db.session_scope(claims) as session:
+            idem_repo.claim(
+                session, project_id=project_id, key=key, request_hash=fingerprint, now=now
             )
         return None
     except IntegrityError:
         pass
-    with session_scope(factory) as session:
-        record = idem_repo.get(session, project_id, key)
+    with db.session_scope(claims) as session:
+        record = idem_repo.get(session, project_id=project_id, key=key)
         if record is None:  # expired and deleted between our two statements: try once more
             raise Conflict(
                 "idempotency key is being reused concurrently; retry", param="Idempotency-Key"
@@ -86,7 +93,7 @@ def _claim_key(
         if record.state != "completed":
             created = as_utc(record.created_at) or now
             if now - created > STALE_CLAIM:
-                idem_repo.release(session, project_id, key)
+                idem_repo.release(session, project_id=project_id, key=key)
                 raise Conflict(
                     "an earlier request with this Idempotency-Key did not finish; retry",
                     param="Idempotency-Key",
@@ -95,101 +102,152 @@ def _claim_key(
                 "a request with this Idempotency-Key is still in progress",
                 param="Idempotency-Key",
             )
-        return CreateOutcome(record.response_status or 201, record.response_body or {}, True)
+        return Replay(record.response_status or 201, record.response_body or {})
 
 
-def dataset_file(session: Session, project_id: str, spec: JobSpec) -> File | None:
+def _release_key(claims: sessionmaker[Session], *, project_id: str, key: str) -> None:
+    """Give a claimed key back (its own transaction, like the claim) so a retry can proceed."""
+    with db.session_scope(claims) as session:
+        idem_repo.release(session, project_id=project_id, key=key)
+
+
+def dataset_file(session: Session, *, project_id: str, spec: JobSpec) -> File | None:
     """The uploaded file the spec's dataset names (None when it names none); a 422 naming
     `dataset.file_id` when it is not this project's."""
     file_id = spec.dataset.file_id
     if file_id is None:
         return None
-    row = session.get(File, file_id)
-    if row is None or row.project_id != project_id:
+    row = files_repo.get_for_project(session, project_id=project_id, file_id=file_id)
+    if row is None:
         raise InvalidRequest(f"file {file_id} not found", param="dataset.file_id")
     return row
 
 
+# A project at its limit waits for jobs to end; there is no better estimate of when.
+QUOTA_RETRY_AFTER_S = 30
+
+
+def check_active_jobs(session: Session, *, project_id: str, limit: int) -> None:
+    """QuotaExceeded (429) when the project already has `limit` queued or running jobs.
+
+    Exact under concurrency: the project's row lock is held from the count until the request
+    commits its new job, so two creates at the limit cannot both pass."""
+    projects_repo.lock(session, project_id=project_id)
+    active = jobs_repo.count_active(session, project_id=project_id)
+    if active >= limit:
+        raise QuotaExceeded(
+            f"this project has {active} queued or running jobs, the most it may have "
+            f"(max_active_jobs_per_project={limit}); wait for one to end or cancel one",
+            retry_after=QUOTA_RETRY_AFTER_S,
+        )
+
+
 def create_job(
-    factory: sessionmaker[Session],
-    dispatcher: Dispatcher,
+    session: Session,
     *,
+    claims: sessionmaker[Session],
+    dispatcher: Dispatcher,
     project_id: str,
     spec: JobSpec,
-    raw_body: dict[str, Any],
     idempotency_key: str | None,
     idempotency_ttl: timedelta,
     max_attempts: int,
     queue: str,
-) -> CreateOutcome:
-    fingerprint = spec_fingerprint(raw_body)
+    settings: Settings,
+) -> Job | Replay:
+    """A new queued job, sent to `queue` once the request commits; or, for a retry with the
+    same Idempotency-Key and spec, the first request's stored response.
+
+    With a key, the caller must hand the response it sends to `record_response` in the same
+    unit of work, so the job and its replayable response commit together. `claims` makes the
+    key's own transactions (see `_claim_key`)."""
     if idempotency_key is not None:
-        replay = _claim_key(factory, project_id, idempotency_key, fingerprint, idempotency_ttl)
+        fingerprint = spec_fingerprint(spec.model_dump(mode="json"))
+        replay = _claim_key(
+            claims,
+            project_id=project_id,
+            key=idempotency_key,
+            fingerprint=fingerprint,
+            ttl=idempotency_ttl,
+        )
         if replay is not None:
             return replay
-    try:
-        with session_scope(factory) as session:
-            dataset_file(session, project_id, spec)
-            now = utcnow()
-            job = Job(
-                id=new_id("job"),
-                project_id=project_id,
-                name=spec.name,
-                spec=spec.model_dump(mode="json"),
-                attempt=0,
-                max_attempts=max_attempts,
-                queue=queue,
-                created_at=now,
-                updated_at=now,
-                total_steps=spec.grpo.steps,
-            )
-            transitions.record_created(session, job)
-            job_id = job.id
-    except BaseException:
-        if idempotency_key is not None:
-            with session_scope(factory) as session:
-                idem_repo.release(session, project_id, idempotency_key)
-        raise
+        # The claim is already committed. If this unit of work rolls back (a bad dataset file,
+        # a failed commit), release it, so a retry is served at once instead of getting 409s
+        # until the claim goes stale.
+        db.after_rollback(
+            session,
+            functools.partial(_release_key, claims, project_id=project_id, key=idempotency_key),
+        )
+    dataset_file(session, project_id=project_id, spec=spec)
+    # What this operator allows (model folders, job size): after the claim, so a refusal rolls
+    # back and releases the key like any other 4xx.
+    admission.admit(spec, settings=settings, project_id=project_id, session=session)
+    check_active_jobs(session, project_id=project_id, limit=settings.max_active_jobs_per_project)
+    now = utcnow()
+    job = Job(
+        id=new_id("job"),
+        project_id=project_id,
+        name=spec.name,
+        # Large inline rows are stored as a file of the project (files.spill_inline_rows).
+        spec=files_service.spill_inline_rows(
+            session, project_id=project_id, spec=spec.model_dump(mode="json")
+        ),
+        attempt=0,
+        max_attempts=max_attempts,
+        queue=queue,
+        created_at=now,
+        updated_at=now,
+        total_steps=spec.grpo.steps,
+    )
+    transitions.record_created(session, job)
     # Only after the commit: a worker can never receive an id it cannot read.
-    send_job(factory, dispatcher, job_id, queue)
-    with session_scope(factory) as session:
-        body = job_out(_require(session, project_id, job_id)).model_dump(mode="json")
-        if idempotency_key is not None:
-            idem_repo.complete(session, project_id, idempotency_key, 201, body)
-    return CreateOutcome(201, body, False)
+    send_after_commit(session, dispatcher, job_id=job.id, queue=queue)
+    return job
 
 
-def _require(session: Session, project_id: str, job_id: str) -> Job:
-    job = jobs_repo.get_for_project(session, project_id, job_id)
+def record_response(
+    session: Session,
+    *,
+    project_id: str,
+    idempotency_key: str | None,
+    status_code: int,
+    body: dict[str, Any],
+) -> None:
+    """Store the response of the request that owns `idempotency_key`, for its retries to
+    replay byte for byte. No-op without a key."""
+    if idempotency_key is not None:
+        idem_repo.complete(
+            session, project_id=project_id, key=idempotency_key, status=status_code, body=body
+        )
+
+
+def get_job(session: Session, *, project_id: str, job_id: str) -> Job:
+    """The project's job, or NotFound naming `job_id` (another project's job is not found)."""
+    job = jobs_repo.get_for_project(session, project_id=project_id, job_id=job_id)
     if job is None:
         raise NotFound(f"job {job_id} not found", param="job_id")
     return job
 
 
-def get_job(session: Session, project_id: str, job_id: str) -> Job:
-    return _require(session, project_id, job_id)
-
-
-def cancel_job(session: Session, project_id: str, job_id: str) -> Job:
+def cancel_job(session: Session, *, job: Job) -> Job:
     """Idempotent: a queued job is cancelled at once, a running one is asked to stop
     (cancelling, the worker ends it within a step), a finished one is returned as is."""
     for _ in range(3):  # the worker may change the status under us; re-read and decide again
-        job = _require(session, project_id, job_id)
         status = JobStatus(job.status)
         try:
             if status == JobStatus.QUEUED:
                 transitions.transition(
-                    session, job_id, JobStatus.CANCELLED, message="cancelled while queued"
+                    session, job.id, JobStatus.CANCELLED, message="cancelled while queued"
                 )
             elif status == JobStatus.RUNNING:
                 transitions.transition(
-                    session, job_id, JobStatus.CANCELLING, message="cancel requested"
+                    session, job.id, JobStatus.CANCELLING, message="cancel requested"
                 )
         except IllegalTransition:
-            session.rollback()
-            session.expire_all()
+            # The compare-and-set matched nothing, so this transaction wrote nothing: no
+            # rollback needed, only a fresh read of what the worker did.
+            jobs_repo.reload(session, job=job)
             continue
-        session.commit()
-        session.refresh(job)
-        return job
-    raise Conflict(f"job {job_id} is changing state; retry the cancel", param="job_id")
+        return jobs_repo.reload(session, job=job)
+    raise Conflict(f"job {job.id} is changing state; retry the cancel", param="job_id")

@@ -11,9 +11,13 @@ from app.errors import Unauthorized
 from app.ids import new_id
 from app.models import ApiKey, Project
 from app.repositories import keys as keys_repo
-from app.security import generate_key, secret_matches, split_key
+from app.security import VerifiedKeys, generate_key, secret_matches, split_key
 
 DEFAULT_PROJECT = "default"
+# How long a verified key is trusted without a database lookup: also how long a revoked key
+# may keep working in each API process. Short, so revocation still means something.
+KEY_CACHE_TTL_S = 5.0
+KEY_CACHE_MAX_ENTRIES = 10_000
 
 
 @dataclass(frozen=True)
@@ -30,17 +34,20 @@ class Principal:
     key_id: str
 
 
-def ensure_project(session: Session, name: str) -> Project:
-    project = keys_repo.find_project_by_name(session, name)
+def ensure_project(session: Session, *, name: str) -> Project:
+    """The project called `name`, created if it does not exist yet."""
+    project = keys_repo.find_project_by_name(session, name=name)
     if project is None:
-        project = Project(id=new_id("proj"), name=name, created_at=utcnow())
-        session.add(project)
-        session.flush()
+        project = keys_repo.add_project(
+            session, project=Project(id=new_id("proj"), name=name, created_at=utcnow())
+        )
     return project
 
 
+# Positional parameters kept: the CLI and the test fixtures call it as create_key(session, name).
 def create_key(session: Session, project_name: str, key_name: str | None = None) -> CreatedKey:
-    project = ensure_project(session, project_name)
+    """A new key for the project (created if needed); the plaintext exists only in the result."""
+    project = ensure_project(session, name=project_name)
     generated = generate_key()
     key = ApiKey(
         id=new_id("key"),
@@ -50,24 +57,33 @@ def create_key(session: Session, project_name: str, key_name: str | None = None)
         name=key_name,
         created_at=utcnow(),
     )
-    session.add(key)
-    session.flush()
+    keys_repo.add_key(session, key=key)
     return CreatedKey(project.id, project.name, key.id, generated.plaintext)
 
 
-def authenticate(session: Session, authorization: str | None) -> Principal:
+# Per process: every API process verifies a key once per KEY_CACHE_TTL_S at most.
+_verified: VerifiedKeys[Principal] = VerifiedKeys(KEY_CACHE_TTL_S, KEY_CACHE_MAX_ENTRIES)
+
+
+def authenticate(session: Session, *, authorization: str | None) -> Principal:
     """Resolve `Authorization: Bearer <key>` to its project. One error for every failure so a
     caller learns nothing about which part was wrong."""
     failure = Unauthorized("missing or invalid API key; send Authorization: Bearer <key>")
     if not authorization or not authorization.lower().startswith("bearer "):
         raise failure
-    parts = split_key(authorization[7:].strip())
+    presented = authorization[7:].strip()
+    cached = _verified.get(presented)
+    if cached is not None:
+        return cached
+    parts = split_key(presented)
     if parts is None:
         raise failure
-    key = keys_repo.find_key_by_prefix(session, parts[0])
+    key = keys_repo.find_key_by_prefix(session, prefix=parts[0])
     if key is None or key.revoked_at is not None or not secret_matches(parts[1], key.secret_hash):
         raise failure
-    return Principal(project_id=key.project_id, key_id=key.id)
+    principal = Principal(project_id=key.project_id, key_id=key.id)
+    _verified.put(presented, principal)
+    return principal
 
 
 def bootstrap_local_key(session: Session) -> CreatedKey | None:

@@ -93,7 +93,8 @@ def test_samples_and_checkpoints(api: Api, tmp_path: Path) -> None:
     samples = api.client.get(f"/v1/jobs/{job_id}/samples", headers=api.headers).json()
     assert len(samples["data"]) == 1
     assert samples["data"][0]["groups"][0]["completions"][0]["advantage"] == 0.9
-    assert len(samples["data"][0]["groups"]) == 2  # bounded per step by the worker setting
+    # The trainer bounds the groups per step (sample_groups_per_step); the worker stores them all.
+    assert len(samples["data"][0]["groups"]) == 3
     checkpoints = api.client.get(f"/v1/jobs/{job_id}/checkpoints", headers=api.headers).json()
     assert [c["step"] for c in checkpoints["data"]] == [1]
 
@@ -163,9 +164,11 @@ def test_sse_sends_heartbeats_while_idle(api: Api) -> None:
     callbacks.on_step(1, {"reward/mean": 1.0})
     import threading
 
-    timer = threading.Timer(
-        1.5, lambda: (callbacks.on_step(2, {"reward/mean": 2.0}), finish(ctx, job_id))
-    )
+    def last_step_then_finish() -> None:
+        callbacks.on_step(2, {"reward/mean": 2.0})
+        finish(ctx, job_id)
+
+    timer = threading.Timer(1.5, last_step_then_finish)
     timer.start()
     messages, comments = read_sse(api, job_id)
     timer.join()

@@ -6,13 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from app.settings import Settings
+from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,15 +43,19 @@ class WorkerProcess:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
-        if self.proc.poll() is None:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int | None:
+        """Send `sig` and wait up to `timeout` seconds for the process to exit. Returns its exit
+        status, or None when it did not exit in time (it is then killed)."""
+        status = self.proc.poll()
+        if status is None:
             self.proc.send_signal(sig)
             try:
-                self.proc.wait(timeout=timeout)
+                status = self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        return status
 
 
 @pytest.fixture
@@ -68,13 +72,5 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
         worker.stop(signal.SIGKILL)
 
 
-def wait_for(
-    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.25
-) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+# The shared helper under the name the worker tests use.
+wait_for = wait_until

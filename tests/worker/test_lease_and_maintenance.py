@@ -15,24 +15,13 @@ from app.ids import new_id
 from app.models import Job, JobMetric
 from app.settings import Settings
 from app.transitions import JobStatus
-from tests.conftest import new_project_key
+from tests.conftest import RecordingDispatcher, new_project_key
 from trainer.callbacks import RunInfo
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.maintenance import reap_stale_jobs, redispatch_queued
 from worker.progress import DatabaseCallbacks, LeaseLost
 from worker.settings import build_worker_settings
-
-
-class RecordingDispatcher:
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-        self.queues: dict[str, str | None] = {}
-
-    def send(self, job_id: str, queue: str | None = None) -> bool:
-        self.sent.append(job_id)
-        self.queues[job_id] = queue
-        return True
 
 
 @pytest.fixture
@@ -46,7 +35,9 @@ def ctx(settings: Settings) -> WorkerContext:
         db_retry_seconds=1,
     )
     engine = make_engine(worker_settings.resolved_database_url)
-    return WorkerContext(worker_settings, make_session_factory(engine), RecordingDispatcher())
+    dispatcher = RecordingDispatcher()
+    dispatcher.sessions = make_session_factory(engine)
+    return WorkerContext(worker_settings, dispatcher.sessions, dispatcher)
 
 
 def make_job(ctx: WorkerContext, max_attempts: int = 2, queue: str = "grpo-jobs") -> str:
@@ -98,6 +89,9 @@ def test_reaper_requeues_a_stale_job_then_fails_it_as_worker_lost(ctx: WorkerCon
     assert job_id in reap_stale_jobs(ctx)
     assert job(ctx, job_id).status == "queued"
     assert ctx.dispatcher.sent.count(job_id) == 1  # type: ignore[attr-defined]
+    # sent once the re-queue was committed, and stamped for the sweep
+    assert ctx.dispatcher.committed_status[job_id] == "queued"  # type: ignore[attr-defined]
+    assert job(ctx, job_id).dispatched_at is not None
     assert claim(ctx, job_id) == 2
     age(ctx, job_id, 120)
     reap_stale_jobs(ctx)
@@ -125,8 +119,9 @@ def test_stale_cancelling_job_ends_cancelled(ctx: WorkerContext) -> None:
 
 
 def test_sweep_resends_queued_jobs_whose_message_may_be_lost(ctx: WorkerContext) -> None:
-    job_id = make_job(ctx, queue="gpu-jobs")
-    assert job_id not in redispatch_queued(ctx)  # just created: not yet suspicious
+    job_id = make_job(ctx, queue="gpu-jobs")  # committed, never sent (as after a failed send)
+    assert job_id in redispatch_queued(ctx)  # its project has a free dispatch slot: sent
+    assert job_id not in redispatch_queued(ctx)  # just sent: not yet suspicious
     age(ctx, job_id, 120)
     assert job_id in redispatch_queued(ctx)
     # back to the queue it was created for, not the queue this worker consumes

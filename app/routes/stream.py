@@ -3,6 +3,10 @@
 Resumable without gaps or duplicates: every message's id is the cursor `<event id>.<step>` after
 it, i.e. the last job event and the last metric step the client has. A client reconnecting with
 `Last-Event-ID: 41.7` gets events with id > 41 and metrics with step > 7, read from the database.
+
+A stream lives for minutes, so it is its own boundary: every poll is one short read transaction
+(`session_scope`), and no session or connection is held while it waits. Open streams are
+capped per API key and per process (`EventStreamResponse`, counted by app.ratelimit).
 """
 
 from __future__ import annotations
@@ -15,15 +19,18 @@ from typing import Any
 
 import anyio
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from app.clock import as_utc, utcnow
 from app.db import session_scope
 from app.errors import InvalidRequest
 from app.live import TailWaiter
-from app.models import Job
+from app.ratelimit import STREAM_RENEW_S, StreamSlot, StreamSlots
 from app.repositories import events as events_repo
+from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo
-from app.services.presenters import event_out
+from app.routes.presenters import event_out
 from app.transitions import TERMINAL, JobStatus
 
 BATCH = 500
@@ -63,12 +70,14 @@ class Batch:
 
 def _read(sessions: sessionmaker[Session], job_id: str, cursor: Cursor) -> Batch:
     with session_scope(sessions) as session:
-        job = session.get(Job, job_id)
+        job = jobs_repo.get(session, job_id=job_id)
         status = job.status if job else JobStatus.FAILED.value
         events, more_events = events_repo.list_after(
-            session, job_id, after=cursor.event_id, limit=BATCH
+            session, job_id=job_id, after=cursor.event_id, limit=BATCH
         )
-        metrics = progress_repo.metrics_after(session, job_id, cursor.step, BATCH)
+        metrics = progress_repo.metrics_after(
+            session, job_id=job_id, after_step=cursor.step, limit=BATCH
+        )
         messages: list[tuple[str, dict[str, Any], Any]] = []
         for event in events:
             body = event_out(event).model_dump(mode="json")
@@ -120,4 +129,44 @@ async def job_events(
                 last_sent = time.monotonic()
             await waiter.wait(min(poll_s, heartbeat_s))
     finally:
-        await waiter.close()
+        # Shielded: on a disconnect this runs inside the cancelled body, where an unshielded
+        # await would be cancelled too and leave the Redis connection open.
+        with anyio.CancelScope(shield=True):
+            await waiter.close()
+
+
+class EventStreamResponse(StreamingResponse):
+    """The SSE response. It takes a stream slot before its first byte (TooManyRequests, a 429
+    with Retry-After rendered by the app's error handler, when the key or this process has too
+    many streams open) and gives it back when the stream ends for any reason: the job finished,
+    the client went away (Starlette cancels the body on `http.disconnect`), or the server
+    stops. Taking it here rather than in the route leaves no moment where a slot is held but no
+    response will run to release it."""
+
+    def __init__(self, body: AsyncIterator[str], *, slots: StreamSlots, key_id: str) -> None:
+        super().__init__(
+            body,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._slots = slots
+        self._key_id = key_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with anyio.CancelScope(shield=True):  # a slot taken is always released below
+            slot = await anyio.to_thread.run_sync(self._slots.acquire, self._key_id)
+        try:
+            async with anyio.create_task_group() as renewing:
+                renewing.start_soon(self._keep_lease, slot)
+                try:
+                    await super().__call__(scope, receive, send)
+                finally:
+                    renewing.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._slots.release, slot)
+
+    async def _keep_lease(self, slot: StreamSlot) -> None:
+        while True:
+            await anyio.sleep(STREAM_RENEW_S)
+            await anyio.to_thread.run_sync(self._slots.renew, slot)

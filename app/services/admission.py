@@ -1,0 +1,100 @@
+"""Admission: what a valid job spec may still not ask of *this* service.
+
+`trainer.config.JobSpec` checks a spec on its own (types, bounds, storable text). Whether this
+deployment accepts it depends on the operator: which model folders a job may read, and how big
+a job may be. `admit` checks both, at submission (`POST /v1/jobs`) and in the dry run
+(`POST /v1/jobs/validate`), and raises a 422 naming the field. The worker checks the model
+again before it loads anything (defense in depth), so this is the first gate, not the only one.
+
+Model folders: a job may name a packaged model, or a Hugging Face folder under one of the
+operator's model roots (`GRPO_MODEL_ROOTS`), by the rule of `trainer.model_paths`, which the
+worker applies again: every refusal gives the same message, which names no path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.errors import InvalidRequest
+from app.repositories import checkpoints as checkpoints_repo
+from app.repositories import jobs as jobs_repo
+from app.settings import Settings
+from trainer.config import PACKAGED_MODELS, JobSpec, spec_limits_violations, text_problem
+from trainer.model_paths import allowed_model_folder, model_refusal
+
+
+def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Session) -> None:
+    """Raise InvalidRequest (422, naming the field) unless this service accepts `spec`."""
+    _admit_model(spec.model, settings)
+    _admit_limits(spec, settings)
+    _admit_init_from(getattr(spec, "init_from", None), project_id=project_id, session=session)
+
+
+# ---- model ---------------------------------------------------------------------------------
+
+
+def _admit_model(model: str, settings: Settings) -> None:
+    if model in PACKAGED_MODELS:
+        return
+    roots = [p.strip() for p in settings.model_roots.split(":") if p.strip()]
+    folder = allowed_model_folder(
+        model,
+        roots,
+        # Checkpoints are model folders too, of every project: one is reachable through
+        # `init_from` (by job and step, checked against the project), never by path. The data
+        # folder (database, broker, key file) likewise; the worker forbids the same two.
+        forbidden=[settings.data_dir.resolve(), settings.resolved_checkpoint_dir],
+    )
+    if folder is None:
+        raise InvalidRequest(model_refusal(has_roots=bool(roots)), param="model")
+
+
+# ---- operator limits on a job's size -------------------------------------------------------
+
+
+def _admit_limits(spec: JobSpec, settings: Settings) -> None:
+    violations = spec_limits_violations(
+        spec,
+        max_completions_per_step=settings.max_completions_per_step,
+        max_tokens_per_step=settings.max_tokens_per_step,
+        max_total_tokens=settings.max_total_tokens,
+    )
+    if violations:
+        details = [{"param": param, "message": message} for param, message in violations]
+        param, message = violations[0]
+        raise InvalidRequest(f"{param}: {message}", param=param, details=details)
+
+
+# ---- init_from: start from a checkpoint of one of this project's jobs ------------------------
+
+
+def _admit_init_from(init_from: Any, *, project_id: str, session: Session) -> None:
+    """`init_from: {job_id, step}` names a checkpoint by job and step, never by path, so a job
+    can only start from its own project's checkpoints. Another project's job and a missing one
+    get the same answer."""
+    if init_from is None:
+        return
+    job_id = str(getattr(init_from, "job_id", ""))
+    step = getattr(init_from, "step", None)
+    if not job_id or text_problem(job_id) is not None or len(job_id) > 64:
+        raise InvalidRequest(
+            "init_from.job_id: no such job in this project", param="init_from.job_id"
+        )
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise InvalidRequest("init_from.step: must be an integer step", param="init_from.step")
+    found = checkpoints_repo.checkpoint_of_project_job(
+        session, project_id=project_id, job_id=job_id, step=step
+    )
+    if found is not None:
+        return
+    if jobs_repo.get_for_project(session, project_id=project_id, job_id=job_id) is None:
+        raise InvalidRequest(
+            "init_from.job_id: no such job in this project", param="init_from.job_id"
+        )
+    raise InvalidRequest(
+        f"init_from.step: job {job_id} has no checkpoint at step {step} "
+        f"(see GET /v1/jobs/{job_id}/checkpoints)",
+        param="init_from.step",
+    )
