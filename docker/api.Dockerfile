@@ -4,7 +4,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /srv/grpo
 COPY pyproject.toml README.md alembic.ini ./
 COPY app ./app
-COPY trainer/__init__.py trainer/config.py ./trainer/
+# Only the torch-free part of the trainer: the job spec and the model-folder rule.
+COPY trainer/__init__.py trainer/config.py trainer/model_paths.py ./trainer/
+COPY trainer/spec ./trainer/spec
 COPY grpo_cli ./grpo_cli
 COPY migrations ./migrations
 COPY worker/__init__.py ./worker/__init__.py

@@ -10,6 +10,9 @@ from typing import Any
 
 import httpx
 
+# Steps per page of a raw metrics read (the server's largest page).
+METRICS_PAGE_STEPS = 10_000
+
 
 class ApiError(Exception):
     def __init__(self, status: int, body: dict[str, Any]) -> None:
@@ -115,16 +118,26 @@ class Client:
         step_to: int | None = None,
         max_points: int | None = None,
     ) -> dict[str, Any]:
-        """{"steps", "available", "series": {name: [{"step", "value", "min", "max", "count"}]}}."""
+        """{"steps", "available", "series": {name: [{"step", "value", "min", "max", "count"}]}}.
+
+        Without `max_points` the server answers one point per step a page at a time; this
+        follows `next_step_from` and returns every step of the range in one body."""
         params: list[tuple[str, Any]] = [("names", n) for n in names or []]
-        for key, value in (
-            ("step_from", step_from),
-            ("step_to", step_to),
-            ("max_points", max_points),
-        ):
+        for key, value in (("step_to", step_to), ("max_points", max_points)):
             if value is not None:
                 params.append((key, value))
-        return self._json(self._http.get(f"/v1/jobs/{job_id}/metrics", params=params))
+        if max_points is None:
+            params.append(("limit", METRICS_PAGE_STEPS))
+        url = f"/v1/jobs/{job_id}/metrics"
+        start = [("step_from", step_from)] if step_from is not None else []
+        body: dict[str, Any] = self._json(self._http.get(url, params=params + start))
+        while max_points is None and body.get("next_step_from") is not None:
+            start = [("step_from", body["next_step_from"])]
+            page = self._json(self._http.get(url, params=params + start))
+            for name, points in page["series"].items():
+                body["series"].setdefault(name, []).extend(points)
+            body["next_step_from"] = page.get("next_step_from")
+        return body
 
     def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         return list(self._json(self._http.get(f"/v1/jobs/{job_id}/checkpoints"))["data"])

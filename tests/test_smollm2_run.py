@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.model
 def test_smollm2_arithmetic_recipe_raises_held_out_accuracy(tmp_path: Path) -> None:
     out = subprocess.run(
         [

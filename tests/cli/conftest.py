@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import yaml
 
 from app.settings import Settings, build_settings
-from tests.conftest import REDIS_URL, free_port, new_project_key, tiny_spec
+from tests.conftest import REDIS_URL, free_port, new_project_key, tiny_spec, wait_until
 from tests.worker.conftest import ROOT, WorkerProcess
 
 
@@ -62,17 +61,19 @@ class ServerProcess:
         """Start and wait for /readyz. On a loaded 2-core machine `grpo serve` can miss its 2 s
         database connect timeout while migrating; a start that exits early is tried again."""
         self.proc = self._spawn()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
                 self.proc = self._spawn()
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
+                return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"grpo serve not ready after {timeout}s:\n{self.log()}")
+                return False
+
+        try:
+            wait_until(ready, timeout, "grpo serve to answer /readyz", interval=0.2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{self.log()}") from None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -14,9 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
+from app.db import make_engine
+from app.models import Job
 from tests.cli.conftest import CliService
 from tests.cli.helpers import Result, cli
+from tests.conftest import wait_until
 from tests.worker.conftest import ROOT
 
 WAIT = ("--wait", "--timeout", "4m", "--poll-interval", "0.3s", "--no-progress")
@@ -180,6 +184,16 @@ def _grpo(*argv: str) -> subprocess.Popen[str]:
 FOLLOW_STEPS = 40
 
 
+def _current_step(service: CliService, job_id: str) -> int:
+    """The job's step, read from the database (the API may be down)."""
+    engine = make_engine(service.server.settings.resolved_database_url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(select(Job.current_step).where(Job.id == job_id)).scalar_one())
+    finally:
+        engine.dispose()
+
+
 def test_follow_and_wait_survive_a_server_crash(cli_env: CliService) -> None:
     """Kill -9 the API while `grpo submit --wait` waits and `grpo logs --follow` streams, then
     restart it on the same port. The wait carries on, and the follow loop resumes with
@@ -207,7 +221,14 @@ def test_follow_and_wait_survive_a_server_crash(cli_env: CliService) -> None:
         cli_env.server.kill()
         assert follow.poll() is None, "the stream had already ended before the crash"
         assert submit.poll() is None, "the job had already ended before the crash"
-        time.sleep(1.0)
+        # Keep the API down until the worker has finished a step the dead server never served,
+        # so the resumed stream has to catch up on it.
+        at_crash = min(_current_step(cli_env, job_id), FOLLOW_STEPS - 1)
+        wait_until(
+            lambda: _current_step(cli_env, job_id) > at_crash,
+            120,
+            f"a step after {at_crash} while the API is down",
+        )
         crashed_at = len(cli_env.server.log_path.read_text())
         cli_env.server.start()
         # Keep reading through the same buffered reader: communicate() would read the raw pipe

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ import uvicorn
 
 from app.main import create_app
 from app.settings import Settings, build_settings
-from tests.conftest import REDIS_URL, free_port, new_project_key
+from tests.conftest import REDIS_URL, free_port, new_project_key, wait_until
 from tests.worker.conftest import start_worker  # noqa: F401  (fixture used by the tests here)
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -60,11 +59,13 @@ def served(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[Served]:
     )
     thread = threading.Thread(target=server.run, name="dashboard-api", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the API server did not start")
-        time.sleep(0.05)
+
+    def started() -> bool:
+        if not thread.is_alive():
+            raise RuntimeError("the API server thread died")
+        return bool(server.started)
+
+    wait_until(started, 20, "the API server to start", interval=0.05)
     yield Served(f"http://127.0.0.1:{port}", settings, key)
     server.should_exit = True
     thread.join(timeout=10)

@@ -61,6 +61,12 @@ def _job(served: Served, job_id: str) -> dict[str, Any]:
     return body
 
 
+def _sign_in(page: Any, url: str, key: str) -> None:
+    page.goto(f"{url}/#/")
+    page.fill("#api-key", key)
+    page.click("form.key-form button")
+
+
 def _points(page: Any, chart: str) -> int:
     return int(page.get_attribute(f'[data-chart="{chart}"]', "data-points") or 0)
 
@@ -85,10 +91,8 @@ def test_dashboard_follows_a_live_job_and_cancels_it(
     queued = _create(served, _spec("queued-k2", 5, "k2", 0.02))
 
     try:
-        # ---- jobs list: the key arrives once in the URL, then lives in localStorage only.
-        page.goto(f"{served.url}/?key={served.key}#/")
-        assert "key=" not in page.url
-        assert page.evaluate("localStorage.getItem('grpo.apiKey')") == served.key
+        # ---- jobs list: the key is typed into the sign-in form and lives in localStorage.
+        _sign_in(page, served.url, served.key)
         main_row = page.locator(f'tr[data-job-id="{main}"]')
         expect(main_row).to_have_attribute("data-status", "running", timeout=150_000)
         expect(page.locator(f'tr[data-job-id="{short}"]')).to_have_attribute(
@@ -173,7 +177,7 @@ def test_a_bad_key_gets_the_key_form(served: Served, browser_page: Any) -> None:
     from playwright.sync_api import expect
 
     page = browser_page
-    page.goto(f"{served.url}/?key=not-a-key")
+    _sign_in(page, served.url, "not-a-key")
     expect(page.locator("form.key-form .error")).to_contain_text("rejected")
     assert page.evaluate("localStorage.getItem('grpo.apiKey')") is None
     page.fill("#api-key", served.key)
@@ -181,3 +185,16 @@ def test_a_bad_key_gets_the_key_form(served: Served, browser_page: Any) -> None:
     expect(page.locator("#jobs-table")).to_be_visible()
     expect(page.locator("#conn")).to_have_text("live")
     assert page.evaluate("localStorage.getItem('grpo.apiKey')") == served.key
+
+
+def test_a_key_in_the_url_is_never_used(served: Served, browser_page: Any) -> None:
+    """A key in an address leaks into history, logs and Referer headers: an old `?key=` link
+    signs nobody in, and the key is scrubbed from the address bar."""
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.goto(f"{served.url}/?key={served.key}#/")
+    expect(page.locator("form.key-form .error")).to_contain_text("not accepted")
+    assert "key=" not in page.url
+    assert page.evaluate("localStorage.getItem('grpo.apiKey')") is None
+    expect(page.locator("#jobs-table")).to_have_count(0)
