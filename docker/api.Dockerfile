@@ -1,4 +1,12 @@
 # The API image: FastAPI + SQLAlchemy + Celery producer. No torch, no model libraries.
+
+# The dashboard's chart library comes from npm; node stays in this stage, out of the image.
+FROM node:22-slim AS dashboard
+WORKDIR /build/dashboard
+COPY dashboard/package.json dashboard/package-lock.json ./
+RUN npm ci --no-audit --no-fund --omit=dev
+COPY dashboard/index.html dashboard/app.js dashboard/charts.js dashboard/style.css ./
+
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /srv/grpo
@@ -10,6 +18,7 @@ COPY trainer/spec ./trainer/spec
 COPY grpo_cli ./grpo_cli
 COPY migrations ./migrations
 COPY worker/__init__.py ./worker/__init__.py
+COPY --from=dashboard /build/dashboard ./dashboard
 RUN pip install ".[api]" \
     && python -c "import sys, app.main; assert 'torch' not in sys.modules"
 RUN useradd --create-home --uid 10001 grpo
