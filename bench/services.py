@@ -215,6 +215,15 @@ class Process:
         if self.alive():
             os.killpg(self.pid, sig)
 
+    def wait(self, timeout: float) -> int | None:
+        """The exit status once it exits within `timeout` seconds, else None."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int | None:
         """Send `sig` to the process group; kill it if it is not gone after `timeout`."""
         if self.proc is None:

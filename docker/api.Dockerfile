@@ -26,4 +26,6 @@ USER grpo
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --retries=5 \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"
-CMD ["python", "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]
+# Several API processes (the API is CPU-bound Python): GRPO_API_WORKERS, by default 2 per core
+# and at most 4. Each process keeps its own database pool (see README, "Production").
+CMD ["grpo", "api", "--host", "0.0.0.0", "--port", "8000"]

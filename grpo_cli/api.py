@@ -10,7 +10,12 @@ under load"). The count comes from `--workers`, else `GRPO_API_WORKERS`, else
 
 from __future__ import annotations
 
+import gc
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 API_WORKERS_ENV = "GRPO_API_WORKERS"
 # Each process holds its own database pool (up to 20 connections, app.db.make_engine), so the
@@ -55,6 +60,21 @@ def resolve_workers(flag: int | None) -> int:
     return default_workers()
 
 
+def create_app() -> FastAPI:
+    """The factory each API process runs: the app, then every object alive at startup (modules,
+    schemas, table metadata: most of the heap) frozen out of the garbage collector's reach.
+
+    Without the freeze, each full (generation 2) collection walked all of them: about 100 ms
+    during which no request of the process moved, and the p99 of job creation at 50 requests/s
+    went from 24 ms to 209-270 ms (BENCHMARKS.md, "API: job creation under load")."""
+    from app.main import create_app as build_app
+
+    app = build_app()
+    gc.collect()
+    gc.freeze()
+    return app
+
+
 def run_api(host: str, port: int, workers: int, access_log: bool = True) -> int:
     import uvicorn
 
@@ -62,7 +82,7 @@ def run_api(host: str, port: int, workers: int, access_log: bool = True) -> int:
     # An import string and a factory: every worker process builds its own app (settings from
     # the environment, its own database pool), which uvicorn needs for workers > 1.
     uvicorn.run(
-        "app.main:create_app",
+        "grpo_cli.api:create_app",
         factory=True,
         host=host,
         port=port,

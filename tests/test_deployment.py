@@ -263,7 +263,7 @@ def test_every_build_has_its_dockerfile_and_the_files_it_copies() -> None:
 def test_published_ports_and_health_checks_match_what_the_api_listens_on(tmp_path: Path) -> None:
     _, instructions = built("api")
     command = only(instructions, "CMD")[-1].exec_form()
-    assert command[:3] == ["python", "-m", "uvicorn"], command
+    assert command[:2] == ["grpo", "api"], command  # the multi-process production entry
     port = int(command[command.index("--port") + 1])
     assert command[command.index("--host") + 1] == "0.0.0.0", "unreachable from other containers"
     assert [i.args.split("/")[0] for i in only(instructions, "EXPOSE")] == [str(port)]

@@ -37,6 +37,7 @@ from trainer.errors import TrainerError
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper, end_attempt, release
 from worker.progress import DatabaseCallbacks, LeaseLost
+from worker.retry import with_db_retry
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -182,13 +183,22 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
     error: Exception | None = None
     with lease:
         try:
-            spec = starting_model(ctx, job, load_spec(ctx, job))
+            # These reads retry through a database outage like every write of the run: a
+            # Postgres restart right after the claim failed the job (found by bench/chaos.py).
+            spec, resume_from = with_db_retry(
+                lambda: (
+                    starting_model(ctx, job, load_spec(ctx, job)),
+                    latest_checkpoint(ctx, job_id),
+                ),
+                budget_s=settings.db_retry_seconds,
+                what=f"job {job_id}: reading its spec and checkpoints",
+            )
             run = train or load_trainer()
             result = run(
                 spec,
                 callbacks,
                 output_dir=settings.resolved_checkpoint_dir / job_id,
-                resume_from=latest_checkpoint(ctx, job_id),
+                resume_from=resume_from,
                 device=settings.device,
                 sample_groups=settings.sample_groups_per_step,
             )

@@ -18,6 +18,15 @@ MODEL_RUNS = (
     "test_loop.py",
     "test_library.py",
     "test_cli.py::test_tiny_recipe_runs_and_resumes",
+    "test_models.py::test_concurrent_builds_agree",
+)
+# Tests that start processes of their own (spawned grader workers, a memory probe subprocess):
+# marker `process`, also left out of `make test-fast`.
+PROCESS_RUNS = (
+    "test_memory.py",
+    "test_graders.py::test_a_hanging_grader_is_cut_off_at_its_time_limit",
+    "test_graders.py::test_the_batch_budget_bounds_a_grader_that_always_hangs",
+    "test_graders.py::test_isolated_workers_share_a_batch_and_are_reused_then_closed",
 )
 
 
@@ -30,6 +39,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         test = f"{module}::{getattr(item, 'originalname', item.name)}"
         if module in MODEL_RUNS or test in MODEL_RUNS:
             item.add_marker(pytest.mark.model)
+        if module in PROCESS_RUNS or test in PROCESS_RUNS:
+            item.add_marker(pytest.mark.process)
 
 
 def tiny_llama(vocab_size: int) -> LlamaForCausalLM:

@@ -53,6 +53,9 @@ GRACE_S = 2.0
 MARGIN_S = 30.0
 CATASTROPHIC = re.compile(r"(a+)+$")
 
+# Every test here runs the heartbeat process against a trainer that holds the GIL for seconds.
+pytestmark = pytest.mark.process
+
 
 def hold_the_gil(chars: int) -> None:
     """One call into `re`'s C matcher that fails after backtracking about 2**chars ways, all
