@@ -2,24 +2,30 @@
 
 A transaction commits only at a boundary: the request (`app.deps.get_session`), a worker task or
 a CLI command (`session_scope`). Code inside a unit of work only flushes. Work that must follow
-the commit (sending a job to the broker) is registered with `after_commit`, and work that must
-undo a side effect taken outside the transaction (an idempotency claim) with `after_rollback`.
+the commit (sending a job to the broker) is registered with `after_commit`, work that must be
+the last thing before the commit (a count under a row lock, held only until the commit) with
+`before_commit`, and work that must undo a side effect taken outside the transaction (an
+idempotency claim) with `after_rollback`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import InvalidatePoolError
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
+_BEFORE_COMMIT = "grpo_before_commit"
 _AFTER_COMMIT = "grpo_after_commit"
 _AFTER_ROLLBACK = "grpo_after_rollback"
+_CHECKED_IN_AT = "grpo_checked_in_at"
 
 
 def normalise_url(url: str) -> str:
@@ -29,9 +35,21 @@ def normalise_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 10) -> Engine:
+def make_engine(
+    url: str,
+    *,
+    pool_size: int = 10,
+    max_overflow: int = 10,
+    ping_after_idle_s: float | None = None,
+    autocommit: bool = False,
+) -> Engine:
     """Create an engine tuned for the backend: short connect timeouts so a dead database
-    turns into a quick 503, and WAL + busy timeout so API and worker share a SQLite file."""
+    turns into a quick 503, and WAL + busy timeout so API and worker share a SQLite file.
+
+    Pooled connections are checked before use, so a database restart costs no request:
+    by default every checkout pings (`pool_pre_ping`); with `ping_after_idle_s`, only a
+    connection that sat idle that long (see `ping_idle_connections`). `autocommit`: every
+    statement is its own transaction (no BEGIN/COMMIT round trips), for single-statement work."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
@@ -49,17 +67,66 @@ def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 10) -> Eng
     if url.startswith("postgresql"):
         # Short enough that a dead database is a quick 503, long enough for a loaded machine.
         connect_args = {"connect_timeout": 5}
-    return create_engine(
+    options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
+    engine = create_engine(
         url,
-        pool_pre_ping=True,
+        pool_pre_ping=ping_after_idle_s is None,
+        # Most recently returned first: under load the same few connections stay busy (and
+        # skip the idle ping), the rest age and are pinged, or closed by the server, unseen.
+        pool_use_lifo=True,
         pool_size=pool_size,
         max_overflow=max_overflow,
         connect_args=connect_args,
+        **options,
     )
+    if ping_after_idle_s is not None:
+        ping_idle_connections(engine, ping_after_idle_s)
+    return engine
+
+
+def ping_idle_connections(engine: Engine, idle_s: float) -> None:
+    """Ping a pooled connection at checkout only when it sat in the pool `idle_s` or longer.
+
+    `pool_pre_ping` costs a round trip per checkout: a create checks out two or three
+    connections, so under load the pings were a sixth of its database round trips. A connection
+    returned moments ago is alive unless the database restarted in those moments, and a
+    restart is seen anyway: while the database is down, any statement that fails with a
+    disconnect makes SQLAlchemy invalidate every pooled connection opened before it, so none
+    of them is reused after the restart. What is left is a restart shorter than `idle_s` with
+    no statement at all during it; the request that then meets the dead connection fails like
+    the requests in flight at the restart, and invalidates the rest of the pool."""
+
+    @event.listens_for(engine.pool, "checkin")
+    def _stamp(_dbapi_conn: Any, record: Any) -> None:
+        if record is not None:
+            record.info[_CHECKED_IN_AT] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _ping_if_idle(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        returned = record.info.get(_CHECKED_IN_AT)
+        if returned is None or time.monotonic() - returned < idle_s:
+            return  # just connected, or used moments ago
+        dialect = engine.dialect
+        try:
+            dialect.do_ping(dbapi_conn)  # what pool_pre_ping runs
+        except dialect.loaded_dbapi.Error as exc:
+            if not dialect.is_disconnect(exc, dbapi_conn, None):
+                raise
+            # As pool_pre_ping does: the pool drops every connection opened before now (the
+            # database restarted: they are all dead) and checks out a fresh one.
+            raise InvalidatePoolError(f"pooled connection is dead: {exc}") from exc
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def before_commit(session: Session, callback: Callable[[Session], object]) -> None:
+    """Run `callback(session)` at the boundary, as the last work of this unit of work before its
+    commit (after the route or task returned). What it raises rolls the unit of work back.
+    For a row lock that should be held as briefly as possible: taken here, it is released by
+    the commit that follows at once, in the same thread."""
+    session.info.setdefault(_BEFORE_COMMIT, []).append(callback)
 
 
 def after_commit(session: Session, callback: Callable[[Session], object]) -> None:
@@ -75,20 +142,28 @@ def after_rollback(session: Session, callback: Callable[[], object]) -> None:
 
 
 def commit(session: Session) -> None:
-    """End a unit of work successfully: commit, then run its after-commit work.
+    """End a unit of work successfully: run its before-commit work, commit, then run its
+    after-commit work (each piece of which commits the same way).
 
     The transaction is already durable when after-commit work runs, so a failure there is
     logged, not raised: the caller's request or task did succeed, and the periodic sweep repairs
     what the callback could not do (a job whose message was not sent is re-sent)."""
-    session.commit()
+    _commit_now(session)
     session.info.pop(_AFTER_ROLLBACK, None)
     for callback in session.info.pop(_AFTER_COMMIT, []):
         try:
             callback(session)
-            session.commit()
+            _commit_now(session)
         except Exception:
             log.exception("work after commit failed; the periodic sweep will repair it")
             session.rollback()
+            session.info.pop(_BEFORE_COMMIT, None)
+
+
+def _commit_now(session: Session) -> None:
+    for callback in session.info.pop(_BEFORE_COMMIT, []):
+        callback(session)
+    session.commit()
 
 
 def rollback(session: Session) -> None:
@@ -97,6 +172,7 @@ def rollback(session: Session) -> None:
     try:
         session.rollback()
     finally:
+        session.info.pop(_BEFORE_COMMIT, None)
         session.info.pop(_AFTER_COMMIT, None)
         for callback in session.info.pop(_AFTER_ROLLBACK, []):
             try:

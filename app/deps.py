@@ -20,7 +20,9 @@ JobId = Annotated[str, Path(max_length=64, description="Job id.")]
 FileId = Annotated[str, Path(max_length=64, description="File id.")]
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
+    """Async because it never blocks: FastAPI runs a plain `def` dependency in the threadpool,
+    a thread hop per request for an attribute read."""
     state: AppState = request.app.state.grpo
     return state
 

@@ -21,6 +21,8 @@ from trainer.config import JobSpec
 log = logging.getLogger(__name__)
 
 _LOCATIONS = {"body", "query", "path", "header", "cookie"}
+# What a 503 for an unreachable database asks clients to wait: a restart takes seconds.
+UNAVAILABLE_RETRY_AFTER_S = 2
 
 
 def discriminated_union_tags(model: type[BaseModel]) -> frozenset[str]:
@@ -169,9 +171,11 @@ def install(app: FastAPI) -> None:
 
     async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
         log.warning("database unavailable: %s", exc)
-        return error_response(
+        response = error_response(
             503, "service_unavailable", "the database is unavailable; retry shortly"
         )
+        response.headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
+        return response
 
     for exc_type in (OperationalError, InterfaceError, DisconnectionError, PoolTimeout):
         app.add_exception_handler(exc_type, _unavailable)

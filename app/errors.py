@@ -38,6 +38,13 @@ class Conflict(ApiError):
     error_type = "conflict"
 
 
+class Gone(ApiError):
+    """The object was recorded but its content no longer exists (a deleted checkpoint)."""
+
+    status_code = 410
+    error_type = "gone"
+
+
 class IdempotencyKeyReused(ApiError):
     status_code = 422
     error_type = "idempotency_key_reused"

@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainer.model_paths import hub_allowlist, hub_model_refusal
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GRPO_", extra="ignore")
@@ -77,6 +79,20 @@ class Settings(BaseSettings):
             "enough): it checks the folder at submission, the worker again before loading."
         ),
     )
+    allow_hub_models: bool = Field(
+        default=True,
+        description=(
+            "Whether a job's `model` may be a Hugging Face Hub repo id (owner/name), read "
+            "through the worker's Hugging Face cache (HF_HOME)."
+        ),
+    )
+    hub_model_allowlist: str = Field(
+        default="",
+        description=(
+            "Hub models a job may name, separated by commas: owners (`Qwen`) or glob patterns "
+            "of repo ids (`Qwen/Qwen2.5-*`), ignoring case; empty: any repo id."
+        ),
+    )
 
     # ---- fair use: one tenant must never starve another
     rate_limit_per_minute: int = Field(
@@ -130,6 +146,21 @@ class Settings(BaseSettings):
     def resolved_model_roots(self) -> list[Path]:
         """The allowed model folders, resolved (symlinks followed) so escapes can be checked."""
         return [Path(p).expanduser().resolve() for p in self.model_roots.split(":") if p.strip()]
+
+    @property
+    def model_root_list(self) -> list[str]:
+        """The model roots as written (the API and the worker resolve them as they check)."""
+        return [p.strip() for p in self.model_roots.split(":") if p.strip()]
+
+    def hub_model_refusal(self, repo_id: str) -> str | None:
+        """Why this deployment refuses the Hub repo id `repo_id`, or None (the one rule, in
+        trainer.model_paths, that the API and the worker both apply)."""
+        return hub_model_refusal(
+            repo_id,
+            allow_hub=self.allow_hub_models,
+            allowlist=hub_allowlist(self.hub_model_allowlist),
+            has_roots=bool(self.model_root_list),
+        )
 
     @property
     def uses_embedded_database(self) -> bool:

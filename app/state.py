@@ -46,16 +46,22 @@ class AppState:
     sessions: sessionmaker[Session]
     dispatcher: Dispatcher
     limits: Limits
-    # Idempotency claims commit on their own while the request's transaction holds a pooled
-    # connection, so they get a pool of their own: sharing one pool, N requests holding its N
-    # connections and each waiting for a second one deadlocked the API under load (every
-    # request then timed out after 30 s; bench/load_create.py found it).
+    # Idempotency claims commit on their own (each statement is its own transaction) while
+    # the request's transaction holds a pooled connection, so they get a pool of their own:
+    # sharing one pool, N requests holding its N connections and each waiting for a second one
+    # deadlocked the API under load (every request then timed out after 30 s;
+    # bench/load_create.py found it).
     claims: sessionmaker[Session]
     slots: RequestSlots
 
 
+# A pooled connection unused this long is pinged before a request gets it (app.db
+# .ping_idle_connections): under load none is, so no request pays a ping round trip.
+PING_AFTER_IDLE_S = 0.25
+
+
 def build_state(settings: Settings, dispatcher: Dispatcher | None = None) -> AppState:
-    engine = make_engine(settings.resolved_database_url)
+    engine = make_engine(settings.resolved_database_url, ping_after_idle_s=PING_AFTER_IDLE_S)
     sessions = make_session_factory(engine)
     dispatcher = dispatcher or CeleryDispatcher(settings)
     # Every unit of work of this process dispatches within the per-project cap.
@@ -67,7 +73,14 @@ def build_state(settings: Settings, dispatcher: Dispatcher | None = None) -> App
         dispatcher=dispatcher,
         limits=build_limits(settings),
         claims=make_session_factory(
-            make_engine(settings.resolved_database_url, pool_size=2, max_overflow=8)
+            make_engine(
+                settings.resolved_database_url,
+                pool_size=2,
+                max_overflow=8,
+                ping_after_idle_s=PING_AFTER_IDLE_S,
+                # A claim is one statement: no BEGIN and COMMIT round trips around it.
+                autocommit=True,
+            )
         ),
         # As many as the pool keeps open: more in flight would only wait on the pool, or open
         # and close overflow connections (a new Postgres backend each time).

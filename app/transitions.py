@@ -100,10 +100,22 @@ def add_event(
 
 
 def record_created(session: Session, job: Job) -> None:
-    """Insert a new job in `queued` with its `created` event."""
+    """Insert a new job in `queued` with its `created` event (one INSERT each, no ORM flush:
+    job creation is the API's hot path; `job` stays out of the session)."""
     job.status = JobStatus.QUEUED
-    jobs_repo.add(session, job=job)
-    add_event(session, job.id, "created", "job created", data={"status": JobStatus.QUEUED.value})
+    jobs_repo.insert_new(session, job=job)
+    events_repo.insert_new(
+        session,
+        event=JobEvent(
+            job_id=job.id,
+            attempt=0,
+            type="created",
+            level="info",
+            message="job created",
+            data={"status": JobStatus.QUEUED.value},
+            created_at=utcnow(),
+        ),
+    )
 
 
 def transition(

@@ -236,6 +236,7 @@ def client_main(config_json: str) -> str:
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     summary = summarize(samples, config["seconds"])
     summary["client_cpu_share"] = round(cpu / wall, 3)
+    summary["client_cpu_s"] = round(cpu, 3)
     return json.dumps(
         {"summary": summary, "samples": [[s.scheduled, s.latency, s.status] for s in samples]}
     )

@@ -9,6 +9,15 @@ request is a small valid spec with its own Idempotency-Key (what `grpo submit` s
 fair-use limits are raised so that the run measures creation, not refusal (429s are counted
 apart all the same). A short warm-up at a low rate runs first and is not counted.
 
+`--path /v1/jobs/validate` sends the same requests to the dry run instead, which does all that
+a create does but write (key, rate limit, spec validation, admission, the answer): what the
+HTTP stack and the checks cost without the database work.
+
+Where the CPU goes: the run reads the CPU time of the API processes, of the Postgres backends
+serving the benchmark's database, of the private redis-server and of the client, before and
+after the timed run, and reports each per answered request; and how busy the whole machine was
+(so CPU taken by other work on the machine shows as `other`).
+
 Output: a summary on stdout and `bench/results/load_create[_<label>].json`.
 """
 
@@ -26,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, load_snapshot, machine_info
+from bench.common import RESULTS_DIR, load_snapshot, machine_info, system_cpu_ticks
 from bench.services import (
     DEFAULT_PG_ADMIN,
     Process,
@@ -47,6 +56,9 @@ SPEC: dict[str, Any] = {
     "grpo": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8},
     "rollout": {"engine": "transformers"},
 }
+
+CREATE = "/v1/jobs"
+DRY_RUN = "/v1/jobs/validate"
 
 # Far above what the run sends: the run measures creating jobs, not refusing them.
 UNLIMITED = {
@@ -69,6 +81,11 @@ def run_client(config: dict[str, Any]) -> dict[str, Any]:
     return dict(json.loads(out.stdout))
 
 
+def _cpu_seconds(proc: Any) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
 def process_tree_cpu(pid: int) -> float:
     """CPU seconds used so far by a process and its children (the uvicorn workers)."""
     import psutil
@@ -81,11 +98,78 @@ def process_tree_cpu(pid: int) -> float:
     total = 0.0
     for proc in procs:
         try:
-            times = proc.cpu_times()
-            total += times.user + times.system
+            total += _cpu_seconds(proc)
         except psutil.NoSuchProcess:
             continue
     return total
+
+
+def postgres_backends_cpu(database: str) -> float:
+    """CPU seconds used so far by the Postgres backends connected to `database` (their process
+    titles name it). Backends that exited during the window are missed: the API's pools keep
+    theirs open for the whole run, so that is at most an overflow connection or two."""
+    import psutil
+
+    total = 0.0
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            title = " ".join(proc.info["cmdline"] or [])
+            if proc.info["name"] == "postgres" and f" {database} " in f" {title} ":
+                total += _cpu_seconds(proc)
+        except psutil.Error:
+            continue
+    return total
+
+
+def machine_busy_cpu() -> float:
+    """CPU seconds the whole machine spent on anything but idle and I/O wait, so far."""
+    ticks = system_cpu_ticks()
+    busy = sum(v for k, v in ticks.items() if k not in ("idle", "iowait"))
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of each party to the run, between `start` and `stop`."""
+
+    def __init__(self, api_pid: int, redis_pid: int, database: str) -> None:
+        self.api_pid, self.redis_pid, self.database = api_pid, redis_pid, database
+        self.before: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        return {
+            "api": process_tree_cpu(self.api_pid),
+            "postgres": postgres_backends_cpu(self.database),
+            "redis": process_tree_cpu(self.redis_pid),
+            "machine": machine_busy_cpu(),
+            "wall": time.perf_counter(),
+        }
+
+    def start(self) -> None:
+        self.before = self._read()
+
+    def stop(self) -> dict[str, float]:
+        after = self._read()
+        return {k: after[k] - self.before[k] for k in after}
+
+
+def cpu_breakdown(used: dict[str, float], client_cpu_s: float, answered: int) -> dict[str, Any]:
+    """Cores used during the run and CPU milliseconds per answered request, by party; `other`
+    is what the rest of the machine used meanwhile (other work, the kernel's share of ours)."""
+    wall = used["wall"]
+    parties = {
+        "api": used["api"],
+        "postgres": used["postgres"],
+        "redis": used["redis"],
+        "client": client_cpu_s,
+    }
+    parties["other"] = max(0.0, used["machine"] - sum(parties.values()))
+    per_request = {k: round(v * 1000 / max(1, answered), 2) for k, v in parties.items()}
+    per_request["ours"] = round(sum(v for k, v in per_request.items() if k != "other"), 2)
+    return {
+        "cores": {k: round(v / wall, 2) for k, v in parties.items()}
+        | {"machine_busy": round(used["machine"] / wall, 2)},
+        "ms_per_request": per_request,
+    }
 
 
 def count_jobs(admin_url: str, database: str) -> int:
@@ -116,7 +200,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         base = {
             "host": "127.0.0.1",
             "port": port,
-            "path": "/v1/jobs",
+            "path": args.path,
             "body": SPEC,
             "keys": keys,
             "idempotency": not args.no_idempotency,
@@ -124,12 +208,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         }
         warm = run_client({**base, "run_id": "warm", "rate": 20, "seconds": args.warmup})
         before = load_snapshot()
-        cpu0, wall0 = process_tree_cpu(api.pid), time.perf_counter()
+        assert redis.proc is not None
+        meter = CpuMeter(api.pid, redis.proc.pid, database)
+        meter.start()
         result = run_client({**base, "run_id": "run", "rate": args.rate, "seconds": args.seconds})
-        api_cpu = (process_tree_cpu(api.pid) - cpu0) / (time.perf_counter() - wall0)
+        used = meter.stop()
+        api_cpu = used["api"] / used["wall"]
         after = load_snapshot()
         summary = result["summary"]
-        stored = count_jobs(admin, database) - warm["summary"]["ok"]
+        cpu = cpu_breakdown(used, summary.pop("client_cpu_s"), summary["ok"])
+        # (a dry run stores no job: its warm-up did not either)
+        stored = count_jobs(admin, database) - (warm["summary"]["ok"] if args.path == CREATE else 0)
         return {
             "benchmark": "load_create",
             "label": args.label,
@@ -140,6 +229,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "seconds": args.seconds,
                 "api_workers": args.api_workers,
                 "projects": args.projects,
+                "path": args.path,
                 "idempotency_key": not args.no_idempotency,
                 "max_connections": args.connections,
                 "access_log": args.access_log,
@@ -152,6 +242,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "api_cpu_ms_per_request": round(
                 api_cpu * 1000 / max(1.0, summary["achieved_ok_per_s"] or 1.0), 2
             ),
+            "cpu": cpu,
             "load_before": before,
             "load_after": after,
             "warmup_summary": warm["summary"],
@@ -199,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--projects", type=int, default=1, help="spread the requests over this many projects"
     )
+    parser.add_argument(
+        "--path",
+        choices=(CREATE, DRY_RUN),
+        default=CREATE,
+        help=f"{DRY_RUN}: the same requests as a dry run, which does all a create does (key, "
+        "rate limit, spec validation, admission, answer) but write: the framework's share",
+    )
     parser.add_argument("--no-idempotency", action="store_true", help="send no Idempotency-Key")
     parser.add_argument("--access-log", action="store_true", help="keep uvicorn's access log")
     parser.add_argument("--label", default="", help="suffix of the result file")
@@ -218,12 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / name).write_text(json.dumps(report, indent=2) + "\n")
     print(
-        f"{args.rate:.0f} req/s for {args.seconds:.0f}s, {args.api_workers} API processes, "
+        f"POST {args.path} at {args.rate:.0f} req/s for {args.seconds:.0f}s, {args.api_workers} API processes, "
         f"{args.projects} project(s): "
         f"ok {s['ok']}/{s['requests']}, 429 {s['rate_429']}, errors {s['errors']}, "
         f"achieved {s['achieved_ok_per_s']}/s; latency ms {s['latency_ms']}; "
         f"client lag p99 {s['client_send_lag_ms']['p99']} ms; API CPU {report['api_cpu_share']} "
-        f"cores ({report['api_cpu_ms_per_request']} ms/request); jobs stored {report['jobs_stored']}; target met: {report['target']['met']}"
+        f"cores; CPU ms/request {report['cpu']['ms_per_request']}; machine busy "
+        f"{report['cpu']['cores']['machine_busy']} cores; load "
+        f"{report['load_before']['loadavg_1m']:.2f} -> {report['load_after']['loadavg_1m']:.2f}; "
+        f"jobs stored {report['jobs_stored']}; target met: {report['target']['met']}"
     )
     print(f"wrote {RESULTS_DIR / name}")
     return 0

@@ -40,6 +40,8 @@ def job_spec_dict(
     dtype: str,
     kv_cache_gib: float | None = None,
     gradient_checkpointing: bool = True,
+    train_dtype: str = "float32",
+    lora_rank: int | None = None,
 ) -> dict[str, Any]:
     """The JobSpec (as a dict) equal to the TRL configuration of ``bench/trl_step.py``."""
     s = cfg["settings"]
@@ -72,7 +74,10 @@ def job_spec_dict(
             "num_iterations": 1,
             "micro_batch_size": s["micro_batch_size"],
             "gradient_checkpointing": gradient_checkpointing,
+            "dtype": train_dtype,
         },
+        # alpha = 2r, all linear layers: the common LoRA defaults.
+        "lora": None if lora_rank is None else {"rank": lora_rank, "alpha": 2 * lora_rank},
         "rollout": {"engine": engine, "dtype": dtype, "kv_cache_gib": kv_cache_gib},
         "seed": s["seed"],
         "checkpoint_interval": 0,
@@ -91,6 +96,8 @@ def main() -> None:
         help="vLLM KV cache (GiB; default: fit the batch)",
     )
     parser.add_argument("--no-gradient-checkpointing", action="store_true")
+    parser.add_argument("--train-dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of rank")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     cfg = json.loads(args.config.read_text())
@@ -106,7 +113,13 @@ def main() -> None:
 
     spec = JobSpec.model_validate(
         job_spec_dict(
-            cfg, args.engine, args.dtype, args.kv_cache_gib, not args.no_gradient_checkpointing
+            cfg,
+            args.engine,
+            args.dtype,
+            args.kv_cache_gib,
+            not args.no_gradient_checkpointing,
+            args.train_dtype,
+            args.lora_rank,
         )
     )
     total = spec.grpo.steps
@@ -167,6 +180,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "side": "ours",
         "engine": f"{args.engine} ({args.dtype})",
+        "training": f"{args.train_dtype}" + (f", LoRA r{args.lora_rank}" if args.lora_rank else ""),
         "versions": {"torch": torch.__version__},
         "torch_threads": torch.get_num_threads(),
         "job_spec": spec.model_dump(mode="json", exclude={"dataset": {"rows"}}),

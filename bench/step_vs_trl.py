@@ -16,8 +16,10 @@ Configurations (each in a fresh subprocess, so peak RSS is per configuration):
 - ``trl``: TRL's GRPOTrainer, run by ``bench/trl_step.py`` in ``.venv-trl`` (transformers
   generate, its default on CPU; gradient checkpointing on, its default);
 - optional variants of ours: ``-bf16`` (engine in bfloat16), ``-kvN`` (vLLM KV cache of N GiB
-  instead of the batch-sized default), ``-nogc`` (gradient checkpointing off), e.g.
-  ``ours-vllm-kv2-nogc`` (the previous defaults) or ``ours-vllm-bf16``.
+  instead of the batch-sized default), ``-nogc`` (gradient checkpointing off), ``-tbf16``
+  (training in bfloat16 mixed precision), ``-loraN`` (LoRA adapters of rank N, alpha 2N, all
+  linear layers), e.g. ``ours-vllm-kv2-nogc`` (the previous defaults), ``ours-vllm-bf16`` or
+  ``ours-vllm-lora16``.
 
 Run (from the repository root; about 15 to 25 minutes on 2 cores):
 
@@ -63,7 +65,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--configs",
         default=DEFAULT_CONFIGS,
-        help="comma-separated: ours-vllm, ours-transformers, trl; ours-* take -bf16 / -kvN / -nogc",
+        help=(
+            "comma-separated: ours-vllm, ours-transformers, trl; ours-* take -bf16 / -kvN / "
+            "-nogc / -tbf16 / -loraN"
+        ),
     )
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
@@ -97,6 +102,10 @@ def _command(name: str, config_path: Path, out: Path, trl_python: Path) -> list[
             options += ["--kv-cache-gib", option[2:]]
         elif option == "nogc":
             options.append("--no-gradient-checkpointing")
+        elif option == "tbf16":
+            options += ["--train-dtype", "bfloat16"]
+        elif option.startswith("lora") and option[4:].isdigit():
+            options += ["--lora-rank", option[4:]]
         else:
             raise ValueError(f"unknown option {option!r} in configuration {name!r}")
     return [
@@ -196,7 +205,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "num_iterations": 1,
         "advantages": "group-centred, divided by the group std",
         "reward": "numeric match of the completion's last number",
-        "precision": "float32 training; generation float32 unless the config says bf16",
+        "precision": (
+            "float32 training unless the config says tbf16; generation float32 unless it says bf16"
+        ),
         "seed": 0,
     }
     rows = arithmetic_rows(args.prompts_per_step * args.steps, seed=0)
@@ -259,6 +270,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "peak_rss": ours["peak_rss_bytes"] / trl["peak_rss_bytes"],
             "step_cpu_seconds": ours["median_step_cpu_s"] / trl["median_step_cpu_s"],
         }
+    # Each configuration against the first one listed (e.g. LoRA and bf16 against full fp32).
+    first = next((n for n in names if "summary" in runs.get(n, {})), None)
+    over_first: dict[str, Any] = {}
+    for name, entry in runs.items():
+        if first is None or name == first or "summary" not in entry:
+            continue
+        base, ours = runs[first]["summary"], entry["summary"]
+        over_first[f"{name}/{first}"] = {
+            "step_time": ours["median_step_s"] / base["median_step_s"],
+            "peak_rss": ours["peak_rss_bytes"] / base["peak_rss_bytes"],
+            "weight_sync": (ours["phases_median_s"].get("weight_sync") or 0.0)
+            / max(1e-9, base["phases_median_s"].get("weight_sync") or 0.0),
+        }
     result = {
         "benchmark": "step_vs_trl",
         "command": "python -m bench.step_vs_trl "
@@ -269,10 +293,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "prompts": rows,
         "runs": runs,
         "ratios_ours_over_trl": ratios,
+        "ratios_over_first": over_first,
         "workdir": str(workdir),
     }
     write_json(args.out, result)
-    for key, value in ratios.items():
+    for key, value in [*ratios.items(), *over_first.items()]:
         print(
             f"{key}: step time {value['step_time']:.2f}x, peak RSS {value['peak_rss']:.2f}x",
             flush=True,

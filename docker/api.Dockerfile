@@ -12,8 +12,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /srv/grpo
 COPY pyproject.toml README.md alembic.ini ./
 COPY app ./app
-# Only the torch-free part of the trainer: the job spec and the model-folder rule.
-COPY trainer/__init__.py trainer/config.py trainer/model_paths.py ./trainer/
+# Only the torch-free part of the trainer: the job spec, the model-folder rule and the names of
+# a checkpoint's trainer-only files.
+COPY trainer/__init__.py trainer/config.py trainer/model_paths.py trainer/checkpoint_files.py ./trainer/
 COPY trainer/spec ./trainer/spec
 COPY grpo_cli ./grpo_cli
 COPY migrations ./migrations

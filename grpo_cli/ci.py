@@ -1,4 +1,5 @@
-"""The client commands: `grpo submit`, `grpo jobs list|show|cancel`, `grpo logs`, `grpo metrics`.
+"""The client commands: `grpo submit`, `grpo jobs list|show|cancel`, `grpo logs`, `grpo metrics`,
+`grpo download` (grpo_cli.download).
 
 Each returns an exit code from grpo_cli.ci_args.Exit. Human text goes to stdout, the progress bar
 and error messages to stderr; with --json, stdout holds only JSON (one document, or one line per
@@ -59,6 +60,11 @@ def run(args: argparse.Namespace) -> int:
             return jobs(args, out)
         if args.command == "logs":
             return logs(args, out)
+        if args.command == "download":
+            from grpo_cli.download import download
+
+            with _client(args) as client:
+                return download(args, out, client)
         return metrics(args, out)
     except ci_env.UsageError as exc:
         return out.error(str(exc), Exit.USAGE)

@@ -1,4 +1,4 @@
-"""Arguments of the client commands (`grpo submit`, `jobs`, `logs`, `metrics`) and their exit
+"""Arguments of the client commands (`grpo submit`, `jobs`, `logs`, `metrics`, `download`) and their exit
 codes. Only argparse here: `grpo` builds its whole parser for every command, and the client code
 itself (grpo_cli.ci) is imported only when one of these commands runs."""
 
@@ -55,7 +55,7 @@ spec's folder), so a re-run of the same pipeline gets the job it already started
 instead of starting a second one.
 """
 
-CI_COMMANDS = ("submit", "jobs", "logs", "metrics")
+CI_COMMANDS = ("submit", "jobs", "logs", "metrics", "download")
 
 
 def _duration(text: str) -> float:
@@ -218,3 +218,33 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="Downsample each series to at most this many buckets (bucket means).",
     )
+
+    download = sub.add_parser(
+        "download",
+        parents=[common],
+        help="Save a job's checkpoint (model or LoRA adapters, and tokenizer) to a folder.",
+        description="Download a checkpoint of a job as a model folder: a Hugging Face model\n"
+        "folder, or for a LoRA job its adapter folder (with --merge: the base with the\n"
+        "adapters merged in, which needs torch and peft). The trainer's resume state\n"
+        "(optimizer, RNG states) is not included. The folder appears complete or not at all.",
+        epilog="exit codes:\n"
+        "  0  saved\n"
+        "  2  usage error, --out exists, --merge without torch/peft or a failed merge, or the\n"
+        "     API refused the request (401; 404 no such job or step; 410 checkpoint deleted)\n"
+        "  6  the API could not be reached or was unavailable (the download is retried for\n"
+        "     --retry-for)",
+        formatter_class=raw,
+    )
+    download.add_argument("job_id")
+    download.add_argument(
+        "--step", type=int, default=None, help="The checkpoint's step (default: the latest)."
+    )
+    download.add_argument(
+        "--out", default=None, help="The folder to create (default: ./<job_id>-step<N>)."
+    )
+    download.add_argument(
+        "--merge",
+        action="store_true",
+        help="For a LoRA checkpoint: save its base with the adapters merged in (needs torch).",
+    )
+    download.add_argument("--no-progress", action="store_true", help="No progress bar on stderr.")

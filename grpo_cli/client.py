@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -141,6 +141,32 @@ class Client:
 
     def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
         return list(self._json(self._http.get(f"/v1/jobs/{job_id}/checkpoints"))["data"])
+
+    def download_checkpoint(
+        self,
+        job_id: str,
+        step: int,
+        into: IO[bytes],
+        on_progress: Callable[[int, int | None], None] | None = None,
+    ) -> int:
+        """Stream the checkpoint's tar archive into `into`; returns the bytes written.
+        `on_progress(bytes_so_far, total_or_None)` is called after each chunk. A body shorter
+        than its Content-Length raises httpx.RemoteProtocolError (a TransportError)."""
+        url = f"/v1/jobs/{job_id}/checkpoints/{step}/download"
+        with self._http.stream("GET", url, timeout=httpx.Timeout(30, read=300)) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._json(response)
+            total = int(response.headers.get("content-length") or 0) or None
+            written = 0
+            for chunk in response.iter_bytes(1024 * 1024):
+                into.write(chunk)
+                written += len(chunk)
+                if on_progress is not None:
+                    on_progress(written, total)
+        if total is not None and written != total:
+            raise httpx.RemoteProtocolError(f"the download ended after {written} of {total} bytes")
+        return written
 
     def stream(
         self, job_id: str, last_event_id: str | None = None, max_reconnects: int = 20

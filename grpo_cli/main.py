@@ -51,6 +51,23 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--project", default="default", help="Project name (created if new).")
     create.add_argument("--name", default=None, help="A label for the key.")
 
+    export = sub.add_parser(
+        "export",
+        help="Write a checkpoint's model as a plain Hugging Face folder (LoRA: --merge).",
+    )
+    export.add_argument("checkpoint", help="A checkpoint folder (checkpoint-NNNNNN).")
+    export.add_argument("--out", required=True, help="The folder to create.")
+    export.add_argument(
+        "--merge",
+        action="store_true",
+        help="Merge a LoRA checkpoint's adapters into its base (without: the adapters alone).",
+    )
+    export.add_argument(
+        "--base",
+        default=None,
+        help="The base model folder of a LoRA checkpoint (default: the base it records).",
+    )
+
     train = sub.add_parser("train", help="Run a recipe locally (no server).", add_help=False)
     train.add_argument("args", nargs=argparse.REMAINDER)
 
@@ -65,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return train_main(argv[1:])
     args = _parser().parse_args(argv)
+    if args.command == "export":
+        return _export(args)
     if args.command in CI_COMMANDS:
         from grpo_cli.ci import run
 
@@ -109,6 +128,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(key for project '{created.project_name}'; it is shown only once)", file=sys.stderr)
         return 0
     return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+def _export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trainer.export import export_checkpoint
+
+    base = Path(args.base) if args.base else None
+    try:
+        out = export_checkpoint(Path(args.checkpoint), Path(args.out), merge=args.merge, base=base)
+    except (OSError, ValueError) as exc:
+        print(f"grpo export: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -382,6 +382,34 @@ def test_every_worker_image_runs_a_real_cli_command() -> None:
 # --------------------------------------------------------------------------- the API image
 
 
+def _checkpoint_dir(name: str) -> str:
+    env = {**image_env(built(name)[1]), **(SERVICES[name].get("environment") or {})}
+    if env.get("GRPO_CHECKPOINT_DIR"):
+        return str(env["GRPO_CHECKPOINT_DIR"]).rstrip("/")
+    return f"{str(env['GRPO_DATA_DIR']).rstrip('/')}/checkpoints"
+
+
+def test_the_api_reads_checkpoints_where_the_workers_write_them() -> None:
+    """`GET /v1/jobs/{id}/checkpoints/{step}/download` opens the folder a worker recorded and
+    serves it only from the API's own checkpoint dir: both must name the same place, and the
+    API must see the workers' volume there, read-only."""
+    api_dir = _checkpoint_dir("api")
+    api_mounts = {}
+    for mount in SERVICES["api"].get("volumes") or []:
+        volume, target, *mode = str(mount).split(":")
+        api_mounts[volume] = (target.rstrip("/"), mode)
+    for worker in ("worker-gpu", "worker-cpu"):
+        assert _checkpoint_dir(worker) == api_dir, worker
+        holding = [
+            str(m).split(":")[:2]
+            for m in SERVICES[worker].get("volumes") or []
+            if f"{api_dir}/".startswith(str(m).split(":")[1].rstrip("/") + "/")
+        ]
+        assert holding, f"{worker} keeps its checkpoints in no volume"
+        for volume, target in holding:
+            assert api_mounts.get(volume) == (target.rstrip("/"), ["ro"]), (worker, volume)
+
+
 def test_the_api_image_installs_no_torch() -> None:
     _, instructions = built("api")
     installs = pip_installs(instructions)

@@ -3,6 +3,8 @@
 A checkpoint is a folder ``checkpoint-<step:06d>`` in the run's output dir holding:
 
 - the model (safetensors via ``save_pretrained``) and its tokenizer: a loadable HF model folder;
+  for a LoRA job the adapters alone (``adapter_model.safetensors`` and ``adapter_config.json``,
+  megabytes: the base never changes), which ``grpo export --merge`` turns into a full folder;
 - ``optimizer.pt``: optimizer and learning-rate scheduler state;
 - ``rng_state.pt``: python, numpy (when installed) and torch RNG states;
 - ``manifest.json``: format version, step, sampler position and small trainer state.
@@ -32,6 +34,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedTokenizerBase
 
+from trainer.checkpoint_files import MANIFEST, OPTIMIZER_FILE, RNG_FILE
+from trainer.lora import ADAPTER_WEIGHTS, is_lora, load_adapter_weights
+
 __all__ = [
     "CHECKPOINT_PREFIX",
     "TrainState",
@@ -39,6 +44,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "load_checkpoint_weights",
     "prune_checkpoints",
     "save_checkpoint",
     "sweep_temp_dirs",
@@ -49,9 +55,6 @@ CHECKPOINT_PREFIX = "checkpoint-"
 _TMP_PREFIX = ".tmp-checkpoint-"
 _TRASH_PREFIX = ".trash-checkpoint-"
 _NAME = re.compile(r"^checkpoint-(\d{6,})$")
-MANIFEST = "manifest.json"
-OPTIMIZER_FILE = "optimizer.pt"
-RNG_FILE = "rng_state.pt"
 
 
 @dataclass
@@ -217,7 +220,11 @@ def save_checkpoint(
         save_pretrained = getattr(model, "save_pretrained", None)
         if not callable(save_pretrained):
             raise TypeError(f"{type(model).__name__} has no save_pretrained")
-        save_pretrained(str(tmp), safe_serialization=True)
+        if is_lora(model):
+            # Adapters only; the embeddings are never trained, so peft need not check them.
+            save_pretrained(str(tmp), safe_serialization=True, save_embedding_layers=False)
+        else:
+            save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         torch.save(
@@ -288,6 +295,15 @@ def load_model_weights(path: Path, model: nn.Module) -> None:
         )
 
 
+def load_checkpoint_weights(path: Path, model: nn.Module) -> None:
+    """A checkpoint's trained weights into ``model`` in place: the adapters of a LoRA
+    checkpoint (into a LoRA model), the full weights otherwise."""
+    if (path / ADAPTER_WEIGHTS).is_file():
+        load_adapter_weights(path, model)
+    else:
+        load_model_weights(path, model)
+
+
 def load_checkpoint(
     path: Path,
     model: nn.Module,
@@ -299,7 +315,7 @@ def load_checkpoint(
     """Restore model weights, optimizer, scheduler and RNG states in place; returns the rest."""
     path = Path(path)
     manifest = _read_manifest(path)
-    load_model_weights(path, model)
+    load_checkpoint_weights(path, model)
     saved = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
     if optimizer is not None:
         optimizer.load_state_dict(saved["optimizer"])

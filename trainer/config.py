@@ -5,15 +5,16 @@ Every field carries a description and a default; unknown fields are rejected eve
 such as ``learnin_rate`` is a 422 naming the field, not a silently ignored setting. Every numeric
 field is bounded, floats are finite and text is storable (``trainer.spec.base``).
 
-The sections live in :mod:`trainer.spec` (``base``, ``dataset``, ``graders``, ``grpo``); this
-module assembles them into :class:`JobSpec` and re-exports their names, so
-``from trainer.config import X`` is the one import path.
+The sections live in :mod:`trainer.spec` (``base``, ``dataset``, ``graders``, ``grpo``,
+``adaptation``); this module assembles them into :class:`JobSpec` and re-exports their names,
+so ``from trainer.config import X`` is the one import path.
 """
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
+from trainer.spec.adaptation import ALL_LINEAR, LoraSpec, TrainingDtype
 from trainer.spec.base import (
     MAX_INLINE_ROWS,
     MAX_SEED,
@@ -55,8 +56,15 @@ from trainer.spec.grpo import (
     RolloutEngineName,
     RolloutSpec,
 )
+from trainer.spec.model_source import (
+    hub_repo_id_problem,
+    is_hub_repo_id,
+    looks_like_hub_repo_id,
+    revision_problem,
+)
 
 __all__ = [
+    "ALL_LINEAR",
     "GRADER_SPECS",
     "GRADER_TYPES",
     "MAX_COMPLETIONS_PER_UPDATE",
@@ -85,6 +93,7 @@ __all__ = [
     "KLPlacement",
     "KLSpec",
     "LengthGrader",
+    "LoraSpec",
     "LossAggregation",
     "NumericMatchGrader",
     "OverlongSpec",
@@ -93,8 +102,10 @@ __all__ = [
     "RolloutEngineName",
     "RolloutSpec",
     "StrictModel",
+    "TrainingDtype",
     "compile_regex",
     "grader_name",
+    "is_hub_repo_id",
     "literal_tag",
     "spec_limits_violations",
     "text_problem",
@@ -124,9 +135,16 @@ class JobSpec(StrictModel):
         min_length=1,
         max_length=1000,
         description=(
-            "A packaged model name (" + ", ".join(PACKAGED_MODELS) + ") "
+            "A packaged model name (" + ", ".join(PACKAGED_MODELS) + "), "
+            "a Hugging Face Hub repo id (owner/name, e.g. Qwen/Qwen2.5-0.5B-Instruct) read "
+            "through the worker's Hugging Face cache, "
             "or an absolute path to a Hugging Face model folder on the worker."
         ),
+    )
+    model_revision: str | None = Field(
+        default=None,
+        max_length=128,
+        description="Branch, tag or 40-hex commit of a Hub `model` (default: main).",
     )
     init_from: InitFrom | None = Field(
         default=None,
@@ -142,6 +160,10 @@ class JobSpec(StrictModel):
         description="Graders whose weighted sum is the reward of a completion.",
     )
     grpo: GRPOSpec = Field(default_factory=GRPOSpec, description="GRPO hyperparameters.")
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="Train LoRA adapters instead of every weight (none: full fine-tuning).",
+    )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout engine.")
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Held-out evaluation.")
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seed of the whole run.")
@@ -160,12 +182,30 @@ class JobSpec(StrictModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, model: str) -> str:
-        if model not in PACKAGED_MODELS and not model.startswith("/"):
-            raise ValueError(
-                f"model must be one of {', '.join(PACKAGED_MODELS)} or an absolute path "
-                f"to a model folder, got {model!r:.200}"
-            )
-        return model
+        if model in PACKAGED_MODELS or model.startswith("/"):
+            return model
+        problem = hub_repo_id_problem(model)
+        if problem is None:
+            return model
+        kinds = (
+            f"model must be one of {', '.join(PACKAGED_MODELS)}, a Hugging Face Hub repo id "
+            "(owner/name) or an absolute path to a model folder"
+        )
+        detail = f"; {problem}" if looks_like_hub_repo_id(model) else ""
+        raise ValueError(f"{kinds}{detail}; got {model!r:.120}")
+
+    @field_validator("model_revision")
+    @classmethod
+    def _hub_revision(cls, revision: str | None, info: ValidationInfo) -> str | None:
+        if revision is None:
+            return None
+        problem = revision_problem(revision)
+        if problem is not None:
+            raise ValueError(f"{problem}; got {revision!r:.140}")
+        model = info.data.get("model")
+        if model is not None and hub_repo_id_problem(model) is not None:
+            raise ValueError("model_revision applies only to a Hub repo id (owner/name) model")
+        return revision
 
     @field_validator("graders")
     @classmethod

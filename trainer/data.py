@@ -5,6 +5,11 @@ An uploaded dataset (``file_id``) is resolved into rows by the caller (the servi
 the file); ``DatasetSpec.with_rows`` builds the equivalent inline spec. Which rows a spec holds
 (inline or generated) is the spec's own business (``DatasetSpec.all_rows``); this module turns
 them into examples and tokens.
+
+Prompts are never cut: a prompt cut from the left loses its system prompt and chat header, one
+cut from the right loses the generation prompt. A run skips the rows whose formatted prompt is
+longer than ``grpo.max_prompt_tokens`` (:func:`prompts_for_run`, which reports them by row
+number) and fails when no training row is left.
 """
 
 from __future__ import annotations
@@ -17,17 +22,27 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from trainer.config import DatasetSpec, PromptRow
+from trainer.errors import TrainerError
 
 __all__ = [
     "Example",
+    "FittedPrompts",
     "PromptSampler",
+    "PromptsTooLong",
+    "RunPrompts",
     "SamplerState",
     "dataset_rows",
+    "encode_prompt",
     "encode_prompts",
+    "fit_prompts",
     "format_prompt",
+    "prompts_for_run",
     "split_holdout",
     "with_rows",
 ]
+
+SKIPPED_ROWS_IN_MESSAGE = 10  # row numbers an event's message lists (its data holds more)
+SKIPPED_ROWS_IN_DATA = 1000
 
 
 @dataclass(frozen=True)
@@ -80,30 +95,148 @@ def format_prompt(
     return f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
 
 
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Example, spec: DatasetSpec) -> list[int]:
+    """Token ids of one row's formatted prompt (:func:`format_prompt`), whole."""
+    chat = spec.use_chat_template and bool(getattr(tokenizer, "chat_template", None))
+    text = format_prompt(
+        tokenizer,
+        row.prompt,
+        system_prompt=spec.system_prompt,
+        use_chat_template=spec.use_chat_template,
+    )
+    # A chat template writes its own special tokens (BOS included) into the text.
+    return list(tokenizer(text, add_special_tokens=not chat)["input_ids"])
+
+
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase,
     rows: Sequence[Example],
     spec: DatasetSpec,
     max_prompt_tokens: int,
 ) -> list[list[int]]:
-    """Token ids of each formatted prompt, at most ``max_prompt_tokens`` each.
-
-    Too-long prompts keep their END: the generation prompt (and the question, usually last) must
-    survive; the start (system prompt, preamble) is what goes.
-    """
-    chat = spec.use_chat_template and bool(getattr(tokenizer, "chat_template", None))
-    out = []
-    for row in rows:
-        text = format_prompt(
-            tokenizer,
-            row.prompt,
-            system_prompt=spec.system_prompt,
-            use_chat_template=spec.use_chat_template,
+    """Token ids of each row's formatted prompt; ValueError naming the first row (1-based)
+    whose prompt is longer than ``max_prompt_tokens``. Nothing is ever cut (a run skips such
+    rows instead: :func:`prompts_for_run`)."""
+    fitted = fit_prompts(tokenizer, rows, spec, max_prompt_tokens)
+    if fitted.too_long:
+        position, length = fitted.too_long[0]
+        raise ValueError(
+            f"row {position + 1}: the prompt is {length} tokens, longer than "
+            f"max_prompt_tokens ({max_prompt_tokens})"
         )
-        # A chat template writes its own special tokens (BOS included) into the text.
-        ids = list(tokenizer(text, add_special_tokens=not chat)["input_ids"])
-        out.append(ids[-max_prompt_tokens:])
-    return out
+    return fitted.ids
+
+
+@dataclass(frozen=True)
+class FittedPrompts:
+    """The rows whose prompt fits, as token ids, and the rows that did not fit."""
+
+    ids: list[list[int]]  # token ids of each kept row's prompt, in row order
+    kept: list[int]  # position (in the rows given) of each kept row
+    too_long: list[tuple[int, int]]  # (position, prompt tokens) of each skipped row
+
+
+def fit_prompts(
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[Example],
+    spec: DatasetSpec,
+    max_prompt_tokens: int,
+    *,
+    limit: int | None = None,
+) -> FittedPrompts:
+    """Encode the rows in order, keeping those of at most ``max_prompt_tokens`` tokens; with
+    ``limit``, stop once that many are kept (later rows are not looked at)."""
+    ids: list[list[int]] = []
+    kept: list[int] = []
+    too_long: list[tuple[int, int]] = []
+    for position, row in enumerate(rows):
+        if limit is not None and len(kept) >= limit:
+            break
+        encoded = encode_prompt(tokenizer, row, spec)
+        if len(encoded) > max_prompt_tokens:
+            too_long.append((position, len(encoded)))
+        else:
+            ids.append(encoded)
+            kept.append(position)
+    return FittedPrompts(ids, kept, too_long)
+
+
+class PromptsTooLong(TrainerError):
+    """No training row's prompt fits ``grpo.max_prompt_tokens``."""
+
+    reason = "prompts_too_long"
+
+
+@dataclass(frozen=True)
+class RunPrompts:
+    """A run's prompts after skipping those over the limit (:func:`prompts_for_run`)."""
+
+    train_rows: list[Example]
+    train_ids: list[list[int]]
+    eval_rows: list[Example]
+    eval_ids: list[list[int]]
+    skipped: list[tuple[int, int]]  # (dataset row number from 1, prompt tokens), row order
+    max_prompt_tokens: int
+
+    def skipped_event(self) -> tuple[str, dict[str, object]]:
+        """The message and data of the event that reports the skipped rows."""
+        numbers = [number for number, _ in self.skipped]
+        shown = ", ".join(map(str, numbers[:SKIPPED_ROWS_IN_MESSAGE]))
+        more = len(numbers) - SKIPPED_ROWS_IN_MESSAGE
+        if more > 0:
+            shown += f" and {more} more"
+        longest = max(length for _, length in self.skipped)
+        rows = "row" if len(numbers) == 1 else "rows"
+        message = (
+            f"skipped {len(numbers)} dataset {rows} whose prompt is longer than "
+            f"max_prompt_tokens ({self.max_prompt_tokens}; the longest has {longest} tokens): "
+            f"{rows} {shown}"
+        )
+        data: dict[str, object] = {
+            "count": len(numbers),
+            "rows": numbers[:SKIPPED_ROWS_IN_DATA],
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "longest": longest,
+        }
+        return message, data
+
+
+def prompts_for_run(
+    tokenizer: PreTrainedTokenizerBase,
+    train_rows: Sequence[Example],
+    eval_rows: Sequence[Example],
+    spec: DatasetSpec,
+    max_prompt_tokens: int,
+    *,
+    eval_max_rows: int,
+) -> RunPrompts:
+    """The training rows and the first ``eval_max_rows`` held-out rows whose formatted prompt
+    fits ``max_prompt_tokens``, with their token ids; the others are skipped and listed by
+    dataset row number (from 1: training rows first, then the held-out ones, as in the spec).
+
+    Raises :class:`PromptsTooLong` (a TrainerError) when no training row fits, naming the limit
+    and the longest prompt.
+    """
+    train = fit_prompts(tokenizer, train_rows, spec, max_prompt_tokens)
+    held = fit_prompts(tokenizer, eval_rows, spec, max_prompt_tokens, limit=eval_max_rows)
+    skipped = [(position + 1, length) for position, length in train.too_long]
+    skipped += [(len(train_rows) + position + 1, length) for position, length in held.too_long]
+    if not train.ids:
+        longest = max(length for _, length in train.too_long)
+        raise PromptsTooLong(
+            f"no training row fits: every one of the {len(train_rows)} training prompts, "
+            f"formatted for the model, is longer than grpo.max_prompt_tokens "
+            f"({max_prompt_tokens} tokens; the longest has {longest}). Raise "
+            "grpo.max_prompt_tokens or shorten the prompts (and the system prompt)."
+        )
+    return RunPrompts(
+        train_rows=[train_rows[i] for i in train.kept],
+        train_ids=train.ids,
+        eval_rows=[eval_rows[i] for i in held.kept],
+        eval_ids=held.ids,
+        skipped=skipped,
+        max_prompt_tokens=max_prompt_tokens,
+    )
 
 
 @dataclass(frozen=True)

@@ -27,3 +27,18 @@ class ModelNotAllowed(TrainerError):
     not tell whether that path exists."""
 
     reason = "model_not_allowed"
+
+
+class ModelNotCached(TrainerError):
+    """The job's Hub model (repo id and revision) is not in the worker's Hugging Face cache and
+    the worker may not, or could not, download it. The message names the model and how the
+    operator pre-fetches it, never a server path."""
+
+    reason = "model_not_cached"
+
+
+class ModelNotFound(TrainerError):
+    """The Hub answered that the job's repo id or revision does not exist, or that this worker
+    may not read it (private or gated)."""
+
+    reason = "model_not_found"

@@ -94,8 +94,16 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: in
 def _head_chunk(
     lm_head: nn.Module, hidden: Tensor, token_ids: Tensor, temperature: float, with_entropy: bool
 ) -> tuple[Tensor, Tensor]:
-    """[N, H] hidden states, [N] ids -> ([N] logprobs, [N] detached entropy or empty)."""
-    x = _scaled(lm_head(hidden), temperature)
+    """[N, H] hidden states, [N] ids -> ([N] logprobs, [N] detached entropy or empty).
+
+    Outside any autocast, in the head's own dtype (float32 under bfloat16 mixed precision):
+    bfloat16 logits would carry errors as large as a clip range of ratio
+    (``trainer.precision``)."""
+    weight = getattr(lm_head, "weight", None)
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        if isinstance(weight, Tensor) and hidden.dtype != weight.dtype:
+            hidden = hidden.to(weight.dtype)
+        x = _scaled(lm_head(hidden), temperature)
     logprobs = _row_logprobs(x, token_ids)
     if not with_entropy:
         return logprobs, logprobs.new_zeros(0)

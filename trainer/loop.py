@@ -10,7 +10,6 @@ of its own (a notebook) passes them to :func:`train` as keyword arguments.
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 import time
@@ -27,9 +26,10 @@ from trainer.callbacks import Callbacks, RunInfo
 from trainer.checkpoint import load_checkpoint, save_checkpoint, sweep_temp_dirs
 from trainer.collect import Collected, collect_groups
 from trainer.config import JobSpec
-from trainer.data import PromptSampler, SamplerState, dataset_rows, encode_prompts, split_holdout
+from trainer.data import PromptSampler, SamplerState, dataset_rows, prompts_for_run, split_holdout
 from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.graders import Grader
+from trainer.lora import apply_lora, trainable_parameters
 from trainer.metrics import build_samples, evaluate, rollout_metrics
 from trainer.models import enable_gradient_checkpointing, load_policy, resolve_model
 from trainer.phases import (
@@ -41,6 +41,8 @@ from trainer.phases import (
     shaped_rewards,
     update_step_metrics,
 )
+from trainer.precision import enable_tf32
+from trainer.reference import Reference, reference_for
 from trainer.rewards import RewardFn, Scorer, resolve_scorer
 from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine, start_engine
@@ -153,33 +155,30 @@ class _Run:
         self._load_policy(given.model, given.tokenizer)
         self._encode_prompts()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            trainable_parameters(self.model),
             lr=self.spec.learning_rate,
             weight_decay=self.spec.weight_decay,
         )
         self.scheduler = make_scheduler(self.optimizer, self.spec)
         self.guard = NonFiniteGuard(self.cb.on_event)
-        self.ref_model = self._reference()
+        self.reference = self._reference()
 
     def _load_rows(self) -> None:
-        """Training and held-out rows, the sampler over the training rows, and what
-        ``on_samples`` shows of each row (its prompt as written, not the chat-formatted text)."""
+        """Training and held-out rows (the prompts are tokenized, and too long ones skipped,
+        once the tokenizer is loaded: :meth:`_encode_prompts`)."""
         ds = self.config.dataset
         self.train_rows, self.eval_rows = split_holdout(dataset_rows(ds), ds.holdout)
-        self.sample_prompts = [row.prompt for row in self.train_rows]
-        self.sample_answers = [row.answer for row in self.train_rows]
-        self.sampler = PromptSampler(
-            len(self.train_rows), seed=self.config.seed, shuffle=ds.shuffle
-        )
 
     def _load_policy(
         self, model: nn.Module | None, tokenizer: PreTrainedTokenizerBase | None
     ) -> None:
         """The policy on the run's device (the caller's object, or ``config.model`` loaded in
-        float32) with gradient checkpointing as the spec says, and its tokenizer."""
+        float32: the master weights, whatever ``grpo.dtype``) with gradient checkpointing as
+        the spec says, wrapped with LoRA adapters when ``config.lora`` asks, and its
+        tokenizer."""
         self.model_path: Path | None = None
         if model is None or tokenizer is None:
-            self.model_path = resolve_model(self.config.model)
+            self.model_path = resolve_model(self.config.model, revision=self.config.model_revision)
             model, tokenizer = load_policy(self.model_path, dtype=torch.float32)
         self.model: nn.Module = model
         self.tokenizer = tokenizer
@@ -191,25 +190,47 @@ class _Run:
                 "gradient_checkpointing is off for this run",
                 level="warning",
             )
+        if self.config.lora is not None:
+            # Recorded as the adapter's base: the job's own word for it, never a server path.
+            self.model = apply_lora(model, self.config.lora, base_name=self.config.model)
+        if enable_tf32(self.device):
+            self.cb.on_event("config", "TF32 matmuls on for float32 work on this device")
 
     def _encode_prompts(self) -> None:
-        """Training and evaluation prompts as token ids, and the pad id of the tokenizer."""
-        tok, ds, max_tokens = self.tokenizer, self.config.dataset, self.spec.max_prompt_tokens
+        """Training and evaluation prompts as token ids, without the rows whose prompt is over
+        ``max_prompt_tokens`` (an event lists them; PromptsTooLong when no training row is
+        left); the sampler over the training rows, what ``on_samples`` shows of each row (its
+        prompt as written, not the chat-formatted text), and the pad id of the tokenizer."""
+        tok, ds = self.tokenizer, self.config.dataset
         pad = tok.pad_token_id
         self.pad_id = int(pad if pad is not None else tok.eos_token_id or 0)
-        self.train_ids = encode_prompts(tok, self.train_rows, ds, max_tokens)
-        self.eval_ids = encode_prompts(
-            tok, self.eval_rows[: self.config.eval.max_rows], ds, max_tokens
+        prompts = prompts_for_run(
+            tok,
+            self.train_rows,
+            self.eval_rows,
+            ds,
+            self.spec.max_prompt_tokens,
+            eval_max_rows=self.config.eval.max_rows,
+        )
+        self.train_rows, self.train_ids = prompts.train_rows, prompts.train_ids
+        self.eval_rows, self.eval_ids = prompts.eval_rows, prompts.eval_ids
+        self.skipped_prompts = len(prompts.skipped)
+        if prompts.skipped:
+            message, data = prompts.skipped_event()
+            self.cb.on_event("dataset", message, level="warning", data=data)
+        self.sample_prompts = [row.prompt for row in self.train_rows]
+        self.sample_answers = [row.answer for row in self.train_rows]
+        self.sampler = PromptSampler(
+            len(self.train_rows), seed=self.config.seed, shuffle=ds.shuffle
         )
 
-    def _reference(self) -> nn.Module | None:
-        """The KL reference: a frozen copy of the policy as the run starts (the base model, also
-        when resuming, since checkpoints are loaded after this); None when the KL is off."""
+    def _reference(self) -> Reference | None:
+        """The KL reference: the policy as the run starts (the base model, also when resuming,
+        since checkpoints are loaded after this; ``trainer.reference``); None when the KL is
+        off."""
         if not self.spec.kl.active:
             return None
-        ref = copy.deepcopy(self.model)
-        ref.zero_grad(set_to_none=True)  # a caller's model may carry gradients
-        return ref.eval().requires_grad_(False)
+        return reference_for(self.model, self.spec.dtype)
 
     def close(self) -> None:
         if self.started is not None:
@@ -354,6 +375,7 @@ class _Run:
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
             self.scheduler.step()
         metrics["lr"] = lr
+        metrics["data/skipped_prompts"] = float(self.skipped_prompts)
         samples = build_samples(
             col, advantages, self.sample_prompts, self.sample_answers, self.sample_groups
         )
@@ -381,7 +403,7 @@ class _Run:
         clock = time.perf_counter()
         with_old = needs_old_logprobs(spec, batch.size)
         scored = score_logprobs(
-            self.model, self.ref_model, batch, spec, pad_id=self.pad_id, with_old=with_old
+            self.model, self.reference, batch, spec, pad_id=self.pad_id, with_old=with_old
         )
         metrics["time/logprobs"] = time.perf_counter() - clock
 

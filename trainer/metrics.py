@@ -15,7 +15,10 @@ rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen es
 ``kl_k3`` (always k3; only with a reference model), ``logprob_diff/engine_vs_trainer`` (mean
 |engine - trainer| logprob of the sampled tokens before the update), over the completions
 trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
-``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``; ``eval/accuracy`` on
+``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``;
+``data/skipped_prompts`` (dataset rows the run skipped because their formatted prompt is longer
+than ``max_prompt_tokens``: the same value every step, 0 when none; a ``dataset`` event lists
+them by row number, see ``trainer.data.prompts_for_run``); ``eval/accuracy`` on
 evaluation steps (greedy decoding of the held-out rows; a row counts as correct when its total
 reward reaches the scorer's ``max_total``: for graders, the sum of the positive weights, i.e.
 every positively weighted grader gave full marks; with a ``max_total`` of 0 or less, the mean

@@ -9,17 +9,25 @@ symlink); then, every symlink followed, still under a resolved root and outside 
 project's checkpoints are reachable only through `init_from`, by job and step); then a folder
 with a `config.json`. Every refusal has the same message, which names no path, so a tenant
 cannot learn which paths exist on the server.
+
+A job may also name a Hugging Face Hub repo id (``owner/name``, syntax checked by the spec, see
+:mod:`trainer.spec.model_source`) when the operator allows Hub models (``GRPO_ALLOW_HUB_MODELS``,
+on by default) and, if they listed any, the id matches one of the patterns of
+``GRPO_HUB_MODEL_ALLOWLIST`` (:func:`hub_model_refusal`). Whether the worker can read it (its
+Hugging Face cache, or the Hub when it is online) is only known on the worker (:mod:`trainer.hub`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
 from trainer.config import PACKAGED_MODELS, text_problem
 
-__all__ = ["allowed_model_folder", "model_refusal"]
+__all__ = ["allowed_model_folder", "hub_allowlist", "hub_model_refusal", "model_refusal"]
 
 
 def model_refusal(*, has_roots: bool) -> str:
@@ -59,3 +67,36 @@ def allowed_model_folder(
         return real if (real / "config.json").is_file() else None
     except (OSError, RuntimeError, ValueError):  # missing, unreadable, a symlink loop
         return None
+
+
+def hub_allowlist(text: str) -> tuple[str, ...]:
+    """The patterns of a ``GRPO_HUB_MODEL_ALLOWLIST`` value (separated by commas or spaces)."""
+    return tuple(item for item in re.split(r"[\s,]+", text) if item)
+
+
+def _allowlisted(repo_id: str, pattern: str) -> bool:
+    # An owner alone allows all of its models; the Hub treats ids case-insensitively.
+    full = pattern if "/" in pattern else f"{pattern}/*"
+    return fnmatchcase(repo_id.lower(), full.lower())
+
+
+def hub_model_refusal(
+    repo_id: str, *, allow_hub: bool, allowlist: Sequence[str], has_roots: bool
+) -> str | None:
+    """Why this service refuses the Hub repo id ``repo_id``, or None when a job may use it.
+
+    ``allowlist`` holds owners (``Qwen``: any of its models) and glob patterns of repo ids
+    (``Qwen/Qwen2.5-*``, ``HuggingFaceTB/SmolLM2-135M-Instruct``), matched ignoring case;
+    empty allows every repo id."""
+    if not allow_hub:
+        folders = " or a model folder under one of its model roots" if has_roots else ""
+        return (
+            "model: this service does not train models from the Hugging Face Hub; use a "
+            f"packaged model ({', '.join(PACKAGED_MODELS)}){folders}"
+        )
+    if allowlist and not any(_allowlisted(repo_id, pattern) for pattern in allowlist):
+        return (
+            f"model: {repo_id} is not among the Hugging Face Hub models this service allows "
+            f"({', '.join(allowlist)})"
+        )
+    return None

@@ -40,8 +40,9 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from trainer.config import PACKAGED_MODELS
+from trainer.config import PACKAGED_MODELS, is_hub_repo_id
 from trainer.errors import ModelNotAllowed
+from trainer.hub import resolve_hub_model
 from trainer.model_paths import allowed_model_folder, model_refusal
 
 __all__ = [
@@ -93,21 +94,27 @@ def resolve_model(
     name_or_path: str,
     cache_dir: Path | None = None,
     *,
+    revision: str | None = None,
     allowed_roots: Sequence[Path] | None = None,
     forbidden: Sequence[Path] = (),
 ) -> Path:
-    """Turn a packaged model name or a local folder into a folder holding a plain HF model.
+    """Turn a packaged model name, a Hub repo id or a local folder into a folder holding a
+    plain HF model.
 
     Packaged models are built on first use and reused afterwards. A path is returned unchanged
     after checking that it looks like a model folder; with ``allowed_roots`` (a service's
     worker: the operator's model roots, possibly none) it must also lie under one of them, see
     :func:`confined_model_folder`, and its real path is returned. ``None`` (the library and
-    ``grpo train``) allows any folder.
+    ``grpo train``) allows any folder. A Hub repo id (``owner/name``; a relative path never
+    names a folder) at ``revision`` is the snapshot folder in the Hugging Face cache, see
+    :func:`trainer.hub.resolve_hub_model` (ModelNotCached when it is not there).
     """
     if name_or_path in PACKAGED_MODELS:
         cache = cache_dir if cache_dir is not None else model_cache_dir()
         packaged = PACKAGED_BUILDERS[name_or_path]
         return _build_once(cache, packaged.folder, packaged.build)
+    if is_hub_repo_id(name_or_path):
+        return resolve_hub_model(name_or_path, revision)
     if allowed_roots is not None:
         return confined_model_folder(name_or_path, allowed_roots, forbidden)
     path = Path(name_or_path).expanduser()

@@ -25,6 +25,7 @@ from trainer.advantages import group_advantages
 from trainer.collect import Group
 from trainer.config import GRPOSpec
 from trainer.metrics import token_metrics, update_metrics
+from trainer.reference import Reference
 from trainer.shaping import overlong_penalty, truncation_loss_mask
 from trainer.step import Batch, PreUpdate, UpdateStats, forward_logprobs, pack_batch
 
@@ -96,15 +97,15 @@ class Scored:
 
 def score_logprobs(
     model: nn.Module,
-    ref_model: nn.Module | None,
+    reference: Reference | None,
     batch: Batch,
     spec: GRPOSpec,
     *,
     pad_id: int,
     with_old: bool,
 ) -> Scored:
-    """The old-policy pass (``with_old``) and the reference pass (``ref_model`` given), at the
-    sampling temperature, ``spec.micro_batch_size`` rows at a time."""
+    """The old-policy pass (``with_old``) and the reference pass (``reference`` given), at the
+    sampling temperature, ``spec.micro_batch_size`` rows at a time, in the training dtype."""
 
     def forward(m: nn.Module, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         return forward_logprobs(
@@ -114,10 +115,14 @@ def score_logprobs(
             temperature=spec.temperature,
             pad_id=pad_id,
             with_entropy=with_entropy,
+            dtype=spec.dtype,
         )
 
     old, old_entropy = forward(model, True) if with_old else (None, None)
-    ref = forward(ref_model, False)[0] if ref_model is not None else None
+    ref = None
+    if reference is not None:
+        with reference.scope():
+            ref = forward(reference.model, False)[0]
     return Scored(old=old, old_entropy=old_entropy, ref=ref)
 
 

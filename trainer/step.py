@@ -19,10 +19,11 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from trainer import kl as kl_math
 from trainer import losses
-from trainer.config import GRPOSpec
+from trainer.config import GRPOSpec, TrainingDtype
 from trainer.errors import NonFiniteLossError
 from trainer.logprobs import completion_logprobs
 from trainer.memory import release_free_memory
+from trainer.precision import autocast
 
 __all__ = [
     "Batch",
@@ -166,8 +167,10 @@ def forward_logprobs(
     temperature: float,
     pad_id: int,
     with_entropy: bool = False,
+    dtype: TrainingDtype = "float32",
 ) -> tuple[Tensor, Tensor | None]:
-    """No-grad logprobs (and entropies) of every sampled token: ([B, T], [B, T] or None)."""
+    """No-grad logprobs (and entropies) of every sampled token: ([B, T], [B, T] or None);
+    the decoder runs in ``dtype`` (``trainer.precision``), the head in float32."""
     device = batch.mask.device
     lp_all = torch.zeros(batch.size, batch.width, device=device)
     ent_all = torch.zeros(batch.size, batch.width, device=device) if with_entropy else None
@@ -179,9 +182,10 @@ def forward_logprobs(
             for start in range(0, batch.size, micro_batch_size):
                 rows = order[start : start + micro_batch_size]
                 ids, att, p_width, t_width = _micro_inputs(batch, rows, pad_id, device)
-                lp, ent = completion_logprobs(
-                    model, ids, att, p_width, temperature=temperature, with_entropy=with_entropy
-                )
+                with autocast(dtype, device):
+                    lp, ent = completion_logprobs(
+                        model, ids, att, p_width, temperature=temperature, with_entropy=with_entropy
+                    )
                 lp_all[rows, :t_width] = lp.float()
                 if ent_all is not None and ent is not None:
                     ent_all[rows, :t_width] = ent.float()
@@ -279,9 +283,11 @@ def _micro_step(
     """
     device = batch.mask.device
     ids, att, p_width, t_width = _micro_inputs(batch, rows, pad_id, device)
-    lp, ent = completion_logprobs(
-        model, ids, att, p_width, temperature=spec.temperature, with_entropy=with_entropy
-    )
+    # Autocast covers the forward pass only; backward runs each op in its forward's dtype.
+    with autocast(spec.dtype, device):
+        lp, ent = completion_logprobs(
+            model, ids, att, p_width, temperature=spec.temperature, with_entropy=with_entropy
+        )
     lp = lp.float()
     index = torch.tensor(rows, device=device)
     loss_mask = batch.loss_mask[index, :t_width]

@@ -7,6 +7,9 @@ Outcomes, each a fenced state change:
 - trainer error                 -> failed with the trainer's reason code (any other error:
                                    failed as `trainer_error`, details only in the worker log)
 - model outside the model roots -> failed as `model_not_allowed`, before any model is read
+  (likewise a Hub repo id the operator does not allow)
+- Hub model not in the cache    -> failed as `model_not_cached`, naming the model and how the
+                                   operator pre-fetches it (offline workers never download)
 - lease lost (another attempt)  -> nothing: the new lease holder owns the job
 
 A trainer that does not stop within `stop_grace_seconds` of a cancel or SIGTERM is ended by the
@@ -32,8 +35,8 @@ from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo
 from app.transitions import JobStatus
 from trainer.callbacks import Callbacks
-from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow
-from trainer.errors import TrainerError
+from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
+from trainer.errors import ModelNotAllowed, TrainerError
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper, end_attempt, release
 from worker.progress import DatabaseCallbacks, LeaseLost
@@ -116,20 +119,26 @@ def _end(
 
 
 def confine_model(spec: JobSpec, settings: WorkerSettings) -> JobSpec:
-    """The spec with `model` checked against the operator's model roots (again: the API checked
-    at submission), and a folder replaced by its real path, so the trainer opens exactly the
-    folder that was checked. Raises ModelNotAllowed (a TrainerError) otherwise."""
+    """The spec with `model` checked against the operator's model roots or Hub rules (again:
+    the API checked at submission), and a folder or Hub repo id replaced by the real folder
+    (a Hub model's snapshot in the worker's Hugging Face cache), so the trainer opens exactly
+    the folder that was checked. Raises ModelNotAllowed, ModelNotCached or ModelNotFound
+    (TrainerErrors, whose messages the user sees) otherwise."""
     if spec.model in PACKAGED_MODELS:
         return spec
+    if is_hub_repo_id(spec.model):
+        refusal = settings.hub_model_refusal(spec.model)
+        if refusal is not None:
+            raise ModelNotAllowed(refusal)
     from trainer.models import resolve_model  # torch: only for a job that names a folder
 
-    roots = [Path(p.strip()) for p in settings.model_roots.split(":") if p.strip()]
     folder = resolve_model(
         spec.model,
-        allowed_roots=roots,
+        revision=spec.model_revision,
+        allowed_roots=[Path(root) for root in settings.model_root_list],
         forbidden=[settings.data_dir, settings.resolved_checkpoint_dir],
     )
-    return spec.model_copy(update={"model": str(folder)})
+    return spec.model_copy(update={"model": str(folder), "model_revision": None})
 
 
 def starting_model(ctx: WorkerContext, job: Job, spec: JobSpec) -> JobSpec:

@@ -6,12 +6,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.models import JobEvent
+from app.repositories.new_rows import insert_row
 
 
 def add(session: Session, *, event: JobEvent) -> JobEvent:
     session.add(event)
     session.flush()
     return event
+
+
+def insert_new(session: Session, *, event: JobEvent) -> None:
+    """`add` for an event whose id the caller does not need: one INSERT, no ORM unit of work
+    (app.repositories.new_rows)."""
+    insert_row(session, event)
 
 
 def list_after(

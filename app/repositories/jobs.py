@@ -1,16 +1,22 @@
 """Job queries. Reads made for a caller take the project id, so another project's job is simply
-not found. Status changes go through `compare_and_set`, which only `app.transitions` calls."""
+not found. Status changes go through `compare_and_set`, which only `app.transitions` calls.
+
+The queries every job creation runs are built once, at import, with bound parameters: building
+a statement (and its cache key) on each call cost more of the API's CPU than running it, about
+0.3 ms each, and 2 ms for a statement with an aliased entity (BENCHMARKS.md, "API: job
+creation under load")."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, and_, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, Row, and_, bindparam, func, or_, select, update
+from sqlalchemy.orm import Session, aliased
 
 from app.clock import utcnow
 from app.models import Job
+from app.repositories.new_rows import insert_row
 
 # Literal states rather than app.transitions' enum: repositories sit below the state machine.
 RUNNING_STATES = ("running", "cancelling")
@@ -19,6 +25,12 @@ RUNNING_STATES = ("running", "cancelling")
 def add(session: Session, *, job: Job) -> Job:
     session.add(job)
     session.flush()
+    return job
+
+
+def insert_new(session: Session, *, job: Job) -> Job:
+    """`add` without the ORM's unit of work (app.repositories.new_rows); `job` stays transient."""
+    insert_row(session, job)
     return job
 
 
@@ -167,9 +179,9 @@ def lost_messages(session: Session, *, older_than: datetime, limit: int) -> list
 # A queued job with no dispatched_at waits in the database for a slot of its project.
 
 
-def _holds_slot() -> ColumnElement[bool]:
-    return Job.status.in_(RUNNING_STATES) | (
-        (Job.status == "queued") & Job.dispatched_at.is_not(None)
+def _holds_slot(job: type[Job] = Job) -> ColumnElement[bool]:
+    return job.status.in_(RUNNING_STATES) | (
+        (job.status == "queued") & job.dispatched_at.is_not(None)
     )
 
 
@@ -182,6 +194,27 @@ def dispatch_row(
     ).one_or_none()
 
 
+_HOLDER = aliased(Job, name="holder")
+_DISPATCH_STATE = select(
+    Job.project_id,
+    Job.status,
+    Job.dispatched_at,
+    select(func.count())
+    .select_from(_HOLDER)
+    .where(_HOLDER.project_id == Job.project_id, _holds_slot(_HOLDER))
+    .scalar_subquery()
+    .label("slots_held"),
+).where(Job.id == bindparam("job_id"))
+
+
+def dispatch_state(
+    session: Session, *, job_id: str
+) -> Row[tuple[str, str, datetime | None, int]] | None:
+    """(project_id, status, dispatched_at, slots_held): whether the job still waits, and how
+    many dispatch slots its project holds (`count_dispatched`), read fresh in one round trip."""
+    return session.execute(_DISPATCH_STATE, {"job_id": job_id}).one_or_none()
+
+
 def count_dispatched(session: Session, *, project_id: str) -> int:
     """The project's jobs handed to the broker or running (each holds a dispatch slot)."""
     return int(
@@ -192,16 +225,28 @@ def count_dispatched(session: Session, *, project_id: str) -> int:
     )
 
 
+_COUNT_ACTIVE = (
+    select(func.count())
+    .select_from(Job)
+    .where(Job.project_id == bindparam("project_id"), Job.status.in_(("queued", *RUNNING_STATES)))
+)
+
+
 def count_active(session: Session, *, project_id: str) -> int:
     """The project's jobs that are not finished: queued (sent or waiting), running, cancelling."""
-    return int(
-        session.scalar(
-            select(func.count())
-            .select_from(Job)
-            .where(Job.project_id == project_id, Job.status.in_(("queued", *RUNNING_STATES)))
-        )
-        or 0
-    )
+    return int(session.scalar(_COUNT_ACTIVE, {"project_id": project_id}) or 0)
+
+
+_COUNT_ACTIVE_AND_DISPATCHED = select(func.count(), func.count().filter(_holds_slot())).where(
+    Job.project_id == bindparam("project_id"), Job.status.in_(("queued", *RUNNING_STATES))
+)
+
+
+def count_active_and_dispatched(session: Session, *, project_id: str) -> tuple[int, int]:
+    """`count_active` and `count_dispatched` in one pass over the project's active jobs (the
+    jobs holding a dispatch slot are some of them)."""
+    row = session.execute(_COUNT_ACTIVE_AND_DISPATCHED, {"project_id": project_id}).one()
+    return int(row[0]), int(row[1])
 
 
 def waiting(session: Session, *, project_id: str, limit: int) -> list[Row[tuple[str, str]]]:

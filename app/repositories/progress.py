@@ -86,3 +86,9 @@ def checkpoints(session: Session, *, job_id: str, newest_first: bool = False) ->
     return list(
         session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(order))
     )
+
+
+def checkpoint_at(session: Session, *, job_id: str, step: int) -> Checkpoint | None:
+    return session.scalars(
+        select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
+    ).one_or_none()

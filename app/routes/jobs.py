@@ -67,15 +67,17 @@ def create_job(
         return JSONResponse(
             created.body, status_code=created.status_code, headers={REPLAYED_HEADER: "true"}
         )
-    out = job_out(created)
+    body = job_out(created).model_dump(mode="json")
     jobs_service.record_response(
         session,
         project_id=principal.project_id,
         idempotency_key=idempotency_key,
         status_code=201,
-        body=out.model_dump(mode="json"),
+        body=body,
     )
-    return out
+    # The body already rendered (and stored for replays) is the response: returning the model
+    # would have FastAPI validate and serialize the same JobOut a second time.
+    return JSONResponse(body, status_code=201)
 
 
 @router.post(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
 
 from app.deps import JobDep, PrincipalDep, SessionDep, StateDep
@@ -20,6 +20,7 @@ from app.schemas import (
     SampleList,
     StepSamples,
 )
+from app.services import checkpoint_download
 from app.services import metrics as metrics_service
 
 router = APIRouter(prefix="/v1/jobs", tags=["progress"], responses=ERRORS)
@@ -103,6 +104,44 @@ def get_checkpoints(job: JobDep, session: SessionDep) -> CheckpointList:
             CheckpointOut.model_validate(row, from_attributes=True)
             for row in progress_repo.checkpoints(session, job_id=job.id)
         ]
+    )
+
+
+@router.get(
+    "/{job_id}/checkpoints/{step}/download",
+    summary="Download a checkpoint's model as a tar archive",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"application/x-tar": {}},
+            "description": "A tar archive with one folder `<job_id>-step<step>/`: the model "
+            "(Hugging Face folder, or LoRA adapters) and tokenizer, without the trainer's "
+            "resume state (optimizer, RNG states, manifest).",
+        },
+        410: {"model": ErrorResponse, "description": "The checkpoint's files were deleted."},
+    },
+)
+def download_checkpoint(
+    job: JobDep,
+    session: SessionDep,
+    state: StateDep,
+    step: Annotated[int, Path(ge=0, le=10**9, description="The checkpoint's step.")],
+) -> StreamingResponse:
+    archive = checkpoint_download.locate(
+        session,
+        checkpoint_dir=state.settings.resolved_checkpoint_dir,
+        job_id=job.id,
+        step=step,
+    )
+    # The session closes when this function returns (SessionDep has scope="function"); the
+    # archive is then read from disk in the threadpool, a chunk at a time.
+    return StreamingResponse(
+        archive.chunks(),
+        media_type="application/x-tar",
+        headers={
+            "Content-Length": str(archive.size),
+            "Content-Disposition": f'attachment; filename="{archive.filename}"',
+        },
     )
 
 

@@ -8,7 +8,10 @@ again before it loads anything (defense in depth), so this is the first gate, no
 
 Model folders: a job may name a packaged model, or a Hugging Face folder under one of the
 operator's model roots (`GRPO_MODEL_ROOTS`), by the rule of `trainer.model_paths`, which the
-worker applies again: every refusal gives the same message, which names no path.
+worker applies again: every refusal gives the same message, which names no path. Or a Hugging
+Face Hub repo id, when the operator allows Hub models (`GRPO_ALLOW_HUB_MODELS`) and the id
+matches `GRPO_HUB_MODEL_ALLOWLIST` (when set); whether the worker's cache holds it is only known
+on the worker.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from app.errors import InvalidRequest
 from app.repositories import checkpoints as checkpoints_repo
 from app.repositories import jobs as jobs_repo
 from app.settings import Settings
-from trainer.config import PACKAGED_MODELS, JobSpec, spec_limits_violations, text_problem
+from trainer.config import (
+    PACKAGED_MODELS,
+    JobSpec,
+    is_hub_repo_id,
+    spec_limits_violations,
+    text_problem,
+)
 from trainer.model_paths import allowed_model_folder, model_refusal
 
 
@@ -38,7 +47,12 @@ def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Sessio
 def _admit_model(model: str, settings: Settings) -> None:
     if model in PACKAGED_MODELS:
         return
-    roots = [p.strip() for p in settings.model_roots.split(":") if p.strip()]
+    if is_hub_repo_id(model):
+        refusal = settings.hub_model_refusal(model)
+        if refusal is not None:
+            raise InvalidRequest(refusal, param="model")
+        return
+    roots = settings.model_root_list
     folder = allowed_model_folder(
         model,
         roots,
@@ -87,9 +101,17 @@ def _admit_init_from(init_from: Any, *, project_id: str, session: Session) -> No
     found = checkpoints_repo.checkpoint_of_project_job(
         session, project_id=project_id, job_id=job_id, step=step
     )
+    source = jobs_repo.get_for_project(session, project_id=project_id, job_id=job_id)
+    if found is not None and source is not None and (source.spec or {}).get("lora"):
+        # Its checkpoints hold adapters, not a model folder to start from.
+        raise InvalidRequest(
+            f"init_from.job_id: job {job_id} trained LoRA adapters; starting from a LoRA "
+            "checkpoint is not supported yet (export it merged with `grpo export --merge`)",
+            param="init_from.job_id",
+        )
     if found is not None:
         return
-    if jobs_repo.get_for_project(session, project_id=project_id, job_id=job_id) is None:
+    if source is None:
         raise InvalidRequest(
             "init_from.job_id: no such job in this project", param="init_from.job_id"
         )

@@ -64,28 +64,55 @@ def send_job(session: Session, dispatcher: Dispatcher, *, job_id: str, queue: st
     return True
 
 
-def send_after_commit(session: Session, dispatcher: Dispatcher, *, job_id: str, queue: str) -> None:
+def send_after_commit(
+    session: Session,
+    dispatcher: Dispatcher,
+    *,
+    job_id: str,
+    queue: str,
+    created: bool = False,
+    slots_held: int | None = None,
+) -> None:
     """Send the job once the unit of work that created or re-queued it has committed, if its
     project has a free dispatch slot; otherwise it waits for one in the database.
 
     A worker must never receive an id it cannot read yet, and a rolled-back job must never be
     sent at all, so the message waits for the boundary's commit (app.db.after_commit). `queue`
-    is where the job goes (a re-queued job goes back to the queue it was created for)."""
-    # Until the send, the job holds no slot: a re-queued job gives its old one back, and the
-    # sweep may send it instead of us (then we find it sent and do nothing).
-    jobs_repo.mark_undispatched(session, job_id=job_id)
+    is where the job goes (a re-queued job goes back to the queue it was created for).
+    `created`: the job was inserted in this unit of work, so it holds no slot yet and there is
+    no `dispatched_at` to clear. `slots_held`: the project's dispatch slots in use, counted
+    under the project's lock that this unit of work holds until its commit."""
+    if not created:
+        # Until the send, the job holds no slot: a re-queued job gives its old one back, and
+        # the sweep may send it instead of us (then we find it sent and do nothing).
+        jobs_repo.mark_undispatched(session, job_id=job_id)
     cap = _cap(session)
+    if cap is not None and slots_held is not None and slots_held >= cap:
+        # The project is at its cap: the job waits, with no look after the commit. A slot that
+        # frees after that count is refilled by fill_slots, which takes the project's lock,
+        # so it runs after our commit and sees our job.
+        return
+
+    def may_send(after: Session) -> str | None:
+        """The job's project when the job still waits and its project has a free slot."""
+        state = jobs_repo.dispatch_state(after, job_id=job_id)
+        if state is None or state.status != JobStatus.QUEUED or state.dispatched_at is not None:
+            return None  # sent by someone else meanwhile, or no longer queued
+        if cap is not None and state.slots_held >= cap:
+            return None  # waits for a slot: a job of its project ending, or the sweep
+        return str(state.project_id)
 
     def send(after: Session) -> None:
-        row = jobs_repo.dispatch_row(after, job_id=job_id)
-        if row is None:
+        # First without the lock: a project at its cap (the usual case of a burst of creates)
+        # costs one read and no lock. Leaving the job waiting then is safe: our job is
+        # committed, so a slot freed after this read is refilled by the end that freed it
+        # (job_ended runs after that end's commit and sees our job), or by the sweep.
+        project_id = may_send(after)
+        if project_id is None:
             return
-        projects_repo.lock(after, project_id=row.project_id)
-        row = jobs_repo.dispatch_row(after, job_id=job_id)  # as it is now that we hold the lock
-        if row is None or row.status != JobStatus.QUEUED or row.dispatched_at is not None:
-            return  # sent by someone else meanwhile, or no longer queued
-        if cap is not None and jobs_repo.count_dispatched(after, project_id=row.project_id) >= cap:
-            return  # waits for a slot: a job of its project ending, or the sweep
+        projects_repo.lock(after, project_id=project_id)
+        if may_send(after) is None:  # as it is now that we hold the lock
+            return
         send_job(after, dispatcher, job_id=job_id, queue=queue)
 
     db.after_commit(session, send)

@@ -10,10 +10,9 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import db, transitions
@@ -66,49 +65,57 @@ def _claim_key(
     This is the one place outside a boundary that commits, on purpose: the claim must be
     visible to a concurrent duplicate *before* this request has done its work (that is what
     turns the duplicate into a 409 instead of a second job), so it cannot wait for the request's
-    commit. Returns the stored response for a replay, raises for a mismatch or a request still
-    in flight, or returns None when this request owns the key and must do the work."""
+    commit. `claims` runs each statement as its own transaction (app.state), and a first
+    request claims with one statement. Returns the stored response for a replay, raises for a
+    mismatch or a request still in flight, or returns None when this request owns the key and
+    must do the work."""
     now = utcnow()
     with db.session_scope(claims) as session:
-        idem_repo.delete_older_than(session, project_id=project_id, key=key, cutoff=now - ttl)
-    try:
-        with db.session_scope(claims) as session:
-            idem_repo.claim(
-                session, project_id=project_id, key=key, request_hash=fingerprint, now=now
-            )
-        return None
-    except IntegrityError:
-        pass
-    with db.session_scope(claims) as session:
+        if idem_repo.claim(
+            session,
+            project_id=project_id,
+            key=key,
+            request_hash=fingerprint,
+            now=now,
+            expired_before=now - ttl,
+        ):
+            return None
         record = idem_repo.get(session, project_id=project_id, key=key)
-        if record is None:  # expired and deleted between our two statements: try once more
+    if record is None:  # released between our two statements: try once more
+        raise Conflict(
+            "idempotency key is being reused concurrently; retry", param="Idempotency-Key"
+        )
+    if record.request_hash != fingerprint:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was used with a different request body",
+            param="Idempotency-Key",
+        )
+    if record.state != "completed":
+        if now - (as_utc(record.created_at) or now) > STALE_CLAIM:
+            # Its request died mid-way: release the claim (only while it is still that stale
+            # one, never a retry's fresh claim), so the next retry is served.
+            _release_key(claims, project_id=project_id, key=key, claimed_before=now - STALE_CLAIM)
             raise Conflict(
-                "idempotency key is being reused concurrently; retry", param="Idempotency-Key"
-            )
-        if record.request_hash != fingerprint:
-            raise IdempotencyKeyReused(
-                "this Idempotency-Key was used with a different request body",
+                "an earlier request with this Idempotency-Key did not finish; retry",
                 param="Idempotency-Key",
             )
-        if record.state != "completed":
-            created = as_utc(record.created_at) or now
-            if now - created > STALE_CLAIM:
-                idem_repo.release(session, project_id=project_id, key=key)
-                raise Conflict(
-                    "an earlier request with this Idempotency-Key did not finish; retry",
-                    param="Idempotency-Key",
-                )
-            raise Conflict(
-                "a request with this Idempotency-Key is still in progress",
-                param="Idempotency-Key",
-            )
-        return Replay(record.response_status or 201, record.response_body or {})
+        raise Conflict(
+            "a request with this Idempotency-Key is still in progress", param="Idempotency-Key"
+        )
+    return Replay(record.response_status or 201, record.response_body or {})
 
 
-def _release_key(claims: sessionmaker[Session], *, project_id: str, key: str) -> None:
-    """Give a claimed key back (its own transaction, like the claim) so a retry can proceed."""
+def _release_key(
+    claims: sessionmaker[Session],
+    *,
+    project_id: str,
+    key: str,
+    claimed_before: datetime | None = None,
+) -> None:
+    """Give a claimed key back (its own transaction, like the claim) so a retry can proceed;
+    with `claimed_before`, only an in-progress claim made before then."""
     with db.session_scope(claims) as session:
-        idem_repo.release(session, project_id=project_id, key=key)
+        idem_repo.release(session, project_id=project_id, key=key, claimed_before=claimed_before)
 
 
 def dataset_file(session: Session, *, project_id: str, spec: JobSpec) -> File | None:
@@ -127,19 +134,43 @@ def dataset_file(session: Session, *, project_id: str, spec: JobSpec) -> File | 
 QUOTA_RETRY_AFTER_S = 30
 
 
-def check_active_jobs(session: Session, *, project_id: str, limit: int) -> None:
-    """QuotaExceeded (429) when the project already has `limit` queued or running jobs.
+def check_active_jobs(session: Session, *, project_id: str, limit: int) -> int:
+    """QuotaExceeded (429) when the project holds more than `limit` queued or running jobs,
+    counting the one this unit of work has just added; else how many of its jobs hold a
+    dispatch slot (app.services.dispatch), counted in the same pass under the same lock.
 
-    Exact under concurrency: the project's row lock is held from the count until the request
-    commits its new job, so two creates at the limit cannot both pass."""
+    Exact under concurrency: the count is taken under the project's row lock and the lock is
+    held until the commit, so two creates at the limit cannot both pass (the second counts the
+    first's committed job). `create_job` runs this as the last work before the commit
+    (app.db.before_commit): the lock is then held for one count and the commit, in one thread,
+    and not across the rest of the request, which is what serialised one project's creates."""
     projects_repo.lock(session, project_id=project_id)
-    active = jobs_repo.count_active(session, project_id=project_id)
-    if active >= limit:
+    active, dispatched = jobs_repo.count_active_and_dispatched(session, project_id=project_id)
+    if active > limit:
         raise QuotaExceeded(
-            f"this project has {active} queued or running jobs, the most it may have "
+            f"this project has {active - 1} queued or running jobs, the most it may have "
             f"(max_active_jobs_per_project={limit}); wait for one to end or cancel one",
             retry_after=QUOTA_RETRY_AFTER_S,
         )
+    return dispatched
+
+
+def _admit_and_dispatch_at_commit(
+    session: Session,
+    *,
+    dispatcher: Dispatcher,
+    project_id: str,
+    job_id: str,
+    queue: str,
+    limit: int,
+) -> None:
+    """The new job's last work before the commit: the quota, then its send after the commit,
+    decided on the dispatch slots counted under the same lock."""
+    dispatched = check_active_jobs(session, project_id=project_id, limit=limit)
+    # Only after the commit: a worker can never receive an id it cannot read.
+    send_after_commit(
+        session, dispatcher, job_id=job_id, queue=queue, created=True, slots_held=dispatched
+    )
 
 
 def create_job(
@@ -160,21 +191,22 @@ def create_job(
 
     With a key, the caller must hand the response it sends to `record_response` in the same
     unit of work, so the job and its replayable response commit together. `claims` makes the
-    key's own transactions (see `_claim_key`)."""
+    key's own transactions (see `_claim_key`). The per-project quota is checked at the commit
+    (`check_active_jobs`): a refusal there rolls everything back and releases the key."""
+    resolved = spec.model_dump(mode="json")  # the spec as stored, and what the key fingerprints
     if idempotency_key is not None:
-        fingerprint = spec_fingerprint(spec.model_dump(mode="json"))
         replay = _claim_key(
             claims,
             project_id=project_id,
             key=idempotency_key,
-            fingerprint=fingerprint,
+            fingerprint=spec_fingerprint(resolved),
             ttl=idempotency_ttl,
         )
         if replay is not None:
             return replay
         # The claim is already committed. If this unit of work rolls back (a bad dataset file,
-        # a failed commit), release it, so a retry is served at once instead of getting 409s
-        # until the claim goes stale.
+        # the quota, a failed commit), release it, so a retry is served at once instead of
+        # getting 409s until the claim goes stale.
         db.after_rollback(
             session,
             functools.partial(_release_key, claims, project_id=project_id, key=idempotency_key),
@@ -183,16 +215,13 @@ def create_job(
     # What this operator allows (model folders, job size): after the claim, so a refusal rolls
     # back and releases the key like any other 4xx.
     admission.admit(spec, settings=settings, project_id=project_id, session=session)
-    check_active_jobs(session, project_id=project_id, limit=settings.max_active_jobs_per_project)
     now = utcnow()
     job = Job(
         id=new_id("job"),
         project_id=project_id,
         name=spec.name,
         # Large inline rows are stored as a file of the project (files.spill_inline_rows).
-        spec=files_service.spill_inline_rows(
-            session, project_id=project_id, spec=spec.model_dump(mode="json")
-        ),
+        spec=files_service.spill_inline_rows(session, project_id=project_id, spec=resolved),
         attempt=0,
         max_attempts=max_attempts,
         queue=queue,
@@ -201,8 +230,17 @@ def create_job(
         total_steps=spec.grpo.steps,
     )
     transitions.record_created(session, job)
-    # Only after the commit: a worker can never receive an id it cannot read.
-    send_after_commit(session, dispatcher, job_id=job.id, queue=queue)
+    db.before_commit(
+        session,
+        functools.partial(
+            _admit_and_dispatch_at_commit,
+            dispatcher=dispatcher,
+            project_id=project_id,
+            job_id=job.id,
+            queue=queue,
+            limit=settings.max_active_jobs_per_project,
+        ),
+    )
     return job
 
 

@@ -12,16 +12,14 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from fastapi.testclient import TestClient
 
 from app.clock import utcnow
 from app.db import make_engine, make_session_factory, session_scope
 from app.errors import InvalidRequest
-from app.main import create_app
 from app.repositories import progress as progress_repo
 from app.services import admission
 from app.settings import Settings
-from tests.conftest import Api, new_project_key, settings_for, tiny_spec
+from tests.conftest import Api, tiny_spec
 from trainer.config import JobSpec
 
 ENDPOINTS = ("/v1/jobs/validate", "/v1/jobs")
@@ -32,27 +30,6 @@ def _hf_folder(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     return folder
-
-
-@pytest.fixture
-def make_api(
-    backend: str, request: pytest.FixtureRequest, sqlite_dir: Path, queue_name: str
-) -> Iterator[Callable[..., Api]]:
-    """Start the real app with extra operator settings; every app started is closed at the end."""
-    url = request.getfixturevalue("pg_url") if backend == "postgres" else ""
-    clients: list[TestClient] = []
-
-    def start(**extra: object) -> Api:
-        cfg = settings_for(backend, url, sqlite_dir, queue_name, **extra)
-        key, project_id = new_project_key(cfg)
-        client = TestClient(create_app(cfg))
-        client.__enter__()
-        clients.append(client)
-        return Api(client, cfg, key, project_id)
-
-    yield start
-    for client in clients:
-        client.__exit__(None, None, None)
 
 
 @pytest.fixture
@@ -241,3 +218,18 @@ def test_init_from_accepts_only_a_checkpoint_of_the_projects_own_job(
     assert foreign is not None and missing is not None
     assert foreign.param == missing.param == "init_from.job_id"
     assert foreign.message == missing.message  # another project's job looks like no job
+
+
+def test_init_from_a_lora_job_is_refused_naming_the_field(make_api: Callable[..., Api]) -> None:
+    """A LoRA job's checkpoints hold adapters, not a model folder to start from."""
+    api = make_api()
+    response = _submit(api, "/v1/jobs", lora={"rank": 4})
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    with _session(api.settings) as session:
+        progress_repo.add_checkpoint_once(
+            session, job_id=job_id, step=2, attempt=1, path=Path("/x/c"), now=utcnow()
+        )
+    refused = _admit(api, _with_init_from(job_id, 2))
+    assert refused is not None and refused.param == "init_from.job_id"
+    assert "LoRA" in refused.message and "grpo export --merge" in refused.message

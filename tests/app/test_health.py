@@ -61,3 +61,4 @@ def test_readyz_is_503_when_database_is_unreachable(tmp_path: Path) -> None:
         jobs = api.get("/v1/jobs", headers={"Authorization": "Bearer grpo_a_b"})
         assert jobs.status_code == 503
         assert jobs.json()["error"]["type"] == "service_unavailable"
+        assert int(jobs.headers["Retry-After"]) > 0  # clients back off, then retry

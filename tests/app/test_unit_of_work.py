@@ -14,8 +14,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Message, Receive, Scope, Send
 
 from app import db
+from app.clock import utcnow
+from app.ids import new_id
 from app.main import create_app
-from app.models import IdempotencyRecord, Job
+from app.models import IdempotencyRecord, Job, Project
+from app.repositories import keys as keys_repo
 from app.settings import Settings
 from tests.conftest import new_project_key, tiny_spec
 
@@ -174,3 +177,33 @@ def test_rollback_drops_after_commit_work_and_runs_after_rollback_work(settings:
         db.after_rollback(session, lambda: order.append("released"))
         raise RuntimeError("the route failed")
     assert order == ["released"]
+
+
+def test_before_commit_work_runs_last_before_the_commit(settings: Settings) -> None:
+    sessions = db.make_session_factory(db.make_engine(settings.resolved_database_url))
+    order: list[str] = []
+    with db.session_scope(sessions) as session:
+        db.before_commit(session, lambda s: order.append("before"))
+        db.after_commit(session, lambda s: order.append("after"))
+        order.append("body")
+    assert order == ["body", "before", "after"]
+
+
+def test_before_commit_work_that_raises_rolls_the_unit_of_work_back(settings: Settings) -> None:
+    # How a refusal counted at the commit (the per-project quota) undoes the request's writes.
+    sessions = db.make_session_factory(db.make_engine(settings.resolved_database_url))
+    order: list[str] = []
+    with pytest.raises(RuntimeError), db.session_scope(sessions) as session:
+        project = keys_repo.add_project(
+            session, project=Project(id=new_id("proj"), name=new_id("p"), created_at=utcnow())
+        )
+        db.before_commit(session, lambda s: _refuse())
+        db.after_commit(session, lambda s: order.append("sent"))
+        db.after_rollback(session, lambda: order.append("released"))
+    assert order == ["released"]
+    with db.session_scope(sessions) as session:
+        assert keys_repo.find_project_by_name(session, name=project.name) is None
+
+
+def _refuse() -> None:
+    raise RuntimeError("over the quota")

@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 # random Llama (a forward/backward pass or two) stay in the fast tier.
 MODEL_RUNS = (
     "rollout/test_vllm_engine.py",
+    "rollout/test_stop_tokens.py::test_vllm_engine_stops_a_qwen_style_model_at_end_of_turn",
     "test_loop.py",
     "test_library.py",
     "test_cli.py::test_tiny_recipe_runs_and_resumes",

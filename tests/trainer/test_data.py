@@ -8,13 +8,17 @@ from trainer.config import DatasetSpec, PromptRow
 from trainer.data import (
     Example,
     PromptSampler,
+    PromptsTooLong,
     SamplerState,
     dataset_rows,
     encode_prompts,
+    fit_prompts,
     format_prompt,
+    prompts_for_run,
     split_holdout,
     with_rows,
 )
+from trainer.errors import TrainerError
 from trainer.models import build_tiny_tokenizer
 
 
@@ -75,17 +79,73 @@ def test_format_prompt_chat_and_raw(tokenizer) -> None:  # type: ignore[no-untyp
     assert raw == "be brief\n\nhi"
 
 
-def test_encode_prompts_chat_has_one_bos_and_truncates_from_the_start(tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_encode_prompts_chat_has_one_bos_and_never_cuts(tokenizer) -> None:  # type: ignore[no-untyped-def]
     spec = DatasetSpec(rows=[PromptRow(prompt="x")], system_prompt="abc")
     rows = [Example("hello", None)]
     (ids,) = encode_prompts(tokenizer, rows, spec, max_prompt_tokens=1000)
     assert ids.count(tokenizer.bos_token_id) == 1
     assert tokenizer.decode(ids) == "<s><|system|>abc<|end|><|user|>hello<|end|><|assistant|>"
-    (short,) = encode_prompts(tokenizer, rows, spec, max_prompt_tokens=4)
-    assert short == ids[-4:]  # the generation prompt survives
+    assert encode_prompts(tokenizer, rows, spec, max_prompt_tokens=len(ids)) == [ids]
+    # One token over: refused with the row number, never cut (which dropped the system prompt).
+    with pytest.raises(ValueError, match=rf"row 2: the prompt is {len(ids)} tokens"):
+        encode_prompts(
+            tokenizer, [Example("hi", None), *rows], spec, max_prompt_tokens=len(ids) - 1
+        )
     raw_spec = DatasetSpec(rows=[PromptRow(prompt="x")], use_chat_template=False)
     (raw,) = encode_prompts(tokenizer, rows, raw_spec, max_prompt_tokens=1000)
     assert tokenizer.decode(raw, skip_special_tokens=True) == "hello"
+
+
+def _rows(*prompts: str) -> list[Example]:
+    return [Example(p, str(i)) for i, p in enumerate(prompts)]
+
+
+def test_fit_prompts_skips_long_rows_and_stops_at_the_limit(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    spec = DatasetSpec(rows=[PromptRow(prompt="x")], use_chat_template=False)
+    fitted = fit_prompts(tokenizer, _rows("ab", "abcdef", "a", "abcde", "b"), spec, 4)
+    assert fitted.kept == [0, 2, 4] and fitted.too_long == [(1, 6), (3, 5)]
+    assert [tokenizer.decode(i) for i in fitted.ids] == ["ab", "a", "b"]
+    limited = fit_prompts(tokenizer, _rows("ab", "abcdef", "a", "abcde", "b"), spec, 4, limit=2)
+    assert limited.kept == [0, 2] and limited.too_long == [(1, 6)]  # row 3 never looked at
+
+
+def test_prompts_for_run_reports_skipped_rows_by_dataset_row_number(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    spec = DatasetSpec(rows=[PromptRow(prompt="x")], system_prompt="system")
+    limit = len(encode_prompts(tokenizer, [Example("abc", None)], spec, 1000)[0])
+    train = _rows("abc", "too long", "xyz", "also too long")
+    held = _rows("held out, too long", "ok")
+    prompts = prompts_for_run(tokenizer, train, held, spec, limit, eval_max_rows=5)
+    assert [r.prompt for r in prompts.train_rows] == ["abc", "xyz"]
+    assert [r.answer for r in prompts.train_rows] == ["0", "2"]  # answers travel with rows
+    assert [r.prompt for r in prompts.eval_rows] == ["ok"] and len(prompts.eval_ids) == 1
+    assert [number for number, _ in prompts.skipped] == [2, 4, 5]  # 1-based, holdout after
+    message, data = prompts.skipped_event()
+    longest = max(length for _, length in prompts.skipped)
+    assert message == (
+        f"skipped 3 dataset rows whose prompt is longer than max_prompt_tokens ({limit}; "
+        f"the longest has {longest} tokens): rows 2, 4, 5"
+    )
+    assert data == {"count": 3, "rows": [2, 4, 5], "max_prompt_tokens": limit, "longest": longest}
+    # Nothing to skip: nothing reported.
+    assert prompts_for_run(tokenizer, train[:1], [], spec, limit, eval_max_rows=5).skipped == []
+
+
+def test_a_long_list_of_skipped_rows_is_shortened_in_the_message(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    spec = DatasetSpec(rows=[PromptRow(prompt="x")], use_chat_template=False)
+    rows = _rows("a", *["too long"] * 12)
+    prompts = prompts_for_run(tokenizer, rows, [], spec, 2, eval_max_rows=0)
+    message, data = prompts.skipped_event()
+    assert message.endswith("rows 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 2 more")
+    assert data["count"] == 12 and data["rows"] == list(range(2, 14))
+
+
+def test_no_training_row_that_fits_fails_naming_the_limit_and_the_longest(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    spec = DatasetSpec(rows=[PromptRow(prompt="x")], use_chat_template=False)
+    with pytest.raises(
+        PromptsTooLong, match=r"max_prompt_tokens \(3 tokens; the longest has 9\)"
+    ) as info:
+        prompts_for_run(tokenizer, _rows("abcd", "abcdefghi"), _rows("a"), spec, 3, eval_max_rows=1)
+    assert isinstance(info.value, TrainerError) and info.value.reason == "prompts_too_long"
 
 
 def test_sampler_covers_each_epoch_once_and_reshuffles() -> None:

@@ -18,6 +18,7 @@ import trainer.rollout.startup as startup_module
 from trainer import losses
 from trainer.callbacks import Callbacks, RolloutSample, RunInfo
 from trainer.config import JobSpec
+from trainer.data import PromptsTooLong
 from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.loop import train
 from trainer.rollout.base import Completion, RolloutEngine, make_engine
@@ -28,7 +29,7 @@ CATALOG = {
     "grad_norm", "lr", "completion_len/mean", "completion_len/max", "truncated_frac",
     "time/rollout", "time/reward", "time/logprobs", "time/update", "time/weight_sync",
     "time/step", "tokens_per_s/rollout", "logprob_diff/engine_vs_trainer",
-    "reward/has_seven/errors", "reward/errors", "reward/timeouts",
+    "reward/has_seven/errors", "reward/errors", "reward/timeouts", "data/skipped_prompts",
 }  # fmt: skip
 
 
@@ -377,6 +378,35 @@ def test_dynamic_sampling_without_signal_skips_the_update(tmp_path: Path) -> Non
     messages = [m for kind, _, m in rec.events if kind == "dynamic_sampling"]
     assert all("dropped 12 of 12 groups" in m and "3 sampling rounds" in m for m in messages)
     assert all(len(s) == 2 for s in rec.samples.values())
+
+
+def test_prompts_over_the_limit_are_skipped_and_reported_by_row(tmp_path: Path) -> None:
+    long = "what is " + "1+" * 20 + "1?"  # 50 characters: over 32 tokens once formatted
+    prompts = ["say a", long, "say b", "say c", long, "say d", long, "say e"]
+    spec = tiny_spec(
+        steps=1,
+        grpo={"prompts_per_step": 4, "group_size": 2, "max_new_tokens": 4},
+        dataset={"rows": [{"prompt": p, "answer": "7"} for p in prompts], "holdout": 2},
+        eval={"interval": 1},
+    )
+    rec = Recorder()
+    train(spec, rec, output_dir=tmp_path)
+    (event,) = [(level, m) for kind, level, m in rec.events if kind == "dataset"]
+    assert event[0] == "warning"
+    assert "skipped 3 dataset rows" in event[1] and "max_prompt_tokens (32;" in event[1]
+    assert event[1].endswith("rows 2, 5, 7")  # the 7th is a held-out row
+    assert rec.metrics[1]["data/skipped_prompts"] == 3.0
+    assert {g.prompt for g in rec.samples[1]} <= {"say a", "say b", "say c", "say d"}
+    evals = [m for kind, _, m in rec.events if kind == "eval"]
+    assert evals and all(m.endswith("on 1 rows") for m in evals)
+
+
+def test_no_prompt_within_the_limit_fails_clearly(tmp_path: Path) -> None:
+    spec = tiny_spec(
+        dataset={"rows": [{"prompt": "say something long"}]}, grpo={"max_prompt_tokens": 8}
+    )
+    with pytest.raises(PromptsTooLong, match=r"max_prompt_tokens \(8 tokens; the longest has"):
+        train(spec, Recorder(), output_dir=tmp_path)
 
 
 def test_file_dataset_must_be_resolved(tmp_path: Path) -> None:

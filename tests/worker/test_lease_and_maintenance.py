@@ -17,6 +17,7 @@ from app.settings import Settings
 from app.transitions import JobStatus
 from tests.conftest import RecordingDispatcher, new_project_key
 from trainer.callbacks import RunInfo
+from worker import maintenance
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.maintenance import reap_stale_jobs, redispatch_queued
@@ -118,7 +119,12 @@ def test_stale_cancelling_job_ends_cancelled(ctx: WorkerContext) -> None:
     assert job(ctx, job_id).status == "cancelled"
 
 
-def test_sweep_resends_queued_jobs_whose_message_may_be_lost(ctx: WorkerContext) -> None:
+def test_sweep_resends_queued_jobs_whose_message_may_be_lost(
+    ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The database is shared with earlier tests, which leave waiting jobs of other projects;
+    # one sweep sends at most SWEEP_BATCH, oldest first, so lift the bound to reach ours.
+    monkeypatch.setattr(maintenance, "SWEEP_BATCH", 100_000)
     job_id = make_job(ctx, queue="gpu-jobs")  # committed, never sent (as after a failed send)
     assert job_id in redispatch_queued(ctx)  # its project has a free dispatch slot: sent
     assert job_id not in redispatch_queued(ctx)  # just sent: not yet suspicious

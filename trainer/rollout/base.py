@@ -7,8 +7,11 @@ Sampling semantics every engine follows, so that the trainer can treat them alik
 - ``Completion.logprobs[i]`` is log_softmax(logits / T)[token_ids[i]] for sampled generation and
   log_softmax(logits)[token_ids[i]] (T = 1) for greedy generation: the same quantity a trainer
   computes with its own forward pass at the sampling temperature.
-- Generation stops at the tokenizer's eos token (kept as the last token, finish "stop") or after
-  ``max_new_tokens`` tokens (finish "length").
+- Generation stops at the first end token (kept as the last token, finish "stop") or after
+  ``max_new_tokens`` tokens (finish "length"). The end tokens are every one the model declares
+  (the tokenizer's eos, the generation config's eos list, the chat template's end-of-turn
+  token), computed once by :func:`trainer.rollout.stop_tokens.stop_token_ids` in
+  :func:`make_engine` and handed to the engine.
 - ``seed`` fixes the samples of one call: same seed, same weights and same prompts give the same
   completions, regardless of what the engine generated before.
 
@@ -19,6 +22,7 @@ Adding an engine: its module under ``trainer/rollout/``, a factory here in
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -28,6 +32,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from trainer.config import RolloutEngineName
+from trainer.rollout.stop_tokens import stop_token_ids as declared_stop_token_ids
 
 EngineKind = RolloutEngineName  # older name, kept importable
 DEFAULT_KV_BYTES = 2 << 30  # vLLM KV cache when the caller does not size it
@@ -38,9 +43,9 @@ FinishReason = Literal["stop", "length"]
 class Completion:
     """One sampled continuation of one prompt."""
 
-    token_ids: list[int]  # sampled completion tokens, EOS included if it was sampled
+    token_ids: list[int]  # sampled completion tokens, the end token included if one was sampled
     logprobs: list[float] | None  # the engine's logprob of each sampled token (temperature applied)
-    text: str  # decoded without special tokens
+    text: str  # decoded without special tokens and without the end token
     finish_reason: FinishReason
 
 
@@ -96,24 +101,26 @@ def completion_from_tokens(
     token_ids: list[int],
     logprobs: list[float] | None,
     *,
-    eos_token_id: int | None,
+    stop_token_ids: Collection[int],
     max_new_tokens: int,
     tokenizer: PreTrainedTokenizerBase,
 ) -> Completion:
-    """Cut a raw continuation at its first eos (kept) and decide the finish reason.
+    """Cut a raw continuation at its first end token (any of ``stop_token_ids``, kept) and
+    decide the finish reason: "stop" when an end token was sampled within ``max_new_tokens``,
+    else "length" (truncated: what overlong shaping and ``mask_truncated`` act on).
 
-    Anything after the first eos (padding of finished rows in a batch) is dropped, together with
-    its logprobs.
+    Anything after the first end token (padding of finished rows in a batch) is dropped,
+    together with its logprobs. The text leaves the end token out even when the tokenizer does
+    not mark it special, so graders never see it.
     """
-    if eos_token_id is not None and eos_token_id in token_ids:
-        end = token_ids.index(eos_token_id) + 1
-        reason: FinishReason = "stop"
-    else:
-        end = min(len(token_ids), max_new_tokens)
-        reason = "length"
-    kept = token_ids[:end]
-    kept_logprobs = None if logprobs is None else logprobs[:end]
-    text = str(tokenizer.decode(kept, skip_special_tokens=True))
+    stops = set(stop_token_ids)
+    raw = token_ids[:max_new_tokens]
+    end = next((i for i, token in enumerate(raw) if token in stops), None)
+    reason: FinishReason = "length" if end is None else "stop"
+    kept = raw if end is None else raw[: end + 1]
+    kept_logprobs = None if logprobs is None else logprobs[: len(kept)]
+    content = kept if end is None else kept[:-1]
+    text = str(tokenizer.decode(content, skip_special_tokens=True))
     return Completion(token_ids=kept, logprobs=kept_logprobs, text=text, finish_reason=reason)
 
 
@@ -130,6 +137,7 @@ class EngineFactory(Protocol):
         policy_model: nn.Module | None,
         kv_cache_bytes: int | None,
         kv_block_tokens: int | None,
+        stop_token_ids: Sequence[int],
     ) -> RolloutEngine: ...
 
 
@@ -142,6 +150,7 @@ def _vllm(
     policy_model: nn.Module | None,
     kv_cache_bytes: int | None,
     kv_block_tokens: int | None,
+    stop_token_ids: Sequence[int],
 ) -> RolloutEngine:
     # Imported here so that importing this module never imports vllm.
     from trainer.rollout.vllm_engine import VLLMEngine
@@ -153,6 +162,7 @@ def _vllm(
         max_model_len=max_model_len,
         kv_cache_bytes=kv_cache_bytes if kv_cache_bytes is not None else DEFAULT_KV_BYTES,
         block_tokens=kv_block_tokens,
+        stop_token_ids=stop_token_ids,
     )
 
 
@@ -165,12 +175,19 @@ def _transformers(
     policy_model: nn.Module | None,
     kv_cache_bytes: int | None,
     kv_block_tokens: int | None,
+    stop_token_ids: Sequence[int],
 ) -> RolloutEngine:
     from trainer.rollout.hf_engine import HFEngine
 
     if policy_model is None:
         raise ValueError("the transformers engine needs policy_model")
-    return HFEngine(policy_model, tokenizer, dtype=dtype, max_model_len=max_model_len)
+    return HFEngine(
+        policy_model,
+        tokenizer,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        stop_token_ids=stop_token_ids,
+    )
 
 
 # Keys must equal trainer.config.RolloutEngineName (tests/trainer/test_registries.py).
@@ -190,6 +207,7 @@ def make_engine(
     policy_model: nn.Module | None = None,
     kv_cache_bytes: int | None = None,
     kv_block_tokens: int | None = None,
+    stop_token_ids: Sequence[int] | None = None,
 ) -> RolloutEngine:
     """Create the rollout engine named ``kind`` (a key of :data:`ROLLOUT_ENGINES`).
 
@@ -197,11 +215,21 @@ def make_engine(
     trained weights) with a KV cache of ``kv_cache_bytes`` (default 2 GiB) in blocks of
     ``kv_block_tokens`` (default: vLLM's); ``transformers`` generates with ``policy_model`` itself
     (required) and ignores both.
+
+    Both stop on the same end tokens: ``stop_token_ids``, by default every end token the model
+    declares (:func:`trainer.rollout.stop_tokens.stop_token_ids` of ``tokenizer`` and
+    ``policy_model``'s generation config, or ``model_path``'s when no model object is given).
     """
     factory = ROLLOUT_ENGINES.get(kind)
     if factory is None:
         raise ValueError(
             f"unknown rollout engine {kind!r}; expected one of {', '.join(ROLLOUT_ENGINES)}"
+        )
+    if stop_token_ids is None:
+        stop_token_ids = declared_stop_token_ids(
+            tokenizer,
+            model=policy_model,
+            model_path=model_path if policy_model is None else None,
         )
     return factory(
         model_path,
@@ -211,4 +239,5 @@ def make_engine(
         policy_model=policy_model,
         kv_cache_bytes=kv_cache_bytes,
         kv_block_tokens=kv_block_tokens,
+        stop_token_ids=list(stop_token_ids),
     )

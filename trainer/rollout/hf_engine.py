@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -28,6 +28,7 @@ from trainer.rollout.base import (
     completion_from_tokens,
     torch_dtype,
 )
+from trainer.rollout.stop_tokens import stop_token_ids as declared_stop_token_ids
 
 
 class _SampledLogprobRecorder(LogitsProcessor):
@@ -71,6 +72,7 @@ class HFEngine:
         dtype: str,
         max_model_len: int,
         max_batch_rows: int = 64,
+        stop_token_ids: Sequence[int] | None = None,
     ) -> None:
         target = torch_dtype(dtype)
         if next(policy_model.parameters()).dtype == target:
@@ -79,14 +81,25 @@ class HFEngine:
         else:
             self._model = copy.deepcopy(policy_model).to(target).eval().requires_grad_(False)
             self._owns_copy = True
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no eos token; generation could never stop")
+        if stop_token_ids is None:  # every end token the model declares (make_engine's default)
+            stop_token_ids = declared_stop_token_ids(tokenizer, model=policy_model)
+        if not stop_token_ids:
+            raise ValueError("no stop token ids: generation could never stop")
         self._tokenizer = tokenizer
-        self._eos: int = int(tokenizer.eos_token_id)
+        self._stop_ids: list[int] = sorted({int(t) for t in stop_token_ids})
         pad = tokenizer.pad_token_id
-        self._pad: int = self._eos if pad is None else int(pad)
+        if pad is None:  # finished rows are padded with an end token, cut off afterwards
+            pad = (
+                tokenizer.eos_token_id if tokenizer.eos_token_id is not None else self._stop_ids[0]
+            )
+        self._pad: int = int(pad)
         self._max_model_len = max_model_len
         self._max_batch_rows = max_batch_rows
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """The token ids a completion ends at (sorted)."""
+        return list(self._stop_ids)
 
     # ------------------------------------------------------------------ interface
 
@@ -168,7 +181,7 @@ class HFEngine:
                 completion_from_tokens(
                     new_tokens[i, :cap].tolist(),
                     logprobs[i, :cap].tolist(),
-                    eos_token_id=self._eos,
+                    stop_token_ids=self._stop_ids,
                     max_new_tokens=cap,
                     tokenizer=self._tokenizer,
                 )
@@ -183,7 +196,8 @@ class HFEngine:
         common = {
             "max_new_tokens": max_new_tokens,
             "min_new_tokens": 0,
-            "eos_token_id": self._eos,
+            # Every end token stops a row (generate takes a list), as in the vLLM engine.
+            "eos_token_id": self._stop_ids,
             "pad_token_id": self._pad,
             "num_beams": 1,
             "repetition_penalty": 1.0,

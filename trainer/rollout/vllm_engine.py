@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,15 +25,17 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from trainer.lora import engine_state_dict
 from trainer.rollout.base import (
     Completion,
     check_generate_args,
     completion_from_tokens,
     torch_dtype,
 )
+from trainer.rollout.stop_tokens import stop_token_ids as declared_stop_token_ids
 
 if TYPE_CHECKING:
-    from vllm import LLM
+    from vllm import LLM, SamplingParams
 
 
 class VLLMEngine:
@@ -48,6 +51,7 @@ class VLLMEngine:
         kv_cache_bytes: int,
         block_tokens: int | None = None,
         engine_seed: int = 0,
+        stop_token_ids: Sequence[int] | None = None,
     ) -> None:
         self._dtype = torch_dtype(dtype)
         # vLLM reads these when the engine is built; they must be set before the import.
@@ -58,10 +62,12 @@ class VLLMEngine:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from vllm import LLM
 
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no eos token; generation could never stop")
+        if stop_token_ids is None:  # every end token the model declares (make_engine's default)
+            stop_token_ids = declared_stop_token_ids(tokenizer, model_path=model_path)
+        if not stop_token_ids:
+            raise ValueError("no stop token ids: generation could never stop")
         self._tokenizer = tokenizer
-        self._eos = int(tokenizer.eos_token_id)
+        self._stop_ids: list[int] = sorted({int(t) for t in stop_token_ids})
         self._max_model_len = max_model_len
         self._llm: LLM | None = LLM(
             model=str(model_path),
@@ -78,6 +84,11 @@ class VLLMEngine:
             generation_config="vllm",
         )
 
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """The token ids a completion ends at (sorted)."""
+        return list(self._stop_ids)
+
     # ------------------------------------------------------------------ interface
 
     def generate(
@@ -91,24 +102,17 @@ class VLLMEngine:
         greedy: bool = False,
     ) -> list[list[Completion]]:
         """Sample ``n`` completions per prompt; [len(prompts)][n]. Deterministic given ``seed``."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         llm = self._engine()
         greedy = check_generate_args(prompts, temperature, greedy, self._max_model_len)
         # Greedy samples are all alike (and vLLM refuses n > 1 for them): decode once, copy.
         copies, n = (n, 1) if greedy else (1, n)
-        params = SamplingParams(
+        params = sampling_params(
             n=n,
             temperature=0.0 if greedy else temperature,
-            top_p=1.0,
-            top_k=0,
-            min_p=0.0,
-            max_tokens=max_new_tokens,
-            # The trainer's tokenizer decides the stop token, as in the transformers engine.
-            stop_token_ids=[self._eos],
-            logprobs=0,  # the sampled token's own logprob only
-            detokenize=False,  # text is decoded with the trainer's tokenizer, as on every engine
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=self._stop_ids,
         )
         inputs = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
         llm.reset_prefix_cache()
@@ -131,7 +135,7 @@ class VLLMEngine:
                     completion_from_tokens(
                         ids,
                         logprobs,
-                        eos_token_id=self._eos,
+                        stop_token_ids=self._stop_ids,
                         max_new_tokens=cap,
                         tokenizer=self._tokenizer,
                     )
@@ -140,7 +144,8 @@ class VLLMEngine:
         return results
 
     def sync_weights(self, model: nn.Module) -> float:
-        """Copy ``model``'s parameters (HF state_dict names) into the engine; returns seconds."""
+        """Copy ``model``'s weights (HF names; a LoRA model's merged in float32, see
+        ``trainer.lora.engine_state_dict``) into the engine; returns seconds."""
         llm = self._engine()
         start = time.perf_counter()
         with torch.no_grad():
@@ -149,7 +154,7 @@ class VLLMEngine:
             # (skipping it left rollouts on the base model's head; a test guards this).
             weights = [
                 (name, tensor.detach().to(self._dtype).contiguous())
-                for name, tensor in model.state_dict().items()
+                for name, tensor in engine_state_dict(model).items()
             ]
             llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         # Cached KV blocks were computed with the old weights.
@@ -174,6 +179,27 @@ class VLLMEngine:
         if self._llm is None:
             raise RuntimeError("the vLLM engine is closed")
         return self._llm
+
+
+def sampling_params(
+    *, n: int, temperature: float, max_new_tokens: int, stop_token_ids: Sequence[int]
+) -> SamplingParams:
+    """The request of one ``generate`` call: plain sampling at ``temperature`` (0: greedy) over
+    the full vocabulary, stopping at any of ``stop_token_ids`` (the same end tokens as the
+    transformers engine; vLLM keeps the stop token as the last output token)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=n,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        max_tokens=max_new_tokens,
+        stop_token_ids=list(stop_token_ids),
+        logprobs=0,  # the sampled token's own logprob only
+        detokenize=False,  # text is decoded with the trainer's tokenizer, as on every engine
+    )
 
 
 def _sampled_logprob(step: dict[int, Any] | None, token: int) -> float:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from trainer.spec.adaptation import TrainingDtype
 from trainer.spec.base import MAX_STEPS, MAX_TOKENS, StrictModel
 
 __all__ = [
@@ -99,6 +100,13 @@ class GRPOSpec(StrictModel):
         default=8, ge=2, le=MAX_GROUP_SIZE, description="Completions sampled per prompt (G)."
     )
     learning_rate: float = Field(default=1e-6, gt=0, le=1.0, description="AdamW learning rate.")
+    dtype: TrainingDtype = Field(
+        default="float32",
+        description=(
+            "Training precision: float32, or bfloat16 mixed precision (bfloat16 matmuls, float32 "
+            "master weights, optimizer state and log-probabilities; the KL reference in bfloat16)."
+        ),
+    )
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         default="constant", description="Learning-rate schedule after warmup."
     )
@@ -111,7 +119,13 @@ class GRPOSpec(StrictModel):
         default=128, ge=1, le=MAX_TOKENS, description="Completion token limit (L_max)."
     )
     max_prompt_tokens: int = Field(
-        default=256, ge=1, le=MAX_TOKENS, description="Prompts longer than this are truncated."
+        default=256,
+        ge=1,
+        le=MAX_TOKENS,
+        description=(
+            "Rows whose formatted prompt is longer are skipped, never cut (a dataset event "
+            "lists them)."
+        ),
     )
     temperature: float = Field(
         default=1.0,

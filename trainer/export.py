@@ -1,0 +1,100 @@
+"""Turn a checkpoint into a plain Hugging Face model folder (``grpo export DIR --merge``).
+
+A full checkpoint already is one: its model and tokenizer files are copied, the trainer's own
+files (optimizer, RNG states, manifest) left behind. A LoRA checkpoint holds adapters only;
+without ``merge`` they are copied as a peft adapter folder (``adapter_config.json`` names the
+base), with ``merge`` the base is loaded, the adapters merged in float32
+(``trainer.lora.merged_model``) and the result saved in the base's dtype.
+
+:func:`merge_adapter_folder` does the merge for a plain adapter folder (no trainer state), such
+as the one ``grpo download --merge`` receives from the API.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint_files import MANIFEST, is_model_file
+from trainer.lora import ADAPTER_CONFIG, adapter_config, merged_model
+
+__all__ = ["export_checkpoint", "is_adapter_checkpoint", "merge_adapter_folder"]
+
+
+def is_adapter_checkpoint(folder: Path) -> bool:
+    return (folder / ADAPTER_CONFIG).is_file()
+
+
+def export_checkpoint(
+    checkpoint: Path, out: Path, *, merge: bool, base: Path | None = None
+) -> Path:
+    """Write the model of ``checkpoint`` to ``out`` (which must not exist); returns ``out``.
+
+    ``base``: the base model folder of a LoRA checkpoint, when its recorded base (the job's
+    ``model``: a packaged name, a Hub id or a folder) cannot be resolved on this machine.
+    Written to a temporary sibling then renamed, so ``out`` is complete or absent."""
+    checkpoint, out = Path(checkpoint), Path(out)
+    if not (checkpoint / MANIFEST).is_file():
+        raise FileNotFoundError(f"{checkpoint} is not a complete checkpoint (no {MANIFEST})")
+    if merge and is_adapter_checkpoint(checkpoint):
+        return _write_atomically(out, lambda tmp: _merge_into(checkpoint, tmp, base))
+    return _write_atomically(out, lambda tmp: _copy_model_files(checkpoint, tmp))
+
+
+def merge_adapter_folder(folder: Path, out: Path, *, base: Path | None = None) -> Path:
+    """Merge the peft adapter folder ``folder`` (``adapter_config.json``,
+    ``adapter_model.safetensors`` and the tokenizer; trainer state not needed) into its base and
+    write the full model to ``out`` (which must not exist); returns ``out``. ``base`` as in
+    :func:`export_checkpoint`."""
+    folder, out = Path(folder), Path(out)
+    if not is_adapter_checkpoint(folder):
+        raise ValueError(f"{folder} holds no LoRA adapters (no {ADAPTER_CONFIG}): nothing to merge")
+    return _write_atomically(out, lambda tmp: _merge_into(folder, tmp, base))
+
+
+def _write_atomically(out: Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write`` on a temporary sibling folder of ``out``, then rename it to ``out``, so
+    ``out`` is complete or absent."""
+    if out.exists():
+        raise FileExistsError(f"{out} exists; choose a new folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        write(tmp)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _copy_model_files(checkpoint: Path, target: Path) -> None:
+    for entry in checkpoint.iterdir():
+        if entry.is_file() and is_model_file(entry.name):
+            shutil.copy2(entry, target / entry.name)
+
+
+def _merge_into(checkpoint: Path, target: Path, base: Path | None) -> None:
+    from peft import PeftModel
+
+    from trainer.models import load_policy, resolve_model
+
+    recorded = str(adapter_config(checkpoint).get("base_model_name_or_path") or "")
+    if base is None:
+        if not recorded:
+            raise ValueError(f"{checkpoint.name} names no base model; pass base=")
+        base = resolve_model(recorded)
+    model, _ = load_policy(base)
+    lora: Any = PeftModel.from_pretrained(model, str(checkpoint), is_trainable=False)
+    merged: Any = merged_model(lora)
+    merged.save_pretrained(str(target), safe_serialization=True)
+    # The checkpoint's tokenizer: the one the job trained with.
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True).save_pretrained(
+        str(target)
+    )
