@@ -20,6 +20,11 @@ MODEL_RUNS = (
     "test_library.py",
     "test_cli.py::test_tiny_recipe_runs_and_resumes",
     "test_models.py::test_concurrent_builds_agree",
+    # LoRA and bf16 runs of the training loop (the pure LoRA/precision checks stay fast)
+    "test_lora.py::test_a_lora_job_learns_and_checkpoints_only_its_adapters",
+    "test_lora.py::test_a_lora_job_resumes_exactly",
+    "test_lora.py::test_grpo_export_merges_a_lora_checkpoint",
+    "test_precision.py::test_a_bfloat16_job_learns_with_float32_master_weights",
 )
 # Tests that start processes of their own (spawned grader workers, a memory probe subprocess):
 # marker `process`, also left out of `make test-fast`.
