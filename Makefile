@@ -3,7 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 
 # The fast tier: no real worker or server processes, no model runs (vLLM, the training loop),
-# no browser. The markers are set in tests/conftest.py and tests/trainer/conftest.py.
+# no browser. The markers are set in tests/conftest.py and tests/trainer/conftest.py. It runs on
+# every core (pytest-xdist): each test process has its own Postgres database and Redis queue
+# (tests/conftest.py), and a third of the serial time is waiting, not CPU.
 FAST := not slow and not process and not model and not browser
 
 .PHONY: setup services test test-fast test-slow lint demo serve bench clean
@@ -18,7 +20,7 @@ test: setup services  ## set up, then run the default test suite (what CI runs)
 	$(PY) -m pytest -m "not slow" -q
 
 test-fast: setup services  ## the fast tier (about a minute): API, DB, CLI, trainer math; no workers, models or browser
-	$(PY) -m pytest -m "$(FAST)" -q --durations=5
+	$(PY) -m pytest -m "$(FAST)" -q -n auto --durations=5
 
 test-slow: setup services  ## the long real-model runs (SmolLM2 on CPU)
 	$(PY) -m pytest -m slow -q
