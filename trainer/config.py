@@ -239,6 +239,12 @@ class JobSpec(StrictModel):
             out.append(
                 "k2 in the loss is biased off-policy (num_iterations > 1); prefer k3_unbiased"
             )
+        if kl.active and kl.placement == "reward" and kl.estimator != "k1":
+            out.append(
+                f"kl.placement 'reward' penalises with k1 (log pi - log ref per token), the only "
+                f"estimator whose policy-gradient is exactly grad KL(pi || ref); "
+                f"kl.estimator {kl.estimator} only names the reported kl metric"
+            )
         if kl.beta > 0 and kl.estimator == "none":
             out.append("kl.beta is ignored because kl.estimator is none")
         return out

@@ -29,14 +29,21 @@ from trainer.config import JobSpec
 from trainer.data import PromptSampler, SamplerState, dataset_rows, prompts_for_run, split_holdout
 from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.graders import Grader
-from trainer.lora import apply_lora, trainable_parameters
+from trainer.lora import apply_lora
 from trainer.metrics import build_samples, evaluate, rollout_metrics
-from trainer.models import enable_gradient_checkpointing, load_policy, resolve_model
+from trainer.models import (
+    disable_dropout,
+    enable_gradient_checkpointing,
+    load_policy,
+    resolve_model,
+)
+from trainer.optim import build_optimizer
 from trainer.phases import (
     advantages_by_group,
     compute_advantages,
     needs_old_logprobs,
     pack_groups,
+    reward_kl_penalty,
     score_logprobs,
     shaped_rewards,
     update_step_metrics,
@@ -154,11 +161,7 @@ class _Run:
         torch.manual_seed(config.seed)
         self._load_policy(given.model, given.tokenizer)
         self._encode_prompts()
-        self.optimizer = torch.optim.AdamW(
-            trainable_parameters(self.model),
-            lr=self.spec.learning_rate,
-            weight_decay=self.spec.weight_decay,
-        )
+        self.optimizer = build_optimizer(self.model, self.spec)
         self.scheduler = make_scheduler(self.optimizer, self.spec)
         self.guard = NonFiniteGuard(self.cb.on_event)
         self.reference = self._reference()
@@ -183,6 +186,8 @@ class _Run:
         self.model: nn.Module = model
         self.tokenizer = tokenizer
         model.to(self.device)  # in place: a caller's model object stays the trained one
+        if disable_dropout(model):
+            self.cb.on_event("config", "dropout is off in the update, as in the scoring passes")
         if self.spec.gradient_checkpointing and not enable_gradient_checkpointing(model):
             self.cb.on_event(
                 "config",
@@ -368,12 +373,17 @@ class _Run:
         advantages: dict[int, list[float]] = {}
         if col.kept:
             advantages = self._train_on(col, step, metrics)
+            with warnings.catch_warnings():
+                # A step whose updates the non-finite guard all skipped still steps the
+                # schedule (without optimizer.step()): it trained on a batch, the guard threw
+                # the result away.
+                warnings.filterwarnings(
+                    "ignore", message=r"Detected call of `lr_scheduler\.step\(\)`"
+                )
+                self.scheduler.step()
         else:
+            # No batch, no update: the schedule waits for the next step that trains.
             self.cb.on_event("no_signal", f"step {step}: no group to train on; update skipped")
-        with warnings.catch_warnings():
-            # A step whose updates were all skipped steps the schedule without optimizer.step().
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
-            self.scheduler.step()
         metrics["lr"] = lr
         metrics["data/skipped_prompts"] = float(self.skipped_prompts)
         samples = build_samples(
@@ -407,7 +417,10 @@ class _Run:
         )
         metrics["time/logprobs"] = time.perf_counter() - clock
 
-        adv = compute_advantages(shaped, scored, batch, spec)
+        penalty = reward_kl_penalty(scored, batch, spec)
+        adv = compute_advantages(shaped, penalty, spec)
+        if penalty is not None:
+            metrics["kl/reward_penalty"] = float(penalty.mean())
 
         clock = time.perf_counter()
         stats, pre = run_updates(

@@ -32,6 +32,12 @@ class SurrogateResult(NamedTuple):
     """Bool: ``ratio > 1 + eps_high`` and ``A > 0`` (the upper bound binds; no gradient)."""
     ratio: Tensor
     """Detached ``exp(clamp(lp - old))``, for metrics."""
+    clamped: Tensor
+    """Bool: ``|lp - old|`` exceeds ``max_log_ratio`` where the unclipped term is the one
+    selected, so the clamp (not a clip bound) removed the token's gradient. Counted apart from
+    the clip fractions, so that a dropped token never goes unreported."""
+    dual_clipped: Tensor
+    """Bool: the dual-clip cap binds (``A < 0`` and ``ratio > clip_ratio_c``; no gradient)."""
 
 
 def clipped_surrogate(
@@ -42,6 +48,7 @@ def clipped_surrogate(
     eps_high: float,
     *,
     max_log_ratio: float = 20.0,
+    clip_ratio_c: float | None = None,
 ) -> SurrogateResult:
     """PPO/DAPO clipped surrogate with decoupled clip bounds, per token.
 
@@ -55,7 +62,11 @@ def clipped_surrogate(
             (zero gradient outside) is the right choice here, unlike in :mod:`trainer.kl`: a
             token whose probability moved by a factor above ``e^20`` within one rollout batch is
             far outside any trust region, and dropping its gradient is safer than letting a
-            ``-A * e^20`` term through (the only unclipped case is ``A < 0`` with a huge ratio).
+            ``-A * e^20`` term through (the unclipped cases are ``A < 0`` with a huge ratio and
+            ``A > 0`` with a vanishing one). Such tokens are reported in ``clamped``.
+        clip_ratio_c: dual clip (Ye et al. 2020, as in verl): for ``A < 0`` the per-token loss
+            is capped at ``-clip_ratio_c * A``, so a token whose ratio ran above
+            ``clip_ratio_c`` cannot push the loss up without bound. ``None``: off. Must be > 1.
 
     Returns:
         :class:`SurrogateResult`. Padding positions are not masked: aggregate with the mask.
@@ -69,17 +80,33 @@ def clipped_surrogate(
         adv = adv.unsqueeze(-1)
     if adv.shape[0] != logprobs.shape[0]:
         raise ValueError(f"advantages {tuple(advantages.shape)} do not match {logprobs.shape}")
-    log_ratio = (logprobs - old_logprobs.detach()).clamp(-max_log_ratio, max_log_ratio)
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be greater than 1, got {clip_ratio_c}")
+    raw_log_ratio = logprobs - old_logprobs.detach()
+    log_ratio = raw_log_ratio.clamp(-max_log_ratio, max_log_ratio)
     ratio = torch.exp(log_ratio)
     low, high = 1.0 - eps_low, 1.0 + eps_high
     unclipped = ratio * adv
     clipped = ratio.clamp(low, high) * adv
     per_token_loss = -torch.minimum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(ratio, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        cap = -clip_ratio_c * adv  # positive where A < 0
+        dual_clipped = ((adv < 0) & (per_token_loss > cap)).detach()
+        per_token_loss = torch.where(dual_clipped, cap.expand_as(per_token_loss), per_token_loss)
     with torch.no_grad():
         # The clipped term is selected (and the gradient vanishes) exactly in these cases.
         clipped_low = (ratio < low) & (adv < 0)
         clipped_high = (ratio > high) & (adv > 0)
-    return SurrogateResult(per_token_loss, clipped_low, clipped_high, ratio.detach())
+        # The unclipped term is selected but its ratio sits on the clamp: zero gradient that no
+        # clip bound explains (a dual-clipped token is already accounted for).
+        clamped = (
+            ((raw_log_ratio > max_log_ratio) & (adv < 0))
+            | ((raw_log_ratio < -max_log_ratio) & (adv > 0))
+        ) & ~dual_clipped
+    return SurrogateResult(
+        per_token_loss, clipped_low, clipped_high, ratio.detach(), clamped, dual_clipped
+    )
 
 
 def _masked(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

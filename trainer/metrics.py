@@ -10,7 +10,12 @@ past their time limit; only isolated graders have one, see ``trainer.grader_pool
 over EVERY completion sampled in the step (all dynamic-sampling rounds, kept or dropped: the
 honest learning curve; rewards before overlong/KL shaping);
 ``advantage/abs_mean``, ``loss/policy``, ``loss/kl`` (beta times the aggregated KL, 0 unless
-placed in the loss), ``clip_frac/low``, ``clip_frac/high``, ``grad_norm`` (pre-clip), ``lr`` (the
+placed in the loss), ``kl/reward_penalty`` (placed in the reward: the mean of the penalty
+subtracted from each completion's reward, beta times its summed k1), ``clip_frac/low``,
+``clip_frac/high``, ``clip_frac/dual`` (the dual-clip cap binds), ``clip_frac/clamped`` (a
+token's gradient was lost to the +-20 log-ratio clamp with no clip bound binding): fractions of
+the loss tokens of every update after the step's first, which runs at ratio 1 and cannot clip,
+so all four are absent when a step has a single update; ``grad_norm`` (pre-clip), ``lr`` (the
 rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen estimator) and
 ``kl_k3`` (always k3; only with a reference model), ``logprob_diff/engine_vs_trainer`` (mean
 |engine - trainer| logprob of the sampled tokens before the update), over the completions
@@ -87,6 +92,8 @@ def update_metrics(stats: UpdateStats, advantages: Tensor) -> dict[str, float]:
         "loss/kl": stats.kl_loss,
         "clip_frac/low": stats.clip_low,
         "clip_frac/high": stats.clip_high,
+        "clip_frac/dual": stats.clip_dual,
+        "clip_frac/clamped": stats.clamped,
         "grad_norm": stats.grad_norm,
     }
 

@@ -177,6 +177,39 @@ def enable_gradient_checkpointing(model: nn.Module) -> bool:
     return True
 
 
+# Attributes through which transformers' attention modules read their dropout probability
+# (``dropout_p=0.0 if not self.training else self.attention_dropout``): they are plain floats,
+# not nn.Dropout modules, so turning the modules off alone would leave them on in train mode.
+_DROPOUT_ATTRIBUTES = ("attention_dropout", "attn_dropout", "dropout")
+
+
+def disable_dropout(model: nn.Module, *, keep_under: str = "lora_dropout") -> int:
+    """Turn off every dropout of the model in place; returns how many were on.
+
+    The update runs the model in train mode (gradient checkpointing only works there), while
+    pi_old and the reference are scored in eval mode. With dropout on, the first update's
+    ratio pi_theta / pi_old would not be 1 even before any step, and clipping would act on
+    noise. nn.Dropout modules get ``p = 0`` and float ``*dropout`` attributes of attention
+    modules get 0.0. Modules under a submodule named ``keep_under`` (peft's adapter dropout,
+    which a job asks for explicitly with ``lora.dropout``) are left as they are.
+    """
+    turned_off = 0
+    for name, module in model.named_modules():
+        if keep_under in name.split("."):
+            continue
+        if isinstance(module, nn.Dropout):
+            if module.p > 0:
+                module.p = 0.0
+                turned_off += 1
+            continue
+        for attr in _DROPOUT_ATTRIBUTES:
+            value = getattr(module, attr, None)
+            if isinstance(value, float) and value > 0:
+                setattr(module, attr, 0.0)
+                turned_off += 1
+    return turned_off
+
+
 # --------------------------------------------------------------------------- atomic build
 
 

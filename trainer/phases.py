@@ -4,7 +4,8 @@
 2. :func:`shaped_rewards`: task reward plus the optional DAPO overlong penalty.
 3. :func:`score_logprobs`: no-grad logprobs of the sampled tokens under the policy before the
    update (``old``, only when :func:`needs_old_logprobs`) and under the reference (``ref``).
-4. :func:`compute_advantages`: the optional KL penalty in the reward, then group advantages.
+4. :func:`reward_kl_penalty` (KL placed in the reward: k1, exact) and
+   :func:`compute_advantages`: the penalty subtracted, then group advantages.
 5. the update itself: ``trainer.step.run_updates``.
 6. the weight sync into the rollout engine (``RolloutEngine.sync_weights``), by the loop.
 7. :func:`update_step_metrics`: what the update and the token-level values report.
@@ -21,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer import kl as kl_math
-from trainer.advantages import group_advantages
+from trainer.advantages import group_advantages, zero_variance_groups
 from trainer.collect import Group
 from trainer.config import GRPOSpec
 from trainer.metrics import token_metrics, update_metrics
@@ -35,6 +36,7 @@ __all__ = [
     "compute_advantages",
     "needs_old_logprobs",
     "pack_groups",
+    "reward_kl_penalty",
     "score_logprobs",
     "shaped_rewards",
     "update_step_metrics",
@@ -126,18 +128,37 @@ def score_logprobs(
     return Scored(old=old, old_entropy=old_entropy, ref=ref)
 
 
-def compute_advantages(shaped: Tensor, scored: Scored, batch: Batch, spec: GRPOSpec) -> Tensor:
-    """[B] advantages of the shaped rewards [B], groups of ``spec.group_size`` consecutive rows.
+def reward_kl_penalty(scored: Scored, batch: Batch, spec: GRPOSpec) -> Tensor | None:
+    """[B] ``beta * sum_t (old - ref)`` (detached) for KL placed in the reward, else None.
 
-    With the KL placed in the reward, ``beta * sum_t kl_t`` (old vs ref, detached) is first
-    subtracted from each completion's reward; ``shaped`` is left unchanged.
+    Always k1 (:data:`trainer.kl.REWARD_ESTIMATOR`), whatever ``spec.kl.estimator`` names: its
+    policy-gradient ``E[penalty * grad log pi]`` is exactly ``beta * grad KL(pi || ref)``; k2, k3
+    and k3_unbiased there would be biased (see :mod:`trainer.kl`). ``old`` is the sampling
+    policy's log-probs, so the penalty is on-policy for the rollout it scores.
     """
     kl = spec.kl
+    if not (kl.active and kl.placement == "reward") or scored.old is None or scored.ref is None:
+        return None
+    per_token = kl_math.per_token_kl(kl_math.REWARD_ESTIMATOR, scored.old, scored.ref)
+    return kl_math.kl_reward_penalty(per_token, batch.mask, kl.beta)
+
+
+def compute_advantages(shaped: Tensor, penalty: Tensor | None, spec: GRPOSpec) -> Tensor:
+    """[B] advantages of the shaped rewards [B] minus the reward-side KL ``penalty`` [B] (or
+    None), in groups of ``spec.group_size`` consecutive rows; ``shaped`` is left unchanged.
+
+    With ``spec.kl.flat_groups == "skip"`` a group whose shaped rewards are all equal keeps zero
+    advantage: there the penalty would be the group's only spread, and group-std scaling would
+    turn differences of a few hundredths of a nat into advantages of +-1.
+    """
+    g = spec.group_size
     rewards = shaped
-    if kl.active and kl.placement == "reward" and scored.old is not None and scored.ref is not None:
-        per_token = kl_math.per_token_kl(kl.estimator, scored.old, scored.ref)
-        rewards = shaped - kl_math.kl_reward_penalty(per_token, batch.mask, kl.beta)
-    return group_advantages(rewards.view(-1, spec.group_size), spec.advantage_scale).view(-1)
+    if penalty is not None:
+        if spec.kl.flat_groups == "skip":
+            flat = zero_variance_groups(shaped.view(-1, g)).repeat_interleave(g)
+            penalty = torch.where(flat, torch.zeros_like(penalty), penalty)
+        rewards = shaped - penalty
+    return group_advantages(rewards.view(-1, g), spec.advantage_scale).view(-1)
 
 
 def update_step_metrics(

@@ -237,8 +237,14 @@ class NonFiniteGuard:
 class UpdateStats:
     policy_loss: float = 0.0  # mean over applied-or-skipped updates of the aggregated loss
     kl_loss: float = 0.0  # mean over updates of beta * aggregated KL (loss placement only)
-    clip_low: float = 0.0  # fraction of loss tokens clipped at 1 - eps_low (all iterations)
-    clip_high: float = 0.0
+    # Fractions of the loss tokens of the updates that could clip: every update but the first
+    # of a step, whose policy still equals pi_old (ratio 1 up to rounding). NaN when the step
+    # had no other update (one iteration, one minibatch): not reported rather than a 0 that
+    # reads like "nothing clipped".
+    clip_low: float = 0.0  # the lower bound 1 - eps_low binds (A < 0)
+    clip_high: float = 0.0  # the upper bound 1 + eps_high binds (A > 0)
+    clip_dual: float = 0.0  # the dual-clip cap binds (A < 0, ratio > clip_ratio_c)
+    clamped: float = 0.0  # gradient lost to the +-20 log-ratio clamp, no bound binding
     grad_norm: float = 0.0  # mean pre-clip norm over the applied updates (NaN if none)
     updates: int = 0
     skipped: int = 0
@@ -258,6 +264,8 @@ class _MicroResult:
     kl: float
     clipped_low: float  # loss tokens where the lower clip binds
     clipped_high: float
+    clipped_dual: float
+    clamped: float
     tokens: float  # loss tokens
     logprobs: Tensor  # [b, t] detached
     entropy: Tensor | None  # [b, t]
@@ -292,7 +300,9 @@ def _micro_step(
     index = torch.tensor(rows, device=device)
     loss_mask = batch.loss_mask[index, :t_width]
     old = lp.detach() if old_logprobs is None else old_logprobs[index, :t_width]
-    surrogate = losses.clipped_surrogate(lp, old, advantages[index], spec.eps_low, spec.eps_high)
+    surrogate = losses.clipped_surrogate(
+        lp, old, advantages[index], spec.eps_low, spec.eps_high, clip_ratio_c=spec.clip_ratio_c
+    )
 
     def agg(values: Tensor) -> Tensor:
         return losses.aggregate(
@@ -325,6 +335,8 @@ def _micro_step(
         kl=kl_value,
         clipped_low=float((surrogate.clipped_low & valid).sum()),
         clipped_high=float((surrogate.clipped_high & valid).sum()),
+        clipped_dual=float((surrogate.dual_clipped & valid).sum()),
+        clamped=float((surrogate.clamped & valid).sum()),
         tokens=float(valid.sum()),
         logprobs=lp.detach(),
         entropy=None if ent is None else ent.float(),
@@ -363,7 +375,8 @@ def run_updates(
     pre_ent = torch.zeros(batch.size, batch.width, device=device) if collect_pre_update else None
 
     stats = UpdateStats()
-    clipped_low = clipped_high = loss_tokens = 0.0
+    # Token counts of the updates that could clip: [low, high, dual, clamped, loss tokens].
+    counts = [0.0] * 5
     norms: list[float] = []
     model.train()
     generator = torch.Generator().manual_seed(derive_seed(seed, step, 7))
@@ -394,9 +407,12 @@ def run_updates(
                 release_free_memory()  # this micro-batch's activations, before the next
                 policy_sum += res.policy
                 kl_sum += res.kl
-                clipped_low += res.clipped_low
-                clipped_high += res.clipped_high
-                loss_tokens += res.tokens
+                if stats.updates > 0:  # the step's first update runs at ratio 1: cannot clip
+                    counts[0] += res.clipped_low
+                    counts[1] += res.clipped_high
+                    counts[2] += res.clipped_dual
+                    counts[3] += res.clamped
+                    counts[4] += res.tokens
                 if first_pass and pre_lp is not None and pre_ent is not None:
                     t_width = res.logprobs.shape[1]
                     pre_lp[rows, :t_width] = res.logprobs
@@ -416,8 +432,9 @@ def run_updates(
     if stats.updates:
         stats.policy_loss /= stats.updates
         stats.kl_loss /= stats.updates
-    stats.clip_low = clipped_low / loss_tokens if loss_tokens else 0.0
-    stats.clip_high = clipped_high / loss_tokens if loss_tokens else 0.0
+    tokens = counts[4]
+    frac = [c / tokens if tokens else float("nan") for c in counts[:4]]
+    stats.clip_low, stats.clip_high, stats.clip_dual, stats.clamped = frac
     stats.grad_norm = sum(norms) / len(norms) if norms else float("nan")
     pre = PreUpdate(pre_lp, pre_ent) if pre_lp is not None else None
     return stats, pre

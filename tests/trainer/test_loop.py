@@ -25,12 +25,15 @@ from trainer.rollout.base import Completion, RolloutEngine, make_engine
 
 CATALOG = {
     "reward/mean", "reward/std", "reward/has_seven/mean", "frac_zero_std_groups",
-    "advantage/abs_mean", "entropy", "loss/policy", "loss/kl", "clip_frac/low", "clip_frac/high",
+    "advantage/abs_mean", "entropy", "loss/policy", "loss/kl",
     "grad_norm", "lr", "completion_len/mean", "completion_len/max", "truncated_frac",
     "time/rollout", "time/reward", "time/logprobs", "time/update", "time/weight_sync",
     "time/step", "tokens_per_s/rollout", "logprob_diff/engine_vs_trainer",
     "reward/has_seven/errors", "reward/errors", "reward/timeouts", "data/skipped_prompts",
 }  # fmt: skip
+# Reported only when a step has an update after its first (several iterations or minibatches):
+# the first runs at ratio 1 and cannot clip.
+CLIP_FRACTIONS = {"clip_frac/low", "clip_frac/high", "clip_frac/dual", "clip_frac/clamped"}
 
 
 @pytest.fixture(autouse=True)
@@ -130,6 +133,8 @@ def test_learns_the_toy_task(tmp_path: Path, estimator: str, beta: float, placem
         expected = set(CATALOG)
         if beta > 0:
             expected |= {"kl", "kl_k3"}
+        if beta > 0 and placement == "reward":
+            expected |= {"kl/reward_penalty"}
         assert set(metrics) == expected, (step, set(metrics) ^ expected)
         assert all(math.isfinite(v) for v in metrics.values())
         # Same model object generates and trains: the logprobs agree to float noise.
@@ -173,6 +178,7 @@ def test_feature_combination_learns(tmp_path: Path) -> None:
     lrs = [rec.metrics[s]["lr"] for s in sorted(rec.metrics)]
     assert lrs[0] == pytest.approx(2e-3) and lrs == sorted(lrs, reverse=True) and lrs[-1] > 0
     assert any(m["clip_frac/low"] + m["clip_frac/high"] > 0 for m in rec.metrics.values())
+    assert all(set(m) >= CLIP_FRACTIONS for m in rec.metrics.values())
     assert all(m["time/logprobs"] > 0 for m in rec.metrics.values())
     # With dynamic sampling, the groups trained on have a learning signal.
     for step, samples in rec.samples.items():
@@ -362,12 +368,17 @@ def test_dynamic_sampling_without_signal_skips_the_update(tmp_path: Path) -> Non
             "group_size": 4,
             "max_new_tokens": 4,
             "dynamic_sampling": {"enabled": True, "max_rounds": 3},
+            "lr_schedule": "linear",
+            "warmup_steps": 2,
+            "learning_rate": 1e-3,
         },
         graders=[{"type": "length", "max_chars": 1000}],
     )
     rec = Recorder()
     result = train(spec, rec, output_dir=tmp_path)
     assert result.final_step == 2
+    # Nothing trained, so the warmup did not move: both steps report its first rate.
+    assert rec.metrics[1]["lr"] == rec.metrics[2]["lr"] == pytest.approx(5e-4)
     kinds = [kind for kind, _, _ in rec.events]
     assert kinds.count("dynamic_sampling") == 2 and kinds.count("no_signal") == 2
     for metrics in rec.metrics.values():

@@ -75,6 +75,49 @@ def test_clipped_surrogate_is_finite_at_huge_log_ratios() -> None:
         assert torch.isfinite(out.per_token_loss).all() and torch.isfinite(grad).all()
 
 
+def test_a_clamped_token_whose_gradient_is_dropped_is_counted() -> None:
+    """Beyond the +-20 log-ratio clamp the unclipped term is selected but has no gradient; no
+    clip bound binds, so only ``clamped`` can tell. Inside the clamp nothing is counted."""
+    lp = torch.tensor([[25.0, -25.0, 1.0]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    neg = clipped_surrogate(lp, old, torch.tensor([-1.0]), 0.2, 0.28)
+    (grad,) = torch.autograd.grad(neg.per_token_loss.sum(), lp)
+    assert grad[0, 0] == 0.0  # the dropped gradient...
+    assert neg.clamped.tolist() == [[True, False, False]]  # ...is counted
+    # No clip bound explains token 0 (token 1, ratio e^-25 with A < 0, is a lower-bound clip).
+    assert neg.clipped_low.tolist() == [[False, True, False]] and not neg.clipped_high.any()
+    pos = clipped_surrogate(lp, old, torch.tensor([1.0]), 0.2, 0.28)
+    # A > 0, ratio e^-25: the unclipped term is selected, its gradient lost to the clamp; the
+    # upper bound binds at e^25 (that gradient is zero by design, counted as clipped_high).
+    assert pos.clamped.tolist() == [[False, True, False]]
+    assert pos.clipped_high.tolist() == [[True, False, True]]
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantages() -> None:
+    lp, old, adv = _surrogate_case()  # ratios 0.5, 1.0, 1.1, 1.5
+    out = clipped_surrogate(lp, old, adv, 0.2, 0.28, clip_ratio_c=1.2)
+    # A = -1: loss min(max(r, clip(r)), 1.2): 0.8, 1.0, 1.1, 1.2 (the cap binds at r = 1.5)
+    assert torch.allclose(
+        out.per_token_loss[1], torch.tensor([0.8, 1.0, 1.1, 1.2], dtype=torch.float64)
+    )
+    # A > 0 and A = 0 are untouched.
+    plain = clipped_surrogate(lp, old, adv, 0.2, 0.28)
+    assert torch.equal(out.per_token_loss[0], plain.per_token_loss[0])
+    assert torch.equal(out.per_token_loss[2], plain.per_token_loss[2])
+    f, t = False, True
+    assert out.dual_clipped.tolist() == [[f, f, f, f], [f, f, f, t], [f, f, f, f]]
+    (grad,) = torch.autograd.grad(out.per_token_loss.sum(), lp)
+    assert grad[1, 3] == 0.0 and grad[1, 2] != 0.0
+    # With the dual clip on, a ratio past the clamp with A < 0 is the cap's, not a silent drop.
+    huge = clipped_surrogate(
+        torch.tensor([[25.0]]), torch.zeros(1, 1), torch.tensor([-1.0]), 0.2, 0.28, clip_ratio_c=3
+    )
+    assert huge.dual_clipped.item() and not huge.clamped.item()
+    assert huge.per_token_loss.item() == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        clipped_surrogate(lp, old, adv, 0.2, 0.28, clip_ratio_c=1.0)
+
+
 # Three sequences with 3, 1 and 2 valid tokens, and a fourth with none; NaN at padding must not
 # leak into any result.
 VALUES = torch.tensor(

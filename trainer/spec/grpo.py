@@ -60,7 +60,21 @@ class KLSpec(StrictModel):
     )
     placement: KLPlacement = Field(
         default="loss",
-        description="Add beta*KL to the loss, or subtract it (detached) from the reward.",
+        description=(
+            "Add beta*KL to the loss, or subtract it (detached) from the reward. In the reward "
+            "the penalty is always k1 (log pi - log ref summed over the completion), the one "
+            "estimator whose policy-gradient is exactly grad KL(pi || ref); the estimator "
+            "above then only names the reported kl metric."
+        ),
+    )
+    flat_groups: Literal["skip", "keep"] = Field(
+        default="skip",
+        description=(
+            "KL in the reward only: in a group whose task rewards are all equal the KL "
+            "penalty is the group's only spread, and group-std scaling would blow it up to a "
+            "full-size advantage. skip leaves such groups at zero advantage; keep applies the "
+            "penalty there too (sensible with advantage_scale none or batch)."
+        ),
     )
 
     @property
@@ -139,6 +153,16 @@ class GRPOSpec(StrictModel):
         ge=0,
         le=10,
         description="Upper clip: ratio <= 1 + eps_high (DAPO clip-higher).",
+    )
+    clip_ratio_c: float | None = Field(
+        default=None,
+        gt=1,
+        le=100,
+        description=(
+            "Dual clip (as in verl): for negative advantages the per-token loss is capped at "
+            "-clip_ratio_c * A, so a token whose ratio ran above clip_ratio_c stops pushing. "
+            "Typical value 3; null turns it off."
+        ),
     )
     kl: KLSpec = Field(default_factory=KLSpec, description="KL regularisation.")
     advantage_scale: AdvantageScale = Field(
