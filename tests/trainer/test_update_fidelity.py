@@ -14,7 +14,14 @@ from trainer.lora import apply_lora
 from trainer.models import disable_dropout
 from trainer.optim import build_optimizer, decay_groups
 from trainer.spec.adaptation import LoraSpec
-from trainer.step import NonFiniteGuard, UpdateStats, forward_logprobs, pack_batch, run_updates
+from trainer.step import (
+    Batch,
+    NonFiniteGuard,
+    UpdateStats,
+    forward_logprobs,
+    pack_batch,
+    run_updates,
+)
 
 VOCAB = 40
 
@@ -32,12 +39,11 @@ def _llama_with_dropout() -> LlamaForCausalLM:
         attention_dropout=0.5,
         initializer_range=0.3,
         pad_token_id=0,
-        attn_implementation="eager",
     )
     return LlamaForCausalLM(config).float()
 
 
-def _batch(rows: int = 4) -> object:
+def _batch(rows: int = 4) -> Batch:
     g = torch.Generator().manual_seed(1)
     return pack_batch(
         [torch.randint(1, VOCAB, (3,), generator=g).tolist() for _ in range(rows)],
@@ -49,11 +55,11 @@ def _batch(rows: int = 4) -> object:
     )
 
 
-def _logprobs(model: torch.nn.Module, batch: object) -> torch.Tensor:
+def _logprobs(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     with torch.no_grad():
         lp, _ = forward_logprobs(
             model, batch, micro_batch_size=8, temperature=1.0, pad_id=0, with_entropy=False
-        )  # type: ignore[arg-type]
+        )
     return lp
 
 
@@ -91,7 +97,7 @@ def _update(spec: GRPOSpec) -> UpdateStats:
     stats, _ = run_updates(
         model,
         torch.optim.SGD(model.parameters(), lr=spec.learning_rate),
-        batch,  # type: ignore[arg-type]
+        batch,
         torch.tensor([1.0, -1.0, 2.0, -2.0]),
         spec=spec,
         step=1,
