@@ -255,6 +255,8 @@ const CHARTS = [
     label: (n) => (n === "reward/mean" ? "total" : n.split("/")[1]) },
   { key: "kl", title: "KL to the reference", names: () => ["kl", "kl_k3"] },
   { key: "entropy", title: "Entropy", names: () => ["entropy"] },
+  { key: "mismatch", title: "Sampler vs trainer", names: () => ["mismatch/kl", "mismatch/capped_frac"],
+    label: (n) => n.split("/")[1] },
   { key: "clip", title: "Clip fraction", names: () => ["clip_frac/low", "clip_frac/high", "clip_frac/dual", "clip_frac/clamped"],
     label: (n) => n.split("/")[1] },
   { key: "length", title: "Completion length (tokens)", names: () => ["completion_len/mean", "completion_len/max"],

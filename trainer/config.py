@@ -55,6 +55,8 @@ from trainer.spec.grpo import (
     OverlongSpec,
     RolloutEngineName,
     RolloutSpec,
+    SamplerCorrectionMode,
+    SamplerCorrectionSpec,
 )
 from trainer.spec.model_source import (
     hub_repo_id_problem,
@@ -101,6 +103,8 @@ __all__ = [
     "RegexGrader",
     "RolloutEngineName",
     "RolloutSpec",
+    "SamplerCorrectionMode",
+    "SamplerCorrectionSpec",
     "StrictModel",
     "TrainingDtype",
     "compile_regex",

@@ -53,7 +53,8 @@ from trainer.reference import Reference, reference_for
 from trainer.rewards import RewardFn, Scorer, resolve_scorer
 from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine, start_engine
-from trainer.step import NonFiniteGuard, derive_seed, make_scheduler, run_updates
+from trainer.step import derive_seed, make_scheduler
+from trainer.update import NonFiniteGuard, run_updates
 
 __all__ = ["NonFiniteLossError", "TrainResult", "TrainerError", "train"]
 

@@ -18,7 +18,9 @@ the loss tokens of every update after the step's first, which runs at ratio 1 an
 so all four are absent when a step has a single update; ``grad_norm`` (pre-clip), ``lr`` (the
 rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen estimator) and
 ``kl_k3`` (always k3; only with a reference model), ``logprob_diff/engine_vs_trainer`` (mean
-|engine - trainer| logprob of the sampled tokens before the update), over the completions
+|engine - trainer| logprob of the sampled tokens before the update), ``mismatch/kl``,
+``mismatch/ratio_mean``, ``mismatch/ratio_max`` and ``mismatch/capped_frac`` (the engine
+against the trainer's pi_old, see ``trainer.sampler_correction``), over the completions
 trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
 ``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``;
 ``data/skipped_prompts`` (dataset rows the run skipped because their formatted prompt is longer
@@ -45,7 +47,7 @@ from trainer.config import GRPOSpec, KLEstimatorName
 from trainer.losses import masked_mean
 from trainer.rewards import Scorer
 from trainer.rollout.base import RolloutEngine
-from trainer.step import UpdateStats
+from trainer.update import UpdateStats
 
 __all__ = [
     "build_samples",

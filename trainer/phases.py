@@ -6,7 +6,7 @@
    update (``old``, only when :func:`needs_old_logprobs`) and under the reference (``ref``).
 4. :func:`reward_kl_penalty` (KL placed in the reward: k1, exact) and
    :func:`compute_advantages`: the penalty subtracted, then group advantages.
-5. the update itself: ``trainer.step.run_updates``.
+5. the update itself: ``trainer.update.run_updates``.
 6. the weight sync into the rollout engine (``RolloutEngine.sync_weights``), by the loop.
 7. :func:`update_step_metrics`: what the update and the token-level values report.
 
@@ -27,8 +27,10 @@ from trainer.collect import Group
 from trainer.config import GRPOSpec
 from trainer.metrics import token_metrics, update_metrics
 from trainer.reference import Reference
+from trainer.sampler_correction import mismatch_metrics
 from trainer.shaping import overlong_penalty, truncation_loss_mask
-from trainer.step import Batch, PreUpdate, UpdateStats, forward_logprobs, pack_batch
+from trainer.step import Batch, forward_logprobs, pack_batch
+from trainer.update import PreUpdate, UpdateStats
 
 __all__ = [
     "Scored",
@@ -187,6 +189,13 @@ def update_step_metrics(
             estimator=spec.kl.estimator,
         )
     )
+    if logprobs is not None and batch.engine_logprobs is not None:
+        correction = spec.sampler_correction
+        out.update(
+            mismatch_metrics(
+                logprobs, batch.engine_logprobs, batch.mask, correction.mode, correction.cap
+            )
+        )
     return out
 
 

@@ -23,11 +23,13 @@ from trainer.config import (
     LossAggregation,
     PromptRow,
     RolloutEngineName,
+    SamplerCorrectionMode,
 )
 from trainer.graders import GRADER_BUILDERS
 from trainer.kl import KL_ESTIMATORS, per_token_kl
 from trainer.losses import LOSS_AGGREGATIONS, aggregate
 from trainer.rollout.base import ROLLOUT_ENGINES, make_engine
+from trainer.sampler_correction import SAMPLER_CORRECTIONS
 
 
 def _spec_grader_tags() -> set[str]:
@@ -44,8 +46,15 @@ def _spec_grader_tags() -> set[str]:
         (get_args(AdvantageScale), ADVANTAGE_SCALES),
         (get_args(LossAggregation), LOSS_AGGREGATIONS),
         (get_args(RolloutEngineName), ROLLOUT_ENGINES),
+        (get_args(SamplerCorrectionMode), SAMPLER_CORRECTIONS),
     ],
-    ids=["kl_estimators", "advantage_scales", "loss_aggregations", "rollout_engines"],
+    ids=[
+        "kl_estimators",
+        "advantage_scales",
+        "loss_aggregations",
+        "rollout_engines",
+        "sampler_corrections",
+    ],
 )
 def test_registry_keys_equal_the_spec_names(
     spec_names: tuple[str, ...], registry: dict[str, Any]

@@ -13,15 +13,14 @@ from trainer.logprobs import completion_logprobs
 from trainer.models import enable_gradient_checkpointing
 from trainer.step import (
     Batch,
-    NonFiniteGuard,
     by_length,
     derive_seed,
     forward_logprobs,
     lr_factor,
     make_scheduler,
     pack_batch,
-    run_updates,
 )
+from trainer.update import NonFiniteGuard, run_updates
 
 
 def test_lr_schedules() -> None:

@@ -14,14 +14,8 @@ from trainer.lora import apply_lora
 from trainer.models import disable_dropout
 from trainer.optim import build_optimizer, decay_groups
 from trainer.spec.adaptation import LoraSpec
-from trainer.step import (
-    Batch,
-    NonFiniteGuard,
-    UpdateStats,
-    forward_logprobs,
-    pack_batch,
-    run_updates,
-)
+from trainer.step import Batch, forward_logprobs, pack_batch
+from trainer.update import NonFiniteGuard, UpdateStats, run_updates
 
 VOCAB = 40
 

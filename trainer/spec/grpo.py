@@ -22,6 +22,8 @@ __all__ = [
     "OverlongSpec",
     "RolloutEngineName",
     "RolloutSpec",
+    "SamplerCorrectionMode",
+    "SamplerCorrectionSpec",
 ]
 
 # The names a job can choose, declared once, here: pydantic rejects anything else with a 422
@@ -31,12 +33,16 @@ __all__ = [
 #   AdvantageScale    -> trainer.advantages.ADVANTAGE_SCALES
 #   LossAggregation   -> trainer.losses.LOSS_AGGREGATIONS
 #   RolloutEngineName -> trainer.rollout.base.ROLLOUT_ENGINES
+#   SamplerCorrectionMode -> trainer.sampler_correction.SAMPLER_CORRECTIONS
 # Grader types are the `type` tags of GraderSpecUnion's members (trainer.graders.GRADER_BUILDERS).
 KLEstimatorName = Literal["none", "k1", "k2", "k3", "k3_unbiased"]
 KLPlacement = Literal["loss", "reward"]
 AdvantageScale = Literal["group", "batch", "none"]
 LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 RolloutEngineName = Literal["vllm", "transformers"]
+SamplerCorrectionMode = Literal[
+    "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+]
 
 MAX_PROMPTS_PER_STEP = 4096
 MAX_GROUP_SIZE = 256
@@ -103,6 +109,30 @@ class OverlongSpec(StrictModel):
     penalty: float = Field(default=1.0, ge=0, le=100, description="Penalty at max_new_tokens.")
 
 
+class SamplerCorrectionSpec(StrictModel):
+    """Truncated importance sampling between the rollout engine and the trainer.
+
+    The engine (vLLM: other kernels, often another dtype) samples from a distribution that is
+    close to, not equal to, the trainer's pi_old, so the update is slightly off-policy. Each
+    token's policy loss is weighted by ``pi_old(trainer) / pi_sampler`` (per token, or the
+    product over the completion), capped at ``cap`` (truncate) or zeroed above it (mask)."""
+
+    mode: SamplerCorrectionMode = Field(
+        default="token_truncate",
+        description=(
+            "none, token_truncate (min(w_t, cap) per token), token_mask (w_t, or 0 where "
+            "w_t > cap), sequence_truncate / sequence_mask (the same with the completion's "
+            "product of ratios)."
+        ),
+    )
+    cap: float = Field(
+        default=2.0,
+        gt=1.0,
+        le=100.0,
+        description="C: the largest importance weight kept (truncate) or allowed (mask).",
+    )
+
+
 class GRPOSpec(StrictModel):
     steps: int = Field(
         default=20, ge=1, le=MAX_STEPS, description="Optimizer steps (rollout batches)."
@@ -165,6 +195,10 @@ class GRPOSpec(StrictModel):
         ),
     )
     kl: KLSpec = Field(default_factory=KLSpec, description="KL regularisation.")
+    sampler_correction: SamplerCorrectionSpec = Field(
+        default_factory=SamplerCorrectionSpec,
+        description="Importance-sampling correction for the engine/trainer mismatch.",
+    )
     advantage_scale: AdvantageScale = Field(
         default="group",
         description="Divide centred rewards by the group std, the batch std, or not at all (Dr. GRPO).",
