@@ -4,6 +4,7 @@ dynamic sampling) drop groups whose rewards are all equal and sample more prompt
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from trainer.rewards import Scorer, score_batch
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.step import derive_seed
 
-__all__ = ["Collected", "Group", "collect_groups"]
+__all__ = ["Collected", "Group", "collect_groups", "prompts_for_round"]
 
 
 @dataclass
@@ -51,6 +52,23 @@ class Collected:
         return sum(g.zero_std for g in self.groups)
 
 
+def prompts_for_round(shortfall: int, *, sampled: int, kept: int, oversample: float) -> int:
+    """How many prompts a sampling round draws to fill ``shortfall`` missing groups.
+
+    The first round (nothing sampled yet) draws the shortfall. A later one divides it by the
+    share of groups kept so far (the best guess of the next round's keep rate), so that one
+    round usually suffices, but never more than ``oversample`` times the shortfall: with a
+    keep rate of 1/4 and oversample 2, 4 missing groups draw 8 prompts, not 16.
+    """
+    if shortfall <= 0:
+        return 0
+    if sampled == 0:
+        return shortfall
+    keep_rate = kept / sampled
+    wanted = math.ceil(shortfall / keep_rate) if keep_rate > 0 else math.inf
+    return int(min(wanted, math.ceil(shortfall * oversample)))
+
+
 def collect_groups(
     engine: RolloutEngine,
     scorer: Scorer,
@@ -68,8 +86,10 @@ def collect_groups(
 
     Round r of step s samples with the engine seed ``derive_seed(seed, s, r)``. Without dynamic
     sampling every group is kept. With it, zero-variance groups (judged on the task reward, the
-    canonical signal, not on shaped rewards) are dropped and only the shortfall is sampled
-    again, for at most ``max_rounds`` rounds; the batch may end up smaller than asked.
+    canonical signal, not on shaped rewards) are dropped and more prompts are sampled, for at
+    most ``max_rounds`` rounds: :func:`prompts_for_round` many, so that one more round usually
+    fills the batch. Kept groups past the target are left out of ``kept`` (they still count in
+    ``groups``, as sampled); the batch may end up smaller than asked.
     """
     target = spec.prompts_per_step
     dynamic = spec.dynamic_sampling.enabled
@@ -79,7 +99,12 @@ def collect_groups(
         if rnd > 0 and should_stop():
             out.stop_requested = True
             break
-        need = target - len(out.kept)
+        need = prompts_for_round(
+            target - len(out.kept),
+            sampled=len(out.groups),
+            kept=len(out.kept),
+            oversample=spec.dynamic_sampling.oversample,
+        )
         rows = sampler.next(need)
         started = time.perf_counter()
         results = engine.generate(
@@ -115,7 +140,7 @@ def collect_groups(
                 zero_std=bool(zero[i]),
             )
             out.groups.append(group)
-            if not (dynamic and group.zero_std):
+            if not (dynamic and group.zero_std) and len(out.kept) < target:
                 out.kept.append(group)
         if len(out.kept) >= target:
             break

@@ -267,7 +267,8 @@ def spec_limits_violations(
     which only the operator can size (GPU memory and time):
 
     - ``max_completions_per_step`` against ``grpo.sampled_completions_per_step``: prompts_per_step
-      x group_size (x dynamic_sampling.max_rounds when dynamic sampling is on);
+      x group_size (with dynamic sampling on, each round after the first adds up to
+      ``oversample`` times the prompts);
     - ``max_tokens_per_step`` against ``grpo.tokens_per_step``: those completions x
       (max_prompt_tokens + max_new_tokens);
     - ``max_total_tokens`` against ``grpo.total_tokens``: tokens_per_step x steps x num_iterations.
@@ -284,7 +285,12 @@ def spec_limits_violations(
         )
         how = f"prompts_per_step ({grpo.prompts_per_step}) x group_size ({grpo.group_size})"
         if grpo.dynamic_sampling.enabled:
-            how += f" x dynamic_sampling.max_rounds ({grpo.dynamic_sampling.max_rounds})"
+            ds = grpo.dynamic_sampling
+            how = (
+                f"(prompts_per_step ({grpo.prompts_per_step}) + (dynamic_sampling.max_rounds "
+                f"({ds.max_rounds}) - 1) x ceil(prompts_per_step x dynamic_sampling.oversample "
+                f"({ds.oversample:g}))) x group_size ({grpo.group_size})"
+            )
         out.append(
             (
                 "grpo.dynamic_sampling.max_rounds" if rounds else "grpo.prompts_per_step",

@@ -361,15 +361,22 @@ class _Run:
             step=step,
             should_stop=self.cb.should_stop,
         )
-        dropped = len(col.groups) - len(col.kept)
-        if dropped:  # only dynamic sampling drops groups; frac_zero_std_groups covers the rest
-            self.cb.on_event(
-                "dynamic_sampling",
-                f"step {step}: dropped {dropped} of {len(col.groups)} groups with equal rewards "
-                f"({col.rounds} sampling rounds, {len(col.kept)} groups trained on)",
-                data={"rounds": col.rounds, "dropped": dropped},
-            )
         metrics = rollout_metrics(col, self.scorer.names)
+        if spec.dynamic_sampling.enabled:
+            # Only dynamic sampling drops groups; frac_zero_std_groups covers the rest.
+            dropped = col.num_zero_std
+            surplus = len(col.groups) - len(col.kept) - dropped
+            metrics["dynamic_sampling/rounds"] = float(col.rounds)
+            metrics["dynamic_sampling/kept_groups"] = float(len(col.kept))
+            metrics["dynamic_sampling/dropped_groups"] = float(dropped)
+            if dropped:
+                self.cb.on_event(
+                    "dynamic_sampling",
+                    f"step {step}: dropped {dropped} of {len(col.groups)} groups with equal "
+                    f"rewards ({col.rounds} sampling rounds, {len(col.kept)} groups trained on, "
+                    f"{surplus} more left out)",
+                    data={"rounds": col.rounds, "dropped": dropped, "surplus": surplus},
+                )
         lr = float(self.optimizer.param_groups[0]["lr"])
         advantages: dict[int, list[float]] = {}
         if col.kept:

@@ -228,16 +228,17 @@ def test_products_of_the_spec() -> None:
     )
     grpo = spec.grpo
     assert grpo.completions_per_step == 32
-    assert grpo.sampled_completions_per_step == 96
-    assert grpo.tokens_per_step == 96 * 128
-    assert grpo.total_tokens == 96 * 128 * 10 * 2
+    # 4 prompts, then 2 more rounds of at most 2 x 4 prompts (oversample 2): 20 x 8 completions
+    assert grpo.sampled_completions_per_step == 160
+    assert grpo.tokens_per_step == 160 * 128
+    assert grpo.total_tokens == 160 * 128 * 10 * 2
     assert spec_limits_violations(spec) == []
     assert (
         spec_limits_violations(
             spec,
-            max_completions_per_step=96,
-            max_tokens_per_step=96 * 128,
-            max_total_tokens=96 * 128 * 20,
+            max_completions_per_step=160,
+            max_tokens_per_step=160 * 128,
+            max_total_tokens=160 * 128 * 20,
         )
         == []
     )
@@ -271,4 +272,4 @@ def test_limits_violations_name_the_field_to_lower() -> None:
     dynamic.grpo.dynamic_sampling.enabled = True
     (only,) = spec_limits_violations(dynamic, max_completions_per_step=40)
     assert only[0] == "grpo.dynamic_sampling.max_rounds"
-    assert "x dynamic_sampling.max_rounds (3) = 96" in only[1]
+    assert "dynamic_sampling.max_rounds (3) - 1)" in only[1] and "= 160 completions" in only[1]

@@ -386,9 +386,14 @@ def test_dynamic_sampling_without_signal_skips_the_update(tmp_path: Path) -> Non
         assert metrics["frac_zero_std_groups"] == 1.0 and metrics["reward/mean"] == 1.0
         assert "loss/policy" not in metrics and "grad_norm" not in metrics
         assert metrics["time/weight_sync"] == 0.0
-    # Each step tried all 3 rounds to find a signal.
+    # Each step tried all 3 rounds to find a signal; with nothing kept, the later rounds drew
+    # oversample (2) times the shortfall: 4 + 8 + 8 prompts.
+    for metrics in rec.metrics.values():
+        assert metrics["dynamic_sampling/rounds"] == 3
+        assert metrics["dynamic_sampling/dropped_groups"] == 20
+        assert metrics["dynamic_sampling/kept_groups"] == 0
     messages = [m for kind, _, m in rec.events if kind == "dynamic_sampling"]
-    assert all("dropped 12 of 12 groups" in m and "3 sampling rounds" in m for m in messages)
+    assert all("dropped 20 of 20 groups" in m and "3 sampling rounds" in m for m in messages)
     assert all(len(s) == 2 for s in rec.samples.values())
 
 
@@ -469,3 +474,13 @@ def test_smollm2_recipe_runs_two_steps(tmp_path: Path) -> None:
         assert metrics["logprob_diff/engine_vs_trainer"] < 0.2
     assert 0.0 <= rec.metrics[2]["eval/accuracy"] <= 1.0
     assert rec.metrics[1]["kl_k3"] < 1e-6
+
+
+def test_prompts_for_round_oversamples_by_the_keep_rate() -> None:
+    from trainer.collect import prompts_for_round
+
+    assert prompts_for_round(8, sampled=0, kept=0, oversample=2.0) == 8  # first round: the batch
+    assert prompts_for_round(4, sampled=8, kept=4, oversample=3.0) == 8  # half kept: twice
+    assert prompts_for_round(4, sampled=8, kept=1, oversample=3.0) == 12  # capped at 3x
+    assert prompts_for_round(4, sampled=8, kept=0, oversample=2.0) == 8  # nothing kept: the cap
+    assert prompts_for_round(0, sampled=8, kept=8, oversample=2.0) == 0

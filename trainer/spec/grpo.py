@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -95,6 +96,17 @@ class DynamicSamplingSpec(StrictModel):
     )
     max_rounds: int = Field(
         default=3, ge=1, le=20, description="Most sampling rounds per step to fill the batch."
+    )
+    oversample: float = Field(
+        default=2.0,
+        ge=1.0,
+        le=8.0,
+        description=(
+            "After the first round, a round samples the shortfall divided by the share of "
+            "groups kept so far, at most oversample times the shortfall (DAPO samples more "
+            "than it needs rather than refilling one group at a time); extra kept groups are "
+            "left out of the update."
+        ),
     )
 
 
@@ -256,10 +268,14 @@ class GRPOSpec(StrictModel):
 
     @property
     def sampled_completions_per_step(self) -> int:
-        """The most completions one step samples and grades: ``completions_per_step``, times
-        ``dynamic_sampling.max_rounds`` when dynamic sampling may sample again."""
-        rounds = self.dynamic_sampling.max_rounds if self.dynamic_sampling.enabled else 1
-        return self.completions_per_step * rounds
+        """The most completions one step samples and grades: ``completions_per_step``, plus,
+        when dynamic sampling may sample again, ``max_rounds - 1`` rounds of at most
+        ``oversample`` times the batch's prompts."""
+        ds = self.dynamic_sampling
+        if not ds.enabled:
+            return self.completions_per_step
+        later = math.ceil(self.prompts_per_step * ds.oversample) * (ds.max_rounds - 1)
+        return (self.prompts_per_step + later) * self.group_size
 
     @property
     def sequence_tokens(self) -> int:
