@@ -240,3 +240,10 @@ def test_racing_finishers_yield_exactly_one_terminal_state(
             assert job is not None and job.status == wins[0]
             changes = session.query(JobEvent).filter_by(job_id=job_id, type="status").count()
             assert changes == 2  # the claim and the single winner
+
+
+def test_the_lease_holding_states_are_declared_alike_for_queries_and_rules() -> None:
+    """The repositories filter on RUNNING_STATES, the state machine fences on ACTIVE: one set."""
+    from app.repositories.jobs import RUNNING_STATES
+
+    assert set(RUNNING_STATES) == {s.value for s in transitions.ACTIVE}
