@@ -3,6 +3,9 @@
     queued -> running -> succeeded | failed | cancelled
     running -> cancelling (cancel asked) -> cancelled
     running | cancelling -> queued (lease released: worker lost or shut down; attempt kept)
+    queued -> paused; running -> pausing (pause asked) -> paused (the trainer checkpointed and
+    stopped; the lease is released, the attempt kept); pausing -> running (resumed before the
+    worker stopped); paused -> queued (resume) | cancelled
 
 Every change is a compare-and-set `UPDATE ... WHERE status = :seen [AND attempt = :attempt]` plus
 an event row in the same transaction, so concurrent finishers, cancellers and reapers can never
@@ -15,7 +18,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import ColumnElement
@@ -24,25 +26,19 @@ from sqlalchemy.orm import Session
 from app import db
 from app.clock import utcnow
 from app.errors import IllegalTransition, NotFound
+from app.job_status import JobStatus
 from app.models import Job, JobEvent
 from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
 
-
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    CANCELLING = "cancelling"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
-ACTIVE = frozenset({JobStatus.RUNNING, JobStatus.CANCELLING})
+# The states in which a worker holds the job's lease (its writes are fenced by the attempt).
+ACTIVE = frozenset({JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.PAUSING})
+# Entering one of these frees the job's dispatch slot (app.services.dispatch refills it).
+FREES_SLOT = TERMINAL | {JobStatus.PAUSED}
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED, JobStatus.PAUSED}),
     JobStatus.RUNNING: frozenset(
         {
             JobStatus.SUCCEEDED,
@@ -50,9 +46,22 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
             JobStatus.CANCELLING,
             JobStatus.CANCELLED,
             JobStatus.QUEUED,
+            JobStatus.PAUSING,
         }
     ),
     JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.SUCCEEDED}),
+    # A job asked to pause may still finish or fail first; a cancel overrides the pause; a
+    # resume before the worker stopped takes the pause back.
+    JobStatus.PAUSING: frozenset(
+        {
+            JobStatus.PAUSED,
+            JobStatus.CANCELLING,
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+            JobStatus.RUNNING,
+        }
+    ),
+    JobStatus.PAUSED: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),
     JobStatus.SUCCEEDED: frozenset(),
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELLED: frozenset(),
@@ -180,7 +189,7 @@ def transition(
         data={"from": source.value, "to": target.value, "error_code": error_code},
     )
     hook = session.info.get(ON_JOB_ENDED)
-    if target in TERMINAL and hook is not None:
+    if target in FREES_SLOT and hook is not None:
         db.after_commit(session, functools.partial(hook, job_id=job_id))
     return source
 

@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from app.repositories.jobs import RUNNING_STATES
 from bench.services import (
     PrivatePostgres,
     Process,
@@ -133,9 +134,10 @@ class Cluster:
             return list(conn.execute(query).fetchall())  # type: ignore[arg-type]
 
     def lease_holders(self) -> dict[str, str]:
-        """Worker name -> the job it holds a lease on (running or cancelling)."""
+        """Worker name -> the job it holds a lease on (running, cancelling or pausing)."""
+        states = ", ".join(f"'{s}'" for s in RUNNING_STATES)  # constants, not user input
         rows = self.rows(
-            "SELECT id, lease_owner FROM jobs WHERE status IN ('running', 'cancelling') "
+            f"SELECT id, lease_owner FROM jobs WHERE status IN ({states}) "
             "AND lease_owner IS NOT NULL"
         )
         return {str(r["lease_owner"]): str(r["id"]) for r in rows}

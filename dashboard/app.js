@@ -8,7 +8,7 @@ import { StepChart, alignSeries, fmtNum } from "/dashboard/charts.js";
 
 const KEY_STORE = "grpo.apiKey";
 const POLL_MS = 2000;
-const STATUSES = ["queued", "running", "cancelling", "succeeded", "failed", "cancelled"];
+const STATUSES = ["queued", "running", "pausing", "paused", "cancelling", "succeeded", "failed", "cancelled"];
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
 const MAX_CACHED_POINTS = 6000; // per series; past this the job page refetches downsampled
 const compareSelection = new Set();
@@ -275,6 +275,8 @@ function jobView(root, id) {
   const title = h("h2", { id: "job-title" }, id);
   const status = h("span", { id: "job-status" });
   const cancel = h("button", { id: "cancel-job", class: "danger", onclick: onCancel }, "Cancel job");
+  const pauseBtn = h("button", { id: "pause-job", onclick: () => onControl("pause") }, "Pause");
+  const resumeBtn = h("button", { id: "resume-job", onclick: () => onControl("resume") }, "Resume");
   const meta = h("div", { class: "meta muted small" });
   const prog = h("div", { class: "card progress", id: "job-progress" });
   const grid = h("div", { class: "charts", id: "charts" });
@@ -300,7 +302,7 @@ function jobView(root, id) {
 
   root.append(
     h("div", { class: "job-head" }, h("div", {}, h("a", { href: "#/", class: "small" }, "← Jobs"), title, meta),
-      h("span", { class: "spacer" }), status, cancel),
+      h("span", { class: "spacer" }), status, pauseBtn, resumeBtn, cancel),
     prog, grid,
     h("section", { class: "card", id: "rollouts" },
       h("div", { class: "section-head" }, h("h3", {}, "Rollouts"),
@@ -336,6 +338,17 @@ function jobView(root, id) {
     }
   }
 
+  async function onControl(action) {
+    pauseBtn.disabled = resumeBtn.disabled = true;
+    try {
+      renderJob(await api(`/v1/jobs/${encodeURIComponent(id)}/${action}`, { method: "POST" }));
+      poll.now();
+    } catch (err) {
+      if (!(err instanceof AuthError)) alert(`${action} failed: ${err.message}`);
+      if (st.job) renderJob(st.job);
+    }
+  }
+
   function renderJob(job) {
     st.job = job;
     const p = job.progress;
@@ -343,6 +356,9 @@ function jobView(root, id) {
     document.title = `${job.name || job.id} · grpo-service`;
     status.replaceChildren(badge(job.status));
     cancel.disabled = TERMINAL.has(job.status) || job.status === "cancelling";
+    // Pause while it queues or runs; resume once paused (or to take back a pause under way).
+    pauseBtn.disabled = !["queued", "running"].includes(job.status);
+    resumeBtn.disabled = !["paused", "pausing"].includes(job.status);
     meta.replaceChildren(
       h("span", { class: "mono" }, job.id), " · ", h("span", { class: "mono" }, job.model),
       " · KL ", klText(job.spec), " · created ", fmtTime(job.created_at));

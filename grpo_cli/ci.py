@@ -1,4 +1,4 @@
-"""The client commands: `grpo submit`, `grpo jobs list|show|cancel`, `grpo logs`, `grpo metrics`,
+"""The client commands: `grpo submit`, `grpo jobs list|show|cancel|pause|resume`, `grpo logs`, `grpo metrics`,
 `grpo download` (grpo_cli.download).
 
 Each returns an exit code from grpo_cli.ci_args.Exit. Human text goes to stdout, the progress bar
@@ -197,8 +197,10 @@ def jobs(args: argparse.Namespace, out: Output) -> int:
             return Exit.OK
         if args.jobs_command == "show":
             job = retrying(args.retry_for, lambda: client.get_job(args.job_id))
-        else:
-            job = retrying(args.retry_for, lambda: client.cancel_job(args.job_id))
+        else:  # cancel, pause, resume: idempotent, so safe to retry
+            job = retrying(
+                args.retry_for, lambda: client.control_job(args.job_id, args.jobs_command)
+            )
     if out.json:
         out.doc(job)
     elif args.jobs_command == "show":

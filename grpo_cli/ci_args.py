@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from enum import IntEnum
 
+from app.job_status import JobStatus
 from grpo_cli.gates import Requirement, parse_duration, parse_requirement
 
 
@@ -160,14 +161,14 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--no-progress", action="store_true", help="No progress bar on stderr while waiting."
     )
 
-    jobs = sub.add_parser("jobs", help="List, show and cancel jobs.")
+    jobs = sub.add_parser("jobs", help="List, show, cancel, pause and resume jobs.")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
     listing = jobs_sub.add_parser("list", parents=[common], help="List jobs, newest first.")
     listing.add_argument(
         "--status",
         action="append",
         default=[],
-        choices=["queued", "running", "cancelling", "succeeded", "failed", "cancelled"],
+        choices=[s.value for s in JobStatus],
         help="Only jobs in this status (repeatable).",
     )
     listing.add_argument("--limit", type=int, default=20, help="At most this many (1-100).")
@@ -178,6 +179,11 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "cancel", parents=[common], help="Cancel a job (a no-op when it already ended)."
     )
     cancel.add_argument("job_id")
+    for action, text in (
+        ("pause", "Pause a job: it checkpoints and gives its worker back."),
+        ("resume", "Resume a paused job from its last checkpoint."),
+    ):
+        jobs_sub.add_parser(action, parents=[common], help=text).add_argument("job_id")
 
     logs = sub.add_parser(
         "logs",

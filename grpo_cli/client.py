@@ -90,7 +90,13 @@ class Client:
         return self._json(self._http.get("/v1/jobs", params=params))
 
     def cancel_job(self, job_id: str) -> dict[str, Any]:
-        return self._json(self._http.post(f"/v1/jobs/{job_id}/cancel"))
+        return self.control_job(job_id, "cancel")
+
+    def control_job(self, job_id: str, action: str) -> dict[str, Any]:
+        """POST /v1/jobs/{id}/{action}: cancel, pause or resume (all idempotent)."""
+        if action not in ("cancel", "pause", "resume"):
+            raise ValueError(f"unknown job action {action!r}")
+        return self._json(self._http.post(f"/v1/jobs/{job_id}/{action}"))
 
     def events(self, job_id: str, after: int | None = None, limit: int = 1000) -> dict[str, Any]:
         """One page of the audit log, oldest first: {"data", "has_more", "next_after"}."""

@@ -23,7 +23,11 @@ T = TypeVar("T")
 def is_transient(exc: BaseException) -> bool:
     """Errors worth retrying: no connection, a 5xx, 409 (a state change in flight), 429."""
     if isinstance(exc, ApiError):
-        return exc.status >= 500 or exc.status in (409, 429)
+        # A 409 is a race (a job changing state, a keyed request in flight) unless the API
+        # says the job's state rules the request out for good (invalid_state).
+        if exc.status == 409:
+            return exc.type != "invalid_state"
+        return exc.status >= 500 or exc.status == 429
     return isinstance(exc, httpx.TransportError | ConnectionError)
 
 

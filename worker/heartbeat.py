@@ -14,14 +14,15 @@ The runner starts one per job attempt (through `worker.lease.LeaseKeeper`) as
   EOF (or a new parent pid) means the worker is gone: the heartbeat exits and leaves the job to
   the reaper.
 - stdout, heartbeat -> worker: one word per line, each at most once: `ready`, `cancel`,
-  `shutdown`, `lost`. The trainer reads them between steps (`LeaseKeeper.refresh`).
+  `pause`, `shutdown`, `lost`. The trainer reads them between steps (`LeaseKeeper.refresh`).
 - a signal pipe, the worker's `signal.set_wakeup_fd`: CPython's C-level handler writes the
   signal number there the moment SIGTERM/SIGINT arrives, GIL or not, so the heartbeat learns of
   a shutdown even while the worker's own Python handler (Celery's) cannot run.
 
 Every `interval` it beats (`app.repositories.jobs.heartbeat`, fenced by the attempt). Once a
-cancel or a shutdown signal was seen, the trainer has `stop_grace_seconds` to return; past that,
-the heartbeat ends the attempt itself, fenced (cancelled, or handed back to the queue), then
+cancel, a pause or a shutdown signal was seen, the trainer has `stop_grace_seconds` to return;
+past that, the heartbeat ends the attempt itself, fenced (cancelled, paused, or handed back to
+the queue), then
 SIGKILLs the worker. For a cancel it kills only once the job is recorded as cancelled; for a
 shutdown it kills in any case, since the operator asked for the process to go.
 """
@@ -46,7 +47,7 @@ from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-READY, CANCEL, SHUTDOWN, LOST = "ready", "cancel", "shutdown", "lost"
+READY, CANCEL, PAUSE, SHUTDOWN, LOST = "ready", "cancel", "pause", "shutdown", "lost"
 DONE = "done"
 # The signals after which Celery stops taking work (warm shutdown).
 STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGINT)})
@@ -215,6 +216,7 @@ class _Heartbeat:
         self.inbox = inbox
         self.said: set[str] = set()
         self.cancel_since: float | None = None
+        self.pause_since: float | None = None
         self.shutdown_since: float | None = None
         self.retry_escalation_at = 0.0
 
@@ -296,10 +298,16 @@ class _Heartbeat:
         if status == JobStatus.CANCELLING and self.cancel_since is None:
             self.cancel_since = now
             return self.say(CANCEL)
+        if status == JobStatus.PAUSING and self.pause_since is None:
+            self.pause_since = now
+            return self.say(PAUSE)
+        if status == JobStatus.RUNNING:
+            self.pause_since = None  # the pause was taken back before the trainer stopped
         return True
 
     def escalation_deadline(self) -> float | None:
-        seen = [t for t in (self.cancel_since, self.shutdown_since) if t is not None]
+        since = (self.cancel_since, self.pause_since, self.shutdown_since)
+        seen = [t for t in since if t is not None]
         return min(seen) + self.grace if seen else None
 
     def escalate(self) -> bool:
@@ -308,9 +316,12 @@ class _Heartbeat:
         # Imported here: the hand-back needs the broker client, which only this path uses.
         from app.live import TailPublisher
         from app.queue import CeleryDispatcher
-        from worker.lease import end_attempt, release
+        from worker.lease import end_attempt, pause, release
 
         waited = f"the trainer did not stop within {self.grace:g}s"
+        # A cancel or a pause is ended only once it is recorded: then the worker may be killed.
+        # A shutdown hands the job back, and the worker is killed whatever came of it.
+        recorded_first = self.cancel_since is not None or self.pause_since is not None
         try:
             if self.cancel_since is not None:
                 ended = end_attempt(
@@ -319,6 +330,13 @@ class _Heartbeat:
                     self.attempt,
                     JobStatus.CANCELLED,
                     message=f"cancelled; {waited}, so its worker process was stopped",
+                )
+            elif self.pause_since is not None:
+                ended = pause(
+                    self.sessions,
+                    self.job_id,
+                    self.attempt,
+                    f"paused at its last checkpoint; {waited}, so its worker process was stopped",
                 )
             else:
                 ended = release(
@@ -333,7 +351,7 @@ class _Heartbeat:
             return False
         if ended:
             TailPublisher(self.settings.resolved_redis_url).notify(self.job_id, "status")
-        if ended or self.cancel_since is None:
+        if ended or not recorded_first:
             self.kill_worker(waited)
         else:
             self.say(LOST)  # another attempt or a finish got there first: not ours to kill

@@ -1,11 +1,12 @@
 """The lease of a running job attempt, as the worker process holds it.
 
-- `LeaseKeeper`: what the trainer's `should_stop` reads (lease lost, cancel requested, shutdown
-  requested). Entering it starts the heartbeat process (`worker.heartbeat`), which keeps the
+- `LeaseKeeper`: what the trainer's `should_stop` reads (lease lost, cancel or pause requested,
+  shutdown requested). Entering it starts the heartbeat process (`worker.heartbeat`), which keeps the
   lease from outside this process, so a trainer holding the GIL cannot starve it; its reports
   and a synchronous fenced beat at each step boundary (`beat`) set the flags.
-- `end_attempt` and `release`: the fenced ways an attempt ends, shared by the runner and by the
-  heartbeat process when it has to end the attempt of a trainer that did not stop in time.
+- `end_attempt`, `pause` and `release`: the fenced ways an attempt ends, shared by the runner
+  and by the heartbeat process when it has to end the attempt of a trainer that did not stop in
+  time.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from app.queue import Dispatcher
 from app.repositories import jobs as jobs_repo
 from app.services.dispatch import send_after_commit
 from app.transitions import JobStatus
-from worker.heartbeat import CANCEL, LOST, SHUTDOWN, HeartbeatProcess
+from worker.heartbeat import CANCEL, LOST, PAUSE, SHUTDOWN, HeartbeatProcess
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class LeaseKeeper:
         self.attempt = attempt
         self.lost = threading.Event()
         self.cancel_requested = threading.Event()
+        self.pause_requested = threading.Event()
         self.shutdown_requested = threading.Event()
         self._process = (
             HeartbeatProcess(settings, job_id, attempt, interval_s)
@@ -85,9 +87,19 @@ class LeaseKeeper:
             self.lost.set()
         elif status == JobStatus.CANCELLING:
             self.cancel_requested.set()
+        elif status == JobStatus.PAUSING:
+            self.pause_requested.set()
+        elif status == JobStatus.RUNNING:
+            # A resume before the worker stopped took the pause back.
+            self.pause_requested.clear()
 
     def _absorb(self, reports: list[str]) -> None:
-        flags = {LOST: self.lost, CANCEL: self.cancel_requested, SHUTDOWN: self.shutdown_requested}
+        flags = {
+            LOST: self.lost,
+            CANCEL: self.cancel_requested,
+            PAUSE: self.pause_requested,
+            SHUTDOWN: self.shutdown_requested,
+        }
         for word in reports:
             if word in flags:
                 flags[word].set()
@@ -115,11 +127,41 @@ def end_attempt(
     return True
 
 
+def pause(sessions: sessionmaker[Session], job_id: str, attempt: int, message: str) -> bool:
+    """End a pausing attempt as paused: the lease is released and the attempt is not counted
+    against the job (a pause is not a failure); a resume queues it again, and the next claim
+    continues from its last checkpoint. False (logged) when the attempt no longer holds the
+    lease or the pause was taken back meanwhile."""
+    try:
+        with session_scope(sessions) as session:
+            job = jobs_repo.get(session, job_id=job_id)
+            if job is None:
+                return False
+            transitions.transition(
+                session,
+                job_id,
+                JobStatus.PAUSED,
+                attempt=attempt,
+                message=message,
+                values={"lease_owner": None, "max_attempts": job.max_attempts + 1},
+            )
+    except IllegalTransition as exc:
+        log.warning("job %s could not be paused: %s", job_id, exc)
+        return False
+    return True
+
+
 def release(
     sessions: sessionmaker[Session], dispatcher: Dispatcher, job_id: str, attempt: int, message: str
 ) -> bool:
     """Hand the job back to the queue without spending one of its attempts; it is re-sent once
-    the hand-over is committed. False (logged) when the attempt no longer holds the lease."""
+    the hand-over is committed. A job being paused is paused instead (that is what its owner
+    asked for). False (logged) when the attempt no longer holds the lease."""
+    with session_scope(sessions) as session:
+        job = jobs_repo.get(session, job_id=job_id)
+        pausing = job is not None and job.status == JobStatus.PAUSING
+    if pausing:
+        return pause(sessions, job_id, attempt, f"{message.split(';')[0]} while pausing; paused")
     try:
         with session_scope(sessions) as session:
             job = jobs_repo.get(session, job_id=job_id)

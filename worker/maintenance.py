@@ -56,6 +56,18 @@ def reap_stale_jobs(ctx: WorkerContext) -> list[str]:
                         message="worker lost while cancelling",
                         only_if=still_stale,
                     )
+                elif status == JobStatus.PAUSING:
+                    # What the user asked for: paused, from its last checkpoint; the lost
+                    # attempt is not counted against it (the pause, not a failure, ended it).
+                    transitions.transition(
+                        session,
+                        job_id,
+                        JobStatus.PAUSED,
+                        attempt=attempt,
+                        message="worker lost while pausing; paused at its last checkpoint",
+                        values={"lease_owner": None, "max_attempts": max_attempts + 1},
+                        only_if=still_stale,
+                    )
                 elif attempt >= max_attempts:
                     transitions.transition(
                         session,

@@ -176,6 +176,8 @@ class DatabaseCallbacks(Callbacks):
             self.stop_reason = "lease_lost"
         elif self.lease.cancel_requested.is_set():
             self.stop_reason = "cancelled"
+        elif self.lease.pause_requested.is_set():
+            self.stop_reason = "paused"
         elif self._ctx.shutdown.is_set() or self.lease.shutdown_requested.is_set():
             self.stop_reason = "shutdown"
         return self.stop_reason is not None

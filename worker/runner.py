@@ -3,6 +3,9 @@
 Outcomes, each a fenced state change:
 - trained every step            -> succeeded
 - cancel requested              -> cancelled (after the trainer saved a checkpoint)
+- pause requested               -> paused (after the trainer saved a checkpoint; the attempt
+                                   is not counted); a resume queues it and the next claim
+                                   continues from that checkpoint
 - SIGTERM to the worker         -> back to queued, re-sent, resumed by the next worker
 - trainer error                 -> failed with the trainer's reason code (any other error:
                                    failed as `trainer_error`, details only in the worker log)
@@ -12,7 +15,7 @@ Outcomes, each a fenced state change:
                                    operator pre-fetches it (offline workers never download)
 - lease lost (another attempt)  -> nothing: the new lease holder owns the job
 
-A trainer that does not stop within `stop_grace_seconds` of a cancel or SIGTERM is ended by the
+A trainer that does not stop within `stop_grace_seconds` of a cancel, pause or SIGTERM is ended by the
 heartbeat process instead (`worker.heartbeat`), which then kills this process.
 
 The trainer is a parameter (`Train`): the worker passes nothing and gets `trainer.loop.train`,
@@ -38,7 +41,7 @@ from trainer.callbacks import Callbacks
 from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from trainer.errors import ModelNotAllowed, TrainerError
 from worker.context import WorkerContext
-from worker.lease import LeaseKeeper, end_attempt, release
+from worker.lease import LeaseKeeper, end_attempt, pause, release
 from worker.progress import DatabaseCallbacks, LeaseLost
 from worker.retry import with_db_retry
 from worker.settings import WorkerSettings
@@ -229,6 +232,14 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
             message=f"cancelled at step {result.final_step}",
         )
         return "cancelled"
+    if reason == "paused" and result.stopped_early:
+        message = f"paused at step {result.final_step} (its checkpoint); resume to continue"
+        if not pause(ctx.sessions, job_id, attempt, message):
+            # The pause was taken back after the trainer stopped: hand the job back so that
+            # the next claim continues it from the checkpoint just written.
+            release(ctx.sessions, ctx.dispatcher, job_id, attempt, "resumed while stopping")
+        ctx.tail.notify(job_id, "status")
+        return "paused"
     if reason == "shutdown" and result.stopped_early:
         message = f"worker shut down at step {result.final_step}; re-queued"
         release(ctx.sessions, ctx.dispatcher, job_id, attempt, message)

@@ -19,7 +19,8 @@ from app.models import Job
 from app.repositories.new_rows import insert_row
 
 # Literal states rather than app.transitions' enum: repositories sit below the state machine.
-RUNNING_STATES = ("running", "cancelling")
+# The states in which a worker holds the lease (app.transitions.ACTIVE, as column values).
+RUNNING_STATES = ("running", "cancelling", "pausing")
 
 
 def add(session: Session, *, job: Job) -> Job:

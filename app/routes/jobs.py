@@ -1,4 +1,4 @@
-"""/v1/jobs: create, validate, list, read, cancel, events."""
+"""/v1/jobs: create, validate, list, read, cancel, pause, resume, events."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from app.repositories import jobs as jobs_repo
 from app.routes.common import CONFLICT, ERRORS
 from app.routes.presenters import event_out, job_out, job_summary
 from app.schemas import EventList, JobList, JobOut, ValidationResult
-from app.services import admission
+from app.services import admission, pausing
 from app.services import jobs as jobs_service
 from app.transitions import JobStatus
 from trainer.config import JobSpec, text_problem
@@ -140,6 +140,32 @@ def get_job(job: JobDep) -> JobOut:
 )
 def cancel_job(job: JobDep, session: SessionDep) -> JobOut:
     return job_out(jobs_service.cancel_job(session, job=job))
+
+
+@router.post(
+    "/{job_id}/pause",
+    response_model=JobOut,
+    summary="Pause a job (idempotent): it checkpoints and gives its worker back",
+    responses={409: CONFLICT | {"description": "The job has ended or is being cancelled."}},
+)
+def pause_job(job: JobDep, session: SessionDep) -> JobOut:
+    return job_out(pausing.pause_job(session, job=job))
+
+
+@router.post(
+    "/{job_id}/resume",
+    response_model=JobOut,
+    summary="Resume a paused job from its last checkpoint (idempotent)",
+    responses={409: CONFLICT | {"description": "The job has ended or is being cancelled."}},
+)
+def resume_job(job: JobDep, session: SessionDep, state: StateDep) -> JobOut:
+    resumed = pausing.resume_job(
+        session,
+        job=job,
+        dispatcher=state.dispatcher,
+        max_active=state.settings.max_active_jobs_per_project,
+    )
+    return job_out(resumed)
 
 
 @router.get("/{job_id}/events", response_model=EventList, summary="A job's events, oldest first")

@@ -269,16 +269,17 @@ def get_job(session: Session, *, project_id: str, job_id: str) -> Job:
 
 
 def cancel_job(session: Session, *, job: Job) -> Job:
-    """Idempotent: a queued job is cancelled at once, a running one is asked to stop
-    (cancelling, the worker ends it within a step), a finished one is returned as is."""
+    """Idempotent: a queued or paused job is cancelled at once, a running (or pausing) one is
+    asked to stop (cancelling, the worker ends it within a step), a finished one is returned as
+    is."""
     for _ in range(3):  # the worker may change the status under us; re-read and decide again
         status = JobStatus(job.status)
         try:
-            if status == JobStatus.QUEUED:
+            if status in (JobStatus.QUEUED, JobStatus.PAUSED):
                 transitions.transition(
-                    session, job.id, JobStatus.CANCELLED, message="cancelled while queued"
+                    session, job.id, JobStatus.CANCELLED, message=f"cancelled while {status}"
                 )
-            elif status == JobStatus.RUNNING:
+            elif status in (JobStatus.RUNNING, JobStatus.PAUSING):
                 transitions.transition(
                     session, job.id, JobStatus.CANCELLING, message="cancel requested"
                 )

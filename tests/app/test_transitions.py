@@ -48,6 +48,8 @@ def force_status(sessions: sessionmaker[Session], job_id: str, status: JobStatus
         JobStatus.SUCCEEDED: ["claim", JobStatus.SUCCEEDED],
         JobStatus.FAILED: ["claim", JobStatus.FAILED],
         JobStatus.CANCELLED: [JobStatus.CANCELLED],
+        JobStatus.PAUSING: ["claim", JobStatus.PAUSING],
+        JobStatus.PAUSED: [JobStatus.PAUSED],
     }
     for step in paths[status]:
         with session_scope(sessions) as session:
@@ -68,14 +70,23 @@ def force_status(sessions: sessionmaker[Session], job_id: str, status: JobStatus
 # - cancelling: a stop was asked. It ends cancelled, or failed/succeeded when it ended before it
 #   saw the request. It is never re-queued (the reaper cancels a lost cancelling job: running
 #   it again would undo the cancel), and it cannot go back to running.
+# - pausing: a pause was asked of a running job. It ends paused once its worker checkpointed
+#   and stopped, or succeeded/failed when it ended first; a cancel overrides it (cancelling); a
+#   resume before the worker stopped takes it back (running). It is not re-queued: the reaper
+#   pauses a lost pausing job, which is what its owner asked for.
+# - paused: parked with its checkpoints, no worker. A resume queues it, or it is cancelled. A
+#   queued job can be paused at once (nothing runs); a paused one never runs without a resume.
 # - succeeded, failed, cancelled: final, nothing leaves them.
 # No state moves to itself: a no-op "transition" would write a misleading event.
 Q, R, C = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING
 S, F, X = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
+PG, PD = JobStatus.PAUSING, JobStatus.PAUSED
 EXPECTED: dict[JobStatus, set[JobStatus]] = {
-    Q: {R, X},
-    R: {S, F, X, C, Q},
+    Q: {R, X, PD},
+    R: {S, F, X, C, Q, PG},
     C: {X, F, S},
+    PG: {PD, C, S, F, R},
+    PD: {Q, X},
     S: set(),
     F: set(),
     X: set(),
@@ -229,3 +240,10 @@ def test_racing_finishers_yield_exactly_one_terminal_state(
             assert job is not None and job.status == wins[0]
             changes = session.query(JobEvent).filter_by(job_id=job_id, type="status").count()
             assert changes == 2  # the claim and the single winner
+
+
+def test_the_lease_holding_states_are_declared_alike_for_queries_and_rules() -> None:
+    """The repositories filter on RUNNING_STATES, the state machine fences on ACTIVE: one set."""
+    from app.repositories.jobs import RUNNING_STATES
+
+    assert set(RUNNING_STATES) == {s.value for s in transitions.ACTIVE}

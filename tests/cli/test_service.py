@@ -156,6 +156,8 @@ def test_timeout_exits_5_and_a_cancelled_job_exits_3(
     assert again.json()["replayed"] is True
     cancel = cli("jobs", "cancel", again.json()["job"]["id"])  # idempotent
     assert cancel.code == 0 and cancel.out.strip().endswith("cancelled")
+    ended = cli("jobs", "resume", again.json()["job"]["id"])  # an ended job does not resume
+    assert ended.code == 2 and "409" in ended.err
 
 
 def test_the_api_refusing_a_request_exits_2(cli_env: CliService, tmp_path: Path) -> None:

@@ -114,3 +114,14 @@ def test_the_client_commands_import_neither_the_service_nor_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_409_is_retried_only_when_it_is_a_race() -> None:
+    from grpo_cli.client import ApiError
+    from grpo_cli.waiting import is_transient
+
+    def conflict(kind: str) -> ApiError:
+        return ApiError(409, {"error": {"type": kind, "message": "m", "param": "job_id"}})
+
+    assert is_transient(conflict("conflict"))  # a job changing state: try again
+    assert not is_transient(conflict("invalid_state"))  # ended: asking again cannot help

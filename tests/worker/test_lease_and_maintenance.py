@@ -119,6 +119,18 @@ def test_stale_cancelling_job_ends_cancelled(ctx: WorkerContext) -> None:
     assert job(ctx, job_id).status == "cancelled"
 
 
+def test_stale_pausing_job_ends_paused_without_spending_an_attempt(ctx: WorkerContext) -> None:
+    job_id = make_job(ctx, max_attempts=2)
+    claim(ctx, job_id)
+    with session_scope(ctx.sessions) as session:
+        transitions.transition(session, job_id, JobStatus.PAUSING)
+    age(ctx, job_id, 120)
+    assert job_id not in reap_stale_jobs(ctx)  # not re-queued: its owner asked for a pause
+    paused = job(ctx, job_id)
+    assert (paused.status, paused.lease_owner, paused.max_attempts) == ("paused", None, 3)
+    assert job_id not in ctx.dispatcher.sent  # type: ignore[attr-defined]
+
+
 def test_sweep_resends_queued_jobs_whose_message_may_be_lost(
     ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,3 +194,14 @@ def test_should_stop_sees_a_cancel_at_once(ctx: WorkerContext) -> None:
     with session_scope(ctx.sessions) as session:
         transitions.transition(session, job_id, JobStatus.CANCELLING)
     assert callbacks.should_stop() is True and callbacks.stop_reason == "cancelled"
+
+
+def test_should_stop_sees_a_pause_at_once(ctx: WorkerContext) -> None:
+    job_id = make_job(ctx)
+    attempt = claim(ctx, job_id)
+    lease = LeaseKeeper(ctx.sessions, job_id, attempt, interval_s=60)
+    callbacks = DatabaseCallbacks(ctx, job_id, attempt, lease)
+    assert callbacks.should_stop() is False
+    with session_scope(ctx.sessions) as session:
+        transitions.transition(session, job_id, JobStatus.PAUSING)
+    assert callbacks.should_stop() is True and callbacks.stop_reason == "paused"

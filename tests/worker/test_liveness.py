@@ -37,6 +37,7 @@ from app.db import make_engine, make_session_factory, session_scope
 from app.ids import new_id
 from app.models import Job, JobEvent
 from app.services import jobs as jobs_service
+from app.services import pausing
 from app.settings import Settings
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec, wait_until
 from tests.worker.test_runner import FakeResult
@@ -262,6 +263,26 @@ def test_a_cancel_ends_a_stuck_trainer_within_the_grace(
     # Celery re-delivers the dead worker's unacknowledged message: it finds nothing to do.
     assert run_job(ctx, job_id, train=never_trains) == "not_claimed"
     assert job(ctx, job_id).status == "cancelled"
+
+
+@pytest.mark.process
+def test_a_pause_ends_a_stuck_trainer_within_the_grace_and_keeps_its_attempt(
+    ctx: WorkerContext, stuck_worker: StuckWorker
+) -> None:
+    job_id = stuck_worker.job_id
+    heartbeat = stuck_worker.heartbeat_pid()
+    attempts_before = job(ctx, job_id).max_attempts
+    with session_scope(ctx.sessions) as session:
+        row = jobs_service.get_job(session, project_id=job(ctx, job_id).project_id, job_id=job_id)
+        assert pausing.pause_job(session, job=row).status == "pausing"
+
+    wait_until(lambda: job(ctx, job_id).status == "paused", GRACE_S + MARGIN_S, "the job paused")
+    assert "did not stop within 2s" in last_status_message(ctx, job_id)
+    assert job(ctx, job_id).max_attempts == attempts_before + 1
+    stuck_worker.process.join(MARGIN_S)
+    assert stuck_worker.process.exitcode == -signal.SIGKILL
+    wait_until(lambda: gone(heartbeat), MARGIN_S, "the heartbeat process to exit")
+    assert run_job(ctx, job_id, train=never_trains) == "not_claimed"  # paused: nobody runs it
 
 
 @pytest.mark.process

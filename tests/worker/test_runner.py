@@ -19,6 +19,7 @@ from app.db import make_engine, make_session_factory, session_scope
 from app.ids import new_id
 from app.models import Checkpoint, File, Job, JobEvent, JobMetric
 from app.services import jobs as jobs_service
+from app.services import pausing
 from app.settings import Settings
 from app.transitions import JobStatus
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
@@ -234,6 +235,76 @@ def test_shutdown_hands_the_job_back_and_the_next_delivery_resumes_it(
     final = job(ctx, job_id)
     assert (final.status, final.attempt) == ("succeeded", 2)
     assert metric_steps(ctx, job_id) == [1, 2, 3, 4]
+
+
+def _control(ctx: WorkerContext, job_id: str, action: str) -> str:
+    """What POST /v1/jobs/{id}/pause or /resume does, from another connection."""
+    with session_scope(ctx.sessions) as session:
+        row = jobs_service.get_job(session, project_id=job(ctx, job_id).project_id, job_id=job_id)
+        if action == "pause":
+            return pausing.pause_job(session, job=row).status
+        return pausing.resume_job(session, job=row, dispatcher=ctx.dispatcher, max_active=10).status
+
+
+def test_a_pause_checkpoints_frees_the_worker_and_a_resume_continues_from_there(
+    ctx: WorkerContext,
+) -> None:
+    job_id = make_job(ctx)
+
+    def user_pauses(step: int) -> None:
+        if step == 2:
+            assert _control(ctx, job_id, "pause") == "pausing"
+
+    assert run_job(ctx, job_id, train=fake_trainer(4, user_pauses)) == "paused"
+    paused = job(ctx, job_id)
+    assert (paused.status, paused.lease_owner, paused.attempt) == ("paused", None, 1)
+    assert paused.max_attempts == 3  # a pause does not spend an attempt
+    assert metric_steps(ctx, job_id) == [1, 2]
+    with session_scope(ctx.sessions) as session:
+        saved = session.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job_id))
+        assert list(saved) == [2]
+    assert ctx.dispatcher.sent == []  # type: ignore[attr-defined]
+    # Paused, it is never claimed: a stray delivery of its old message does nothing.
+    assert run_job(ctx, job_id, train=fake_trainer(4)) == "not_claimed"
+
+    assert _control(ctx, job_id, "resume") == "queued"
+    assert ctx.dispatcher.sent == [job_id]  # type: ignore[attr-defined]
+    calls: list[dict[str, Any]] = []
+    assert run_job(ctx, job_id, train=fake_trainer(4, calls=calls)) == "succeeded"
+    assert calls[0]["resume_from"].name == "checkpoint-2"
+    final = job(ctx, job_id)
+    assert (final.status, final.attempt) == ("succeeded", 2)
+    assert metric_steps(ctx, job_id) == [1, 2, 3, 4]
+
+
+def test_a_pause_taken_back_before_the_next_step_lets_the_run_finish(
+    ctx: WorkerContext,
+) -> None:
+    job_id = make_job(ctx)
+
+    def pause_then_resume(step: int) -> None:
+        if step == 1:
+            assert _control(ctx, job_id, "pause") == "pausing"
+            assert _control(ctx, job_id, "resume") == "running"
+
+    assert run_job(ctx, job_id, train=fake_trainer(3, pause_then_resume)) == "succeeded"
+    assert metric_steps(ctx, job_id) == [1, 2, 3]
+
+
+def test_a_cancel_during_a_pause_wins(ctx: WorkerContext) -> None:
+    job_id = make_job(ctx)
+
+    def pause_then_cancel(step: int) -> None:
+        if step == 1:
+            assert _control(ctx, job_id, "pause") == "pausing"
+            with session_scope(ctx.sessions) as session:
+                row = jobs_service.get_job(
+                    session, project_id=job(ctx, job_id).project_id, job_id=job_id
+                )
+                assert jobs_service.cancel_job(session, job=row).status == "cancelling"
+
+    assert run_job(ctx, job_id, train=fake_trainer(3, pause_then_cancel)) == "cancelled"
+    assert job(ctx, job_id).status == "cancelled"
 
 
 def _take_over(ctx: WorkerContext, job_id: str) -> None:
