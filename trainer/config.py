@@ -211,6 +211,18 @@ class JobSpec(StrictModel):
             raise ValueError("model_revision applies only to a Hub repo id (owner/name) model")
         return revision
 
+    @field_validator("rollout")
+    @classmethod
+    def _adapter_sync_needs_lora_on_vllm(
+        cls, rollout: RolloutSpec, info: ValidationInfo
+    ) -> RolloutSpec:
+        if rollout.lora_sync == "adapter":
+            if rollout.engine != "vllm":
+                raise ValueError("lora_sync 'adapter' is a vllm engine mode; use engine vllm")
+            if info.data.get("lora") is None:
+                raise ValueError("lora_sync 'adapter' needs a LoRA job (set lora)")
+        return rollout
+
     @field_validator("graders")
     @classmethod
     def _unique_names(cls, graders: list[GraderSpec]) -> list[GraderSpec]:

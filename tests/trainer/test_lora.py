@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
 from tests.trainer.test_loop import Recorder, tiny_spec
@@ -165,6 +166,31 @@ def test_the_vllm_engine_samples_with_the_merged_adapters(tmp_path: Path) -> Non
     diffs = [rec.metrics[s]["logprob_diff/engine_vs_trainer"] for s in (1, 2, 3)]
     assert all(d < 1e-3 for d in diffs), diffs
     assert rec.metrics[2]["time/weight_sync"] > 0
+
+
+@pytest.mark.model
+def test_the_vllm_engine_samples_with_the_hot_swapped_adapter(tmp_path: Path) -> None:
+    """rollout.lora_sync adapter: the base stays in the engine and only the adapter is pushed
+    (vLLM's LoRA path on CPU); the engine's log-probs still match the trainer's LoRA model."""
+    spec = tiny_spec(
+        steps=3,
+        lora={"rank": 4},
+        grpo={"learning_rate": 1e-2},
+        rollout={"engine": "vllm", "dtype": "float32", "lora_sync": "adapter"},
+    )
+    rec = Recorder()
+    train(spec, rec, output_dir=tmp_path)
+    diffs = [rec.metrics[s]["logprob_diff/engine_vs_trainer"] for s in (1, 2, 3)]
+    assert all(d < 1e-3 for d in diffs), diffs
+    assert rec.metrics[2]["time/weight_sync"] > 0
+    assert not any(p.name.startswith("vllm-adapters-") for p in tmp_path.iterdir())
+
+
+def test_adapter_sync_is_refused_without_lora_or_off_vllm() -> None:
+    with pytest.raises(ValidationError, match="needs a LoRA job"):
+        tiny_spec(rollout={"engine": "vllm", "lora_sync": "adapter"})
+    with pytest.raises(ValidationError, match="vllm engine mode"):
+        tiny_spec(lora={"rank": 4}, rollout={"engine": "transformers", "lora_sync": "adapter"})
 
 
 def test_grpo_export_merges_a_lora_checkpoint(tmp_path: Path) -> None:

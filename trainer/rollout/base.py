@@ -138,6 +138,7 @@ class EngineFactory(Protocol):
         kv_cache_bytes: int | None,
         kv_block_tokens: int | None,
         stop_token_ids: Sequence[int],
+        lora_rank: int | None,
     ) -> RolloutEngine: ...
 
 
@@ -151,6 +152,7 @@ def _vllm(
     kv_cache_bytes: int | None,
     kv_block_tokens: int | None,
     stop_token_ids: Sequence[int],
+    lora_rank: int | None,
 ) -> RolloutEngine:
     # Imported here so that importing this module never imports vllm.
     from trainer.rollout.vllm_engine import VLLMEngine
@@ -163,6 +165,7 @@ def _vllm(
         kv_cache_bytes=kv_cache_bytes if kv_cache_bytes is not None else DEFAULT_KV_BYTES,
         block_tokens=kv_block_tokens,
         stop_token_ids=stop_token_ids,
+        lora_rank=lora_rank,
     )
 
 
@@ -176,6 +179,7 @@ def _transformers(
     kv_cache_bytes: int | None,
     kv_block_tokens: int | None,
     stop_token_ids: Sequence[int],
+    lora_rank: int | None,
 ) -> RolloutEngine:
     from trainer.rollout.hf_engine import HFEngine
 
@@ -208,6 +212,7 @@ def make_engine(
     kv_cache_bytes: int | None = None,
     kv_block_tokens: int | None = None,
     stop_token_ids: Sequence[int] | None = None,
+    lora_rank: int | None = None,
 ) -> RolloutEngine:
     """Create the rollout engine named ``kind`` (a key of :data:`ROLLOUT_ENGINES`).
 
@@ -215,6 +220,9 @@ def make_engine(
     trained weights) with a KV cache of ``kv_cache_bytes`` (default 2 GiB) in blocks of
     ``kv_block_tokens`` (default: vLLM's); ``transformers`` generates with ``policy_model`` itself
     (required) and ignores both.
+
+    ``lora_rank`` (vllm only): serve LoRA adapters up to that rank, hot-swapped by
+    ``sync_weights`` instead of merged weights (``rollout.lora_sync: adapter``).
 
     Both stop on the same end tokens: ``stop_token_ids``, by default every end token the model
     declares (:func:`trainer.rollout.stop_tokens.stop_token_ids` of ``tokenizer`` and
@@ -240,4 +248,5 @@ def make_engine(
         kv_cache_bytes=kv_cache_bytes,
         kv_block_tokens=kv_block_tokens,
         stop_token_ids=list(stop_token_ids),
+        lora_rank=lora_rank,
     )

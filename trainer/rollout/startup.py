@@ -139,6 +139,13 @@ def start_engine(
     staged: Path | None = None
     if spec.rollout.engine == "vllm":
         if model_path is None:
+            if spec.rollout.lora_sync == "adapter":
+                # The staged folder would hold the merged policy: adapters on top of it would
+                # count twice. The base must come from its own folder.
+                raise ValueError(
+                    "rollout.lora_sync 'adapter' needs the model loaded from its folder "
+                    "(config.model); use 'merged' with a ready model object"
+                )
             if staging_root is None:
                 raise ValueError("a ready model needs staging_root for the vllm engine")
             staged = model_path = stage_policy(policy, tokenizer, staging_root)
@@ -164,6 +171,11 @@ def start_engine(
             policy_model=policy,
             kv_cache_bytes=kv_bytes,
             kv_block_tokens=block,
+            lora_rank=(
+                spec.lora.rank
+                if spec.lora is not None and spec.rollout.lora_sync == "adapter"
+                else None
+            ),
         )
     except BaseException:
         if staged is not None:

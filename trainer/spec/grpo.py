@@ -312,6 +312,14 @@ class RolloutSpec(StrictModel):
             "rollout batch (and the evaluation batch) at once, nothing more."
         ),
     )
+    lora_sync: Literal["merged", "adapter"] = Field(
+        default="merged",
+        description=(
+            "How a LoRA job's weights reach the vLLM engine after each update: merged (the "
+            "adapters merged into the base in float32 and every weight pushed) or adapter (the "
+            "adapter alone saved and hot-swapped as a vLLM LoRA adapter; the base stays put)."
+        ),
+    )
 
 
 class EvalSpec(StrictModel):
