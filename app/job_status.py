@@ -1,6 +1,7 @@
 """The statuses a job can be in, declared once: the state machine (app.transitions) owns the moves
-between them; the API's filters, the CLI's choices and the dashboard's list read them from here.
-No imports beyond the standard library, so that the CLI can use it without the service stack."""
+between them, the API's filters use them.
+No imports beyond the standard library. The CLI keeps its own copy (grpo_cli/ci_args.py, checked
+equal by a test) because it imports no service package at all."""
 
 from __future__ import annotations
 

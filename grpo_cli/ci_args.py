@@ -7,8 +7,20 @@ from __future__ import annotations
 import argparse
 from enum import IntEnum
 
-from app.job_status import JobStatus
 from grpo_cli.gates import Requirement, parse_duration, parse_requirement
+
+# The job statuses the API filters on (app.job_status.JobStatus). A copy, because the client
+# imports nothing of the service; tests/cli/test_usage.py checks that the two agree.
+JOB_STATUSES = (
+    "queued",
+    "running",
+    "pausing",
+    "paused",
+    "cancelling",
+    "succeeded",
+    "failed",
+    "cancelled",
+)
 
 
 class Exit(IntEnum):
@@ -168,7 +180,7 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--status",
         action="append",
         default=[],
-        choices=[s.value for s in JobStatus],
+        choices=JOB_STATUSES,
         help="Only jobs in this status (repeatable).",
     )
     listing.add_argument("--limit", type=int, default=20, help="At most this many (1-100).")

@@ -20,7 +20,12 @@ def test_create_returns_queued_job_with_resolved_spec(api: Api) -> None:
     spec = job["spec"]
     assert isinstance(spec, dict)
     # defaults are filled in
-    assert spec["grpo"]["kl"] == {"estimator": "k3_unbiased", "beta": 0.0, "placement": "loss"}
+    assert spec["grpo"]["kl"] == {
+        "estimator": "k3_unbiased",
+        "beta": 0.0,
+        "placement": "loss",
+        "flat_groups": "skip",
+    }
     assert spec["grpo"]["eps_high"] == 0.28
     assert job["progress"]["total_steps"] == 2
     got = api.client.get(f"/v1/jobs/{job['id']}", headers=api.headers)

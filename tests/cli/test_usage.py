@@ -125,3 +125,10 @@ def test_a_409_is_retried_only_when_it_is_a_race() -> None:
 
     assert is_transient(conflict("conflict"))  # a job changing state: try again
     assert not is_transient(conflict("invalid_state"))  # ended: asking again cannot help
+
+
+def test_the_clients_status_choices_are_the_apis() -> None:
+    from app.job_status import JobStatus
+    from grpo_cli.ci_args import JOB_STATUSES
+
+    assert sorted(JOB_STATUSES) == sorted(s.value for s in JobStatus)
