@@ -119,8 +119,8 @@ def collect_groups(
         out.rounds += 1
         started = time.perf_counter()
         texts = [c.text for group in results for c in group]
-        answers = [examples[r].answer for r in rows for _ in range(spec.group_size)]
-        scored = score_batch(scorer, texts, answers)
+        items = [examples[r].grading_item for r in rows for _ in range(spec.group_size)]
+        scored = score_batch(scorer, texts, items)
         totals, per_grader = scored.totals, scored.components
         for name, count in scored.errors.items():
             out.grader_errors[name] = out.grader_errors.get(name, 0) + count

@@ -25,7 +25,7 @@ from trainer.spec.base import (
     literal_tag,
     text_problem,
 )
-from trainer.spec.dataset import ArithmeticGenerator, DatasetSpec, PromptRow
+from trainer.spec.dataset import ArithmeticGenerator, ChatMessage, DatasetSpec, PromptRow
 from trainer.spec.graders import (
     GRADER_SPECS,
     GRADER_TYPES,
@@ -37,8 +37,11 @@ from trainer.spec.graders import (
     GraderSpecBase,
     GraderSpecUnion,
     LengthGrader,
+    MultiGrader,
     NumericMatchGrader,
     RegexGrader,
+    StringCheckGrader,
+    TextSimilarityGrader,
     compile_regex,
     grader_name,
 )
@@ -81,6 +84,7 @@ __all__ = [
     "REGEX_MAX_MEM",
     "AdvantageScale",
     "ArithmeticGenerator",
+    "ChatMessage",
     "DatasetSpec",
     "DynamicSamplingSpec",
     "EvalSpec",
@@ -97,6 +101,7 @@ __all__ = [
     "LengthGrader",
     "LoraSpec",
     "LossAggregation",
+    "MultiGrader",
     "NumericMatchGrader",
     "OverlongSpec",
     "PromptRow",
@@ -106,6 +111,8 @@ __all__ = [
     "SamplerCorrectionMode",
     "SamplerCorrectionSpec",
     "StrictModel",
+    "StringCheckGrader",
+    "TextSimilarityGrader",
     "TrainingDtype",
     "compile_regex",
     "grader_name",

@@ -15,8 +15,8 @@ number) and fails when no training row is left.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -47,8 +47,36 @@ SKIPPED_ROWS_IN_DATA = 1000
 
 @dataclass(frozen=True)
 class Example:
-    prompt: str
+    """One dataset row, as the run uses it: what the model is asked (``prompt``, or a
+    conversation of ``messages``), the reference ``answer`` if any, and ``item``, every field of
+    the row as given, which graders read."""
+
+    prompt: str | None
     answer: str | None
+    messages: tuple[dict[str, str], ...] | None = None
+    item: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, row: PromptRow) -> Example:
+        messages = None
+        if row.messages is not None:
+            messages = tuple({"role": m.role, "content": m.content} for m in row.messages)
+        return cls(row.prompt, row.answer, messages, row.item)
+
+    @property
+    def display_prompt(self) -> str:
+        """The prompt as a person reads it: the text, or the conversation's last user turn."""
+        if self.prompt is not None:
+            return self.prompt
+        assert self.messages
+        return self.messages[-1]["content"]
+
+    @property
+    def grading_item(self) -> Mapping[str, Any]:
+        """What graders see of the row (``item``; a bare ``answer`` for hand-built rows)."""
+        if self.item:
+            return self.item
+        return {"prompt": self.prompt, "answer": self.answer}
 
 
 def with_rows(spec: DatasetSpec, rows: Sequence[PromptRow]) -> DatasetSpec:
@@ -62,7 +90,7 @@ def dataset_rows(spec: DatasetSpec) -> list[Example]:
     Raises ValueError for a ``file_id`` spec: the caller resolves the file first
     (``DatasetSpec.with_rows``).
     """
-    return [Example(r.prompt, r.answer) for r in spec.all_rows()]
+    return [Example.of(r) for r in spec.all_rows()]
 
 
 def split_holdout(rows: Sequence[Example], holdout: int) -> tuple[list[Example], list[Example]]:
@@ -75,32 +103,39 @@ def split_holdout(rows: Sequence[Example], holdout: int) -> tuple[list[Example],
 
 def format_prompt(
     tokenizer: PreTrainedTokenizerBase,
-    prompt: str,
+    prompt: str | Sequence[Mapping[str, str]],
     *,
     system_prompt: str | None,
     use_chat_template: bool,
 ) -> str:
-    """The text the model sees. With the chat template: system + user messages and the
-    assistant generation prompt; otherwise (or if the tokenizer has no template) the raw prompt,
-    preceded by the system prompt and a blank line."""
+    """The text the model sees for a prompt, or a conversation (``[{role, content}, ...]``
+    ending with a user turn). With the chat template: the messages (``system_prompt`` first,
+    unless the conversation has its own system turn) and the assistant generation prompt;
+    otherwise (or if the tokenizer has no template) the texts, the system prompt first, each
+    followed by a blank line."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = [dict(m) for m in prompt]
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
     if use_chat_template and getattr(tokenizer, "chat_template", None):
-        messages = []
-        if system_prompt:
-            messages.append({"role": "system", "content": system_prompt})
-        messages.append({"role": "user", "content": prompt})
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if not isinstance(text, str):
             raise TypeError(f"apply_chat_template returned {type(text).__name__}, not str")
         return text
-    return f"{system_prompt}\n\n{prompt}" if system_prompt else prompt
+    return "\n\n".join(m["content"] for m in messages)
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Example, spec: DatasetSpec) -> list[int]:
     """Token ids of one row's formatted prompt (:func:`format_prompt`), whole."""
     chat = spec.use_chat_template and bool(getattr(tokenizer, "chat_template", None))
+    prompt: str | Sequence[Mapping[str, str]] = (
+        row.messages if row.messages is not None else (row.prompt or "")
+    )
     text = format_prompt(
         tokenizer,
-        row.prompt,
+        prompt,
         system_prompt=spec.system_prompt,
         use_chat_template=spec.use_chat_template,
     )

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
-from trainer.graders import Failure, Graded, Grader, grade_one
+from trainer.graders import Failure, Graded, Grader, Item, grade_one
 
 __all__ = ["IsolatedGrader"]
 
@@ -50,7 +50,7 @@ def _die_with_parent() -> None:
 
 
 def _serve(conn: Connection, grader: Grader, parent_pid: int) -> None:
-    """Worker main: grade (index, completion, answer) items, answering (index, score, failure)
+    """Worker main: grade (index, completion, item) triples, answering (index, score, failure)
     as each finishes; None ends the worker."""
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
@@ -63,8 +63,8 @@ def _serve(conn: Connection, grader: Grader, parent_pid: int) -> None:
             return
         if items is None:
             return
-        for index, completion, answer in items:
-            graded = grade_one(grader, completion, answer)
+        for index, completion, item in items:
+            graded = grade_one(grader, completion, item)
             conn.send((index, graded.score, graded.failure))
 
 
@@ -122,8 +122,8 @@ class IsolatedGrader:
     def weight(self) -> float:
         return self.grader.weight
 
-    def __call__(self, completion: str, answer: str | None) -> float:
-        return self.grade_batch([completion], [answer])[0].score
+    def __call__(self, completion: str, item: Item) -> float:
+        return self.grade_batch([completion], [item])[0].score
 
     def close(self) -> None:
         """Stop the workers (a later batch starts new ones)."""
@@ -131,9 +131,9 @@ class IsolatedGrader:
 
     # ------------------------------------------------------------------ one batch
 
-    def grade_batch(self, completions: Sequence[object], answers: Sequence[object]) -> list[Graded]:
-        if len(completions) != len(answers):
-            raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
+    def grade_batch(self, completions: Sequence[object], items: Sequence[Item]) -> list[Graded]:
+        if len(completions) != len(items):
+            raise ValueError(f"{len(completions)} completions but {len(items)} items")
         n = len(completions)
         results: list[Graded | None] = [None] * n
         if n == 0:
@@ -145,7 +145,8 @@ class IsolatedGrader:
         share = -(-n // len(active))
         for k, worker in enumerate(active):
             worker.queue = deque(
-                (i, completions[i], answers[i]) for i in range(k * share, min(n, (k + 1) * share))
+                (i, completions[i], dict(items[i]))
+                for i in range(k * share, min(n, (k + 1) * share))
             )
             self._dispatch(worker)
         batch_deadline = time.monotonic() + self.batch_timeout_s

@@ -106,7 +106,7 @@ def train(
     Everything else comes from ``config`` unless given here:
 
     - ``graders``: a list of graders or a Scorer (``trainer.rewards``) instead of
-      ``config.graders``; or ``reward_fn(completions, answers) -> rewards``, one float each
+      ``config.graders``; or ``reward_fn(completions, items) -> rewards``, one float each
       (metric ``reward/<function name>/mean``). Not both.
     - ``model`` and ``tokenizer`` (together): a ready Hugging Face causal LM, trained in place
       on ``device`` instead of loading ``config.model``; the KL reference is a frozen copy of it
@@ -224,7 +224,7 @@ class _Run:
         if prompts.skipped:
             message, data = prompts.skipped_event()
             self.cb.on_event("dataset", message, level="warning", data=data)
-        self.sample_prompts = [row.prompt for row in self.train_rows]
+        self.sample_prompts = [row.display_prompt for row in self.train_rows]
         self.sample_answers = [row.answer for row in self.train_rows]
         self.sampler = PromptSampler(
             len(self.train_rows), seed=self.config.seed, shuffle=ds.shuffle
@@ -457,8 +457,8 @@ class _Run:
         assert self.engine is not None
         rows = self.eval_rows[: len(self.eval_ids)]
         seed = derive_seed(self.config.seed, step, _EVAL_SEED_SALT)
-        answers = [row.answer for row in rows]
-        accuracy = evaluate(self.engine, self.scorer, self.eval_ids, answers, self.spec, seed=seed)
+        items = [row.grading_item for row in rows]
+        accuracy = evaluate(self.engine, self.scorer, self.eval_ids, items, self.spec, seed=seed)
         self.cb.on_event(
             "eval",
             f"step {step}: eval accuracy {accuracy:.3f} on {len(rows)} rows",

@@ -44,6 +44,7 @@ from trainer import kl as kl_math
 from trainer.callbacks import CompletionSample, RolloutSample
 from trainer.collect import Collected
 from trainer.config import GRPOSpec, KLEstimatorName
+from trainer.graders import Item
 from trainer.losses import masked_mean
 from trainer.rewards import Scorer
 from trainer.rollout.base import RolloutEngine
@@ -131,13 +132,14 @@ def evaluate(
     engine: RolloutEngine,
     scorer: Scorer,
     prompt_ids: list[list[int]],
-    answers: Sequence[str | None],
+    items: Sequence[Item],
     spec: GRPOSpec,
     *,
     seed: int,
 ) -> float:
-    """``eval/accuracy``: greedy completions of the held-out prompts (token ids), scored, and
-    reduced by :func:`eval_accuracy` against the scorer's ``max_total``."""
+    """``eval/accuracy``: greedy completions of the held-out prompts (token ids), scored against
+    their rows (``items``), and reduced by :func:`eval_accuracy` against the scorer's
+    ``max_total``."""
     results = engine.generate(
         prompt_ids,
         1,
@@ -146,7 +148,7 @@ def evaluate(
         seed=seed,
         greedy=True,
     )
-    totals, _ = scorer.score([r[0].text for r in results], answers)
+    totals, _ = scorer.score([r[0].text for r in results], items)
     return eval_accuracy(totals, scorer.max_total)
 
 

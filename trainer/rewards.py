@@ -1,7 +1,7 @@
 """What the loop needs from a reward: a :class:`Scorer`. Graders are one kind; a plain batch
 function is another.
 
-The loop scores every completion of a step with ``scorer.score(completions, answers)`` and
+The loop scores every completion of a step with ``scorer.score(completions, items)`` and
 reports ``reward/<name>/mean`` for each of ``scorer.names``. ``scorer.max_total`` is the total a
 fully correct completion reaches: evaluation counts a held-out row as correct at that total, and
 reports the mean total reward instead when it is 0 or less (see ``trainer.metrics``).
@@ -12,7 +12,7 @@ The step collection calls :func:`score_batch`, which uses it when the scorer has
 reports the counts as ``reward/<name>/errors``, ``reward/errors`` and ``reward/timeouts``.
 
 A :class:`~trainer.graders.GraderSet` is a Scorer. :class:`RewardFunction` makes one out of a
-function ``fn(completions, answers) -> rewards`` for callers who would rather write Python than
+function ``fn(completions, items) -> rewards`` for callers who would rather write Python than
 grader specs (``train(..., reward_fn=fn)`` wraps it).
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from trainer.config import GraderSpec
-from trainer.graders import BatchGrader, Grader, GraderSet, ScoreBatch, build_graders
+from trainer.graders import BatchGrader, Grader, GraderSet, Item, ScoreBatch, build_graders
 
 __all__ = [
     "CountingScorer",
@@ -39,9 +39,10 @@ __all__ = [
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 DEFAULT_NAME = "reward_fn"
 
-RewardFn = Callable[[list[str], list[str | None]], Sequence[float]]
-"""``fn(completions, answers) -> rewards``: one float per completion, in order. ``answers[i]``
-is the reference answer of completion i's dataset row (None when the row has none)."""
+RewardFn = Callable[[list[str], list[Item]], Sequence[float]]
+"""``fn(completions, items) -> rewards``: one float per completion, in order. ``items[i]`` is
+completion i's dataset row as a dict of its fields (``items[i].get("answer")`` is its reference
+answer, when it has one)."""
 
 
 class Scorer(Protocol):
@@ -58,7 +59,7 @@ class Scorer(Protocol):
         ...
 
     def score(
-        self, completions: Sequence[str], answers: Sequence[str | None]
+        self, completions: Sequence[str], items: Sequence[Item]
     ) -> tuple[list[float], dict[str, list[float]]]:
         """N completions -> (total reward [N], {name: component scores [N]})."""
         ...
@@ -68,24 +69,20 @@ class Scorer(Protocol):
 class CountingScorer(Scorer, Protocol):
     """A Scorer that also counts the calls that failed quietly (scored 0)."""
 
-    def score_batch(
-        self, completions: Sequence[str], answers: Sequence[str | None]
-    ) -> ScoreBatch: ...
+    def score_batch(self, completions: Sequence[str], items: Sequence[Item]) -> ScoreBatch: ...
 
 
-def score_batch(
-    scorer: Scorer, completions: Sequence[str], answers: Sequence[str | None]
-) -> ScoreBatch:
+def score_batch(scorer: Scorer, completions: Sequence[str], items: Sequence[Item]) -> ScoreBatch:
     """Score with failure counts: ``scorer.score_batch`` when it has one, else ``scorer.score``
     with no failures counted (such a scorer's failures raise, as a RewardFunction's do)."""
     if isinstance(scorer, CountingScorer):
-        return scorer.score_batch(completions, answers)
-    totals, components = scorer.score(completions, answers)
+        return scorer.score_batch(completions, items)
+    totals, components = scorer.score(completions, items)
     return ScoreBatch.without_failures(totals, components)
 
 
 class RewardFunction:
-    """A Scorer that calls ``fn(completions, answers)`` once per batch.
+    """A Scorer that calls ``fn(completions, items)`` once per batch.
 
     ``name`` (default: the function's ``__name__`` when it is a valid grader name, such as
     ``length_reward``, else ``reward_fn``) is the metric key ``reward/<name>/mean``.
@@ -120,12 +117,12 @@ class RewardFunction:
         return self._max_total
 
     def score(
-        self, completions: Sequence[str], answers: Sequence[str | None]
+        self, completions: Sequence[str], items: Sequence[Item]
     ) -> tuple[list[float], dict[str, list[float]]]:
-        if len(completions) != len(answers):
-            raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
-        # Fresh lists: the function may keep or modify what it is given.
-        raw = self.fn(list(completions), list(answers))
+        if len(completions) != len(items):
+            raise ValueError(f"{len(completions)} completions but {len(items)} items")
+        # Fresh lists (and rows): the function may keep or modify what it is given.
+        raw = self.fn(list(completions), [dict(item) for item in items])
         rewards = [float(r) for r in raw]
         if len(rewards) != len(completions):
             raise ValueError(

@@ -112,7 +112,7 @@ def test_smollm2_recipe_graders_on_typical_answers() -> None:
     graders = build_graders(load_recipe(RECIPES / "smollm2-arithmetic.yaml").graders)
     totals, per = graders.score(
         ["2 + 3 = 5", "The answer is 5.", "5", "2 + 3 = 6", "Five", "5 is the sum of 2 and 3"],
-        ["5"] * 6,
+        [{"answer": "5"}] * 6,
     )
     assert per["numeric"] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert per["ends_with_number"] == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]  # last: ends with 3

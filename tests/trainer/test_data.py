@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from trainer.config import DatasetSpec, PromptRow
 from trainer.data import (
@@ -29,7 +30,10 @@ def tokenizer():  # type: ignore[no-untyped-def]
 
 def test_inline_rows() -> None:
     spec = DatasetSpec(rows=[PromptRow(prompt="a", answer="1"), PromptRow(prompt="b")])
-    assert dataset_rows(spec) == [Example("a", "1"), Example("b", None)]
+    rows = dataset_rows(spec)
+    assert [(r.prompt, r.answer) for r in rows] == [("a", "1"), ("b", None)]
+    # What graders see: the row as it was given.
+    assert [r.grading_item for r in rows] == [{"prompt": "a", "answer": "1"}, {"prompt": "b"}]
 
 
 def test_generator_is_seeded_and_correct() -> None:
@@ -56,7 +60,7 @@ def test_file_id_must_be_resolved_first() -> None:
         dataset_rows(spec)
     resolved = with_rows(spec, [PromptRow(prompt="p1", answer="1"), PromptRow(prompt="p2")])
     assert resolved.file_id is None and resolved.holdout == 1
-    assert dataset_rows(resolved) == [Example("p1", "1"), Example("p2", None)]
+    assert [(r.prompt, r.answer) for r in dataset_rows(resolved)] == [("p1", "1"), ("p2", None)]
 
 
 def test_split_holdout_takes_the_end() -> None:
@@ -178,3 +182,40 @@ def test_sampler_refuses_a_state_for_other_data() -> None:
         PromptSampler(8, seed=5).restore(state)
     with pytest.raises(ValueError, match="dataset or seed changed"):
         PromptSampler(7, seed=6).restore(state)
+
+
+def test_a_conversation_row_is_formatted_with_its_own_system_turn() -> None:
+    from trainer.models import load_policy, resolve_model
+
+    _, tokenizer = load_policy(resolve_model("tiny-random-llama"))
+    own = [{"role": "system", "content": "row sys"}, {"role": "user", "content": "hi"}]
+    plain = [{"role": "user", "content": "hi"}]
+    with_own = format_prompt(tokenizer, own, system_prompt="dataset sys", use_chat_template=True)
+    assert "row sys" in with_own and "dataset sys" not in with_own  # the row's turn wins
+    added = format_prompt(tokenizer, plain, system_prompt="dataset sys", use_chat_template=True)
+    assert added == format_prompt(
+        tokenizer, "hi", system_prompt="dataset sys", use_chat_template=True
+    )  # a one-turn conversation formats exactly like the same prompt
+    assert format_prompt(tokenizer, own, system_prompt=None, use_chat_template=False) == (
+        "row sys\n\nhi"
+    )
+
+
+def test_rows_validate_their_shape_and_their_extra_fields() -> None:
+    ok = PromptRow.model_validate({"prompt": "p", "answer": "1", "tests": [1, {"a": None}]})
+    assert ok.item == {"prompt": "p", "answer": "1", "tests": [1, {"a": None}]}
+    bad = [
+        ({"answer": "1"}, "exactly one of prompt or messages"),
+        ({"prompt": "p", "messages": [{"role": "user", "content": "x"}]}, "exactly one"),
+        ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
+         "end with a user turn"),
+        ({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "s"},
+                       {"role": "user", "content": "x"}]}, "only come first"),
+        ({"prompt": "p", "x": float("inf")}, "finite"),
+        ({"prompt": "p", "x": "a\x00b"}, "NUL"),
+        ({"prompt": "p", "x": [[[[[[[[[[1]]]]]]]]]]}, "nested deeper"),
+        ({"prompt": "p", **{f"f{i}": i for i in range(65)}}, "at most 64 fields"),
+    ]  # fmt: skip
+    for data, message in bad:
+        with pytest.raises(ValidationError, match=message):
+            PromptRow.model_validate(data)

@@ -29,6 +29,11 @@ from trainer.rewards import RewardFunction, score_batch
 _SPEC = TypeAdapter(GraderSpec)
 
 
+def rows(*answers: str | None) -> list[dict[str, object]]:
+    """Dataset rows as graders see them (PromptRow.item): the answer when there is one."""
+    return [{"answer": a} if a is not None else {} for a in answers]
+
+
 def graders(*specs: dict[str, object]) -> GraderSet:
     return build_graders([_SPEC.validate_python(s) for s in specs])
 
@@ -38,7 +43,7 @@ def regex(pattern: str, full: bool = False) -> GraderSet:
 
 
 def matches(pattern: str, text: str, full: bool = False) -> bool:
-    return regex(pattern, full).score([text], [None])[0] == [1.0]
+    return regex(pattern, full).score([text], rows(None))[0] == [1.0]
 
 
 @pytest.mark.parametrize(
@@ -87,38 +92,38 @@ def test_last_number(text: str | None, expected: Decimal | None) -> None:
 )
 def test_numeric_match(completion: str, answer: str | None, score: float) -> None:
     g = graders({"type": "numeric_match"})
-    totals, per = g.score([completion], [answer])
+    totals, per = g.score([completion], rows(answer))
     assert totals == [score]
     assert per["numeric_match"] == [score]
 
 
 def test_numeric_tolerance() -> None:
     g = graders({"type": "numeric_match", "tolerance": 0.01})
-    totals, _ = g.score(["3.141", "3.2"], ["3.14", "3.14"])
+    totals, _ = g.score(["3.141", "3.2"], rows("3.14", "3.14"))
     assert totals == [1.0, 0.0]
 
 
 def test_exact_match_normalisation() -> None:
     loose = graders({"type": "exact_match"})
     strict = graders({"type": "exact_match", "case_sensitive": True, "strip": False})
-    texts, answers = ["  Paris\n", "paris", "Lyon"], ["paris", "Paris", None]
+    texts, answers = ["  Paris\n", "paris", "Lyon"], rows("paris", "Paris", None)
     assert loose.score(texts, answers)[0] == [1.0, 1.0, 0.0]
     assert strict.score(texts, answers)[0] == [0.0, 0.0, 0.0]
-    assert strict.score(["Paris"], ["Paris"])[0] == [1.0]
+    assert strict.score(["Paris"], rows("Paris"))[0] == [1.0]
 
 
 def test_regex_search_and_full_match() -> None:
     search = graders({"type": "regex", "pattern": r"\d+"})
     full = graders({"type": "regex", "pattern": r"\d+", "full_match": True})
     texts = ["abc 12", "12", ""]
-    assert search.score(texts, [None] * 3)[0] == [1.0, 1.0, 0.0]
-    assert full.score(texts, [None] * 3)[0] == [0.0, 1.0, 0.0]
+    assert search.score(texts, rows(*[None] * 3))[0] == [1.0, 1.0, 0.0]
+    assert full.score(texts, rows(*[None] * 3))[0] == [0.0, 1.0, 0.0]
 
 
 def test_length_grader_ramps() -> None:
     g = graders({"type": "length", "min_chars": 10, "max_chars": 20, "slack_chars": 10})
     texts = ["x" * n for n in (0, 5, 10, 15, 20, 25, 30, 40)]
-    assert g.score(texts, [None] * len(texts))[0] == [0.0, 0.5, 1.0, 1.0, 1.0, 0.5, 0.0, 0.0]
+    assert g.score(texts, rows(*[None] * len(texts)))[0] == [0.0, 0.5, 1.0, 1.0, 1.0, 0.5, 0.0, 0.0]
 
 
 def test_weighted_combination_and_names() -> None:
@@ -127,7 +132,7 @@ def test_weighted_combination_and_names() -> None:
         {"type": "regex", "name": "fmt", "pattern": r"^\d+$", "weight": 0.5},
         {"type": "length", "name": "short", "max_chars": 3, "slack_chars": 1, "weight": -0.25},
     )
-    totals, per = g.score(["7", "it is 7", "8"], ["7", "7", "7"])
+    totals, per = g.score(["7", "it is 7", "8"], rows("7", "7", "7"))
     assert per == {
         "correct": [1.0, 1.0, 0.0],
         "fmt": [1.0, 0.0, 1.0],
@@ -145,22 +150,22 @@ def test_odd_inputs_score_zero_and_never_raise() -> None:
         {"type": "regex", "pattern": r"b"},
     )
     weird: list[str] = ["", "\x00\x01", "🙂 ünïcødé ٣", "a" * 1_000_000 + "!", "\ud800"]
-    totals, per = g.score(weird, [None, "", "٣", None, "x"])
+    totals, per = g.score(weird, rows(None, "", "٣", None, "x"))
     assert totals == [0.0] * len(weird)
     assert all(v == [0.0] * len(weird) for v in per.values())
     # Wrong types from a careless caller are odd text too.
-    totals, _ = g.score([None, 5], ["1", None])  # type: ignore[list-item]
+    totals, _ = g.score([None, 5], rows("1", None))  # type: ignore[list-item]
     assert totals == [0.0, 0.0]
 
 
 def test_score_checks_lengths() -> None:
-    with pytest.raises(ValueError, match="answers"):
-        graders({"type": "exact_match"}).score(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match="items"):
+        graders({"type": "exact_match"}).score(["a", "b"], rows("a"))
 
 
 def test_failures_are_zero_and_counted_per_grader() -> None:
     g = graders({"type": "exact_match"}, {"type": "regex", "pattern": "a"})
-    batch = g.score_batch(["a", None, 5], ["a", "a", None])  # type: ignore[list-item]
+    batch = g.score_batch(["a", None, 5], rows("a", "a", None))  # type: ignore[list-item]
     assert batch.totals == [2.0, 0.0, 0.0]
     assert batch.errors == {"exact_match": 2, "regex": 2}  # the two non-text completions
     assert batch.timeouts == {"exact_match": 0, "regex": 0}
@@ -184,7 +189,7 @@ def test_catastrophic_backtracking_pattern_is_graded_at_once() -> None:
     long_prose = (PROSE_49 + " ") * (MAX_GRADED_CHARS // 50) + "!"
     texts = [PROSE_49, PROSE_49[:-1], long_prose] * 8
     started = time.monotonic()
-    batch = g.score_batch(texts, [None] * len(texts))
+    batch = g.score_batch(texts, rows(*[None] * len(texts)))
     assert time.monotonic() - started < 5.0  # RE2: milliseconds; Python's re: minutes
     # The "!" at the end is what makes backtracking explode: there is no match to find.
     assert batch.components["search"] == [0.0, 1.0, 0.0] * 8  # "...you write" matches
@@ -229,7 +234,7 @@ def test_re2_semantics(pattern: str, text: str, full: bool, expected: bool) -> N
 
 def test_regex_on_text_re2_cannot_encode_scores_instead_of_failing() -> None:
     g = regex("b")
-    batch = g.score_batch(["a\ud800b", "\ud800"], [None, None])
+    batch = g.score_batch(["a\ud800b", "\ud800"], rows(None, None))
     assert batch.totals == [1.0, 0.0]
     assert batch.errors == {"regex": 0}
 
@@ -274,7 +279,7 @@ class Misbehaving:
     name: str = "misbehaving"
     weight: float = 1.0
 
-    def __call__(self, completion: str, answer: str | None) -> float:
+    def __call__(self, completion: str, item: object) -> float:
         if completion == "hang":
             while True:
                 pass
@@ -290,7 +295,7 @@ class Misbehaving:
 @pytest.mark.parametrize("text", ["raise", "nan", "big"])
 def test_inline_failures_score_zero_and_are_errors(text: str) -> None:
     assert grade_one(Misbehaving(), text, None) == (0.0, "error")
-    batch = GraderSet([Misbehaving()]).score_batch(["ok", text], [None, None])
+    batch = GraderSet([Misbehaving()]).score_batch(["ok", text], rows(None, None))
     assert batch.totals == [1.0, 0.0]
     assert batch.errors == {"misbehaving": 1} and batch.timeouts == {"misbehaving": 0}
 
@@ -313,7 +318,7 @@ def test_a_hanging_grader_is_cut_off_at_its_time_limit(isolated: Any) -> None:
     grader = isolated(timeout_s=1.0)
     texts = ["ok", "hang", "ok", "sleep", "raise", "exit", "ok"]
     started = time.monotonic()
-    batch = GraderSet([grader]).score_batch(texts, [None] * len(texts))
+    batch = GraderSet([grader]).score_batch(texts, rows(*[None] * len(texts)))
     elapsed = time.monotonic() - started
     assert batch.totals == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]
     assert batch.timeouts == {"misbehaving": 2}  # hang, sleep
@@ -321,7 +326,7 @@ def test_a_hanging_grader_is_cut_off_at_its_time_limit(isolated: Any) -> None:
     # Two 1 s limits and the restarts of killed workers: seconds, never the hour of "sleep".
     assert elapsed < 60
     # The grader keeps working after it killed and replaced its workers.
-    assert grader.grade_batch(["ok"], [None]) == [(1.0, None)]
+    assert grader.grade_batch(["ok"], rows(None)) == [(1.0, None)]
 
 
 @pytest.mark.timeout(120, method="thread")
@@ -329,7 +334,7 @@ def test_the_batch_budget_bounds_a_grader_that_always_hangs(isolated: Any) -> No
     grader = isolated(timeout_s=1.0, batch_timeout_s=2.5)
     texts = ["hang"] * 20
     started = time.monotonic()
-    batch = GraderSet([grader]).score_batch(texts, [None] * len(texts))
+    batch = GraderSet([grader]).score_batch(texts, rows(*[None] * len(texts)))
     assert time.monotonic() - started < 30  # one batch budget (+ a kill), not 20 timeouts
     assert batch.totals == [0.0] * 20
     assert batch.timeouts == batch.errors == {"misbehaving": 20}
@@ -339,10 +344,10 @@ def test_the_batch_budget_bounds_a_grader_that_always_hangs(isolated: Any) -> No
 def test_isolated_workers_share_a_batch_and_are_reused_then_closed(isolated: Any) -> None:
     grader = isolated(timeout_s=5.0, processes=2)
     texts = ["ok", "big", "ok", "ok", "raise"]
-    assert [g.score for g in grader.grade_batch(texts, [None] * 5)] == [1, 0, 1, 1, 0]
+    assert [g.score for g in grader.grade_batch(texts, rows(*[None] * 5))] == [1, 0, 1, 1, 0]
     pids = [w.process.pid for w in grader._workers]
     assert len(set(pids)) == 2
-    assert grader("ok", None) == 1.0
+    assert grader("ok", {}) == 1.0
     assert [w.process.pid for w in grader._workers] == pids  # no restart without a failure
     processes = [w.process for w in grader._workers]
     grader.close()
@@ -354,7 +359,7 @@ def test_a_builtin_grader_runs_the_same_isolated() -> None:
     inner = RegexMatch.of("fmt", r"^\d+$", weight=0.5)
     wrapped = IsolatedGrader(inner, timeout_s=5.0)
     try:
-        texts, answers = ["12", "x", "٣"], [None, None, None]
+        texts, answers = ["12", "x", "٣"], rows(None, None, None)
         assert GraderSet([wrapped]).score_batch(texts, answers) == GraderSet([inner]).score_batch(
             texts, answers
         )
@@ -365,7 +370,7 @@ def test_a_builtin_grader_runs_the_same_isolated() -> None:
 
 def test_score_batch_of_a_reward_function_counts_nothing() -> None:
     fn = RewardFunction(lambda c, a: [float(len(x)) for x in c], name="chars")
-    assert score_batch(fn, ["ab", ""], [None, None]) == ScoreBatch(
+    assert score_batch(fn, ["ab", ""], rows(None, None)) == ScoreBatch(
         [2.0, 0.0], {"chars": [2.0, 0.0]}, {"chars": 0}, {"chars": 0}
     )
 

@@ -52,10 +52,10 @@ def forbid_loading(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_reward_fn_sets_the_reward(tmp_path: Path) -> None:
-    calls: list[tuple[list[str], list[str | None]]] = []
+    calls: list[tuple[list[str], list[dict[str, object]]]] = []
 
-    def quarter(completions: list[str], answers: list[str | None]) -> list[float]:
-        calls.append((completions, answers))
+    def quarter(completions: list[str], items: list[dict[str, object]]) -> list[float]:
+        calls.append((completions, items))
         return [0.25] * len(completions)
 
     rows = [{"prompt": f"say {w}", "answer": w} for w in "abcd"]
@@ -71,10 +71,15 @@ def test_reward_fn_sets_the_reward(tmp_path: Path) -> None:
         assert "reward/has_seven/mean" not in metrics  # the spec's graders were not used
     # One call per step with the whole batch; each group's G completions share one answer.
     assert len(calls) == 2
-    for completions, answers in calls:
+    for completions, items in calls:
+        answers = [item["answer"] for item in items]
         assert len(completions) == len(answers) == 16
         assert all(len(set(answers[i : i + 4])) == 1 for i in range(0, 16, 4))
         assert set(answers) <= set("abcd")
+        # Each item is its row, as the dataset gave it.
+        assert all(
+            item == {"prompt": f"say {item['answer']}", "answer": item["answer"]} for item in items
+        )
     for samples in rec.samples.values():
         for group in samples:
             assert group.answer in set("abcd")
@@ -83,7 +88,7 @@ def test_reward_fn_sets_the_reward(tmp_path: Path) -> None:
 
 
 def test_reward_fn_drives_the_update(tmp_path: Path) -> None:
-    def length_reward(completions: list[str], answers: list[str | None]) -> list[float]:
+    def length_reward(completions: list[str], items: list[dict[str, object]]) -> list[float]:
         return [len(c) / 8 for c in completions]
 
     spec = tiny_spec(steps=2, grpo=SMALL)
@@ -108,16 +113,16 @@ def test_reward_fn_drives_the_update(tmp_path: Path) -> None:
 
 
 def test_reward_function_checks_what_it_returns() -> None:
-    def short(completions: list[str], answers: list[str | None]) -> list[float]:
+    def short(completions: list[str], items: list[dict[str, object]]) -> list[float]:
         return [1.0]
 
-    def nan(completions: list[str], answers: list[str | None]) -> list[float]:
+    def nan(completions: list[str], items: list[dict[str, object]]) -> list[float]:
         return [float("nan")] * len(completions)
 
     with pytest.raises(ValueError, match="returned 1 rewards for 2 completions"):
-        RewardFunction(short).score(["a", "b"], [None, None])
+        RewardFunction(short).score(["a", "b"], [{}, {}])
     with pytest.raises(ValueError, match="non-finite"):
-        RewardFunction(nan).score(["a"], [None])
+        RewardFunction(nan).score(["a"], [{}])
     assert RewardFunction(lambda c, a: [0.0] * len(c)).names == ["reward_fn"]
     assert RewardFunction(short, name="mine", max_total=1.0).max_total == 1.0
     with pytest.raises(ValueError, match="must match"):

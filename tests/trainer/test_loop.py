@@ -484,3 +484,45 @@ def test_prompts_for_round_oversamples_by_the_keep_rate() -> None:
     assert prompts_for_round(4, sampled=8, kept=1, oversample=3.0) == 12  # capped at 3x
     assert prompts_for_round(4, sampled=8, kept=0, oversample=2.0) == 8  # nothing kept: the cap
     assert prompts_for_round(0, sampled=8, kept=8, oversample=2.0) == 0
+
+
+def test_conversation_rows_with_their_own_fields_drive_openai_style_graders(
+    tmp_path: Path,
+) -> None:
+    """messages rows (some with a system turn of their own) and extra row fields reach graders
+    as `item`: a string_check against {{ item.target }}, combined with a regex by a multi
+    grader; the run learns the toy task from that reward."""
+    rows = [
+        {
+            "messages": ([{"role": "system", "content": "Say a digit."}] if i % 2 else [])
+            + [{"role": "user", "content": f"say {w}"}],
+            "target": "7",
+            "note": {"row": i},
+        }
+        for i, w in enumerate("abcdefgh")
+    ]
+    graders = [
+        {
+            "type": "multi",
+            "name": "seven",
+            "graders": {
+                "hit": {
+                    "type": "string_check",
+                    "input": "{{ sample.output_text }}",
+                    "reference": "{{ item.target }}",
+                    "operation": "like",
+                },
+                "short": {"type": "length", "max_chars": 16},
+            },
+            "calculate_output": "0.9 * hit + 0.1 * short",
+        }
+    ]
+    spec = tiny_spec(dataset={"rows": rows}, graders=graders)
+    rec = Recorder()
+    train(spec, rec, output_dir=tmp_path)
+    rewards = rec.rewards()
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.2, rewards
+    assert all(m["reward/seven/errors"] == 0 for m in rec.metrics.values())
+    # The rollout viewer shows the conversation's last user turn as the prompt.
+    prompts = {group.prompt for samples in rec.samples.values() for group in samples}
+    assert prompts <= {f"say {w}" for w in "abcdefgh"}

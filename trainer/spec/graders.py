@@ -9,12 +9,15 @@ Validation compiles every pattern the way the grader will, so what RE2 cannot ru
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, get_args
 
 import re2
 from pydantic import Field, field_validator, model_validator
 
+from trainer.expressions import MAX_EXPRESSION_CHARS, ExpressionError, check_expression
 from trainer.spec.base import StrictModel, literal_tag
+from trainer.templates import MAX_TEMPLATE_CHARS, TemplateError, check_template
 
 __all__ = [
     "GRADER_SPECS",
@@ -27,8 +30,11 @@ __all__ = [
     "GraderSpecBase",
     "GraderSpecUnion",
     "LengthGrader",
+    "MultiGrader",
     "NumericMatchGrader",
     "RegexGrader",
+    "StringCheckGrader",
+    "TextSimilarityGrader",
     "compile_regex",
     "grader_name",
 ]
@@ -99,7 +105,9 @@ class GraderSpecBase(StrictModel):
 
     name: str | None = Field(
         default=None,
-        pattern=r"^[a-z][a-z0-9_]{0,39}$",
+        # Letters, digits, spaces, _ . - (OpenAI's grader names read like "Exact match"); no
+        # slash, which separates the parts of a metric key.
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]{0,63}$",
         description="Name used in per-grader metrics (reward/<name>/mean); defaults to the type.",
     )
     weight: float = Field(
@@ -173,12 +181,136 @@ class LengthGrader(GraderSpecBase):
         return self
 
 
+_OUTPUT_TEXT = "{{ sample.output_text }}"
+
+
+def _template(value: str) -> str:
+    try:
+        return check_template(value)
+    except TemplateError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class StringCheckGrader(GraderSpecBase):
+    """OpenAI's string_check: 1.0 when ``input`` and ``reference`` (both templates) compare as
+    ``operation`` says: eq (equal), ne (not equal), like (reference contained in input), ilike
+    (the same, ignoring case)."""
+
+    type: Literal["string_check"]
+    input: str = Field(
+        default=_OUTPUT_TEXT,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Template of the text checked, e.g. {{ sample.output_text }}.",
+    )
+    reference: str = Field(
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Template of the text compared with, e.g. {{ item.answer }}.",
+    )
+    operation: Literal["eq", "ne", "like", "ilike"] = Field(description="How they compare.")
+
+    _templates = field_validator("input", "reference")(_template)
+
+
+SIMILARITY_METRICS = (
+    "fuzzy_match",
+    "bleu",
+    "gleu",
+    "rouge_1",
+    "rouge_2",
+    "rouge_3",
+    "rouge_4",
+    "rouge_5",
+    "rouge_l",
+)
+
+
+class TextSimilarityGrader(GraderSpecBase):
+    """OpenAI's text_similarity: the similarity of ``input`` to ``reference`` in [0, 1] by
+    ``evaluation_metric`` (fuzzy_match: rapidfuzz's normalised ratio; bleu: sacrebleu's sentence
+    BLEU / 100; gleu: NLTK's sentence GLEU over whitespace tokens; rouge_1..5 and rouge_l: the
+    rouge-score F-measure)."""
+
+    type: Literal["text_similarity"]
+    input: str = Field(
+        default=_OUTPUT_TEXT, max_length=MAX_TEMPLATE_CHARS, description="Template of the text."
+    )
+    reference: str = Field(
+        max_length=MAX_TEMPLATE_CHARS, description="Template of the reference text."
+    )
+    evaluation_metric: Literal[
+        "fuzzy_match",
+        "bleu",
+        "gleu",
+        "rouge_1",
+        "rouge_2",
+        "rouge_3",
+        "rouge_4",
+        "rouge_5",
+        "rouge_l",
+    ] = Field(
+        description=(
+            "The similarity measure (OpenAI's meteor and cosine are not offered: they need "
+            "WordNet data or an embedding model that an offline worker does not have)."
+        )
+    )
+    pass_threshold: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description=(
+            "Accepted for OpenAI compatibility; the reward is the similarity itself, whatever "
+            "the threshold."
+        ),
+    )
+
+    _templates = field_validator("input", "reference")(_template)
+
+
+class MultiGrader(GraderSpecBase):
+    """OpenAI's multi: named sub-graders combined by ``calculate_output``, an arithmetic
+    expression over their names (``0.7 * correct + 0.3 * format``; see trainer.expressions).
+    The result must lie in [0, 1] like every grader's score (outside it, the sample's grade
+    counts as an error)."""
+
+    type: Literal["multi"]
+    graders: dict[str, GraderSpec] = Field(
+        min_length=1, max_length=16, description="Sub-graders by the name the formula uses."
+    )
+    calculate_output: str = Field(
+        min_length=1, max_length=MAX_EXPRESSION_CHARS, description="How their scores combine."
+    )
+
+    @model_validator(mode="after")
+    def _formula_over_the_sub_graders(self) -> MultiGrader:
+        for key, sub in self.graders.items():
+            if not _SUB_NAME.match(key):
+                raise ValueError(f"sub-grader names are identifiers, got {key!r:.60}")
+            if isinstance(sub, MultiGrader):
+                raise ValueError(f"sub-grader {key} is a multi grader: nest one level only")
+        try:
+            check_expression(self.calculate_output, self.graders.keys())
+        except ExpressionError as exc:
+            raise ValueError(f"calculate_output: {exc}") from None
+        return self
+
+
+_SUB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
+
 # The one list of grader spec classes: a new grader type is a class above plus a member here
 # (and its implementation in trainer.graders.GRADER_BUILDERS). Everything else derives from it.
-GraderSpecUnion = ExactMatchGrader | NumericMatchGrader | RegexGrader | LengthGrader
+GraderSpecUnion = (
+    ExactMatchGrader
+    | NumericMatchGrader
+    | RegexGrader
+    | LengthGrader
+    | StringCheckGrader
+    | TextSimilarityGrader
+    | MultiGrader
+)
 GraderSpec = Annotated[GraderSpecUnion, Field(discriminator="type")]
 GRADER_SPECS: tuple[type[GraderSpecBase], ...] = get_args(GraderSpecUnion)
 GRADER_TYPES: tuple[str, ...] = tuple(literal_tag(cls) for cls in GRADER_SPECS)
+MultiGrader.model_rebuild()
 
 
 def grader_name(grader: GraderSpecBase) -> str:

@@ -1,0 +1,97 @@
+"""Graders: score completions of dataset rows (``grader(completion, item) -> [0, 1]``).
+
+- :mod:`trainer.graders.base`: the contract, verdicts, failure counting, the weighted set;
+- :mod:`trainer.graders.builtin`: exact match, last number, RE2 regex, length;
+- :mod:`trainer.graders.text`: OpenAI's string_check and text_similarity;
+- :mod:`trainer.graders.multi`: OpenAI's multi (sub-graders and a formula).
+
+Adding a grader type: its spec class in ``trainer.spec.graders`` (a ``type: Literal["<tag>"]``
+field, and a member of ``GraderSpecUnion``), its runtime class in a module here with a
+``from_spec`` constructor, and an entry in :data:`GRADER_BUILDERS` (a test checks the keys equal
+the tags).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from trainer.config import GraderSpecBase, grader_name, literal_tag
+from trainer.graders.base import (
+    MAX_GRADED_CHARS,
+    BatchGrader,
+    Failure,
+    Graded,
+    Grader,
+    GraderSet,
+    Item,
+    ScoreBatch,
+    grade_one,
+)
+from trainer.graders.builtin import ExactMatch, LengthScore, NumericMatch, RegexMatch, last_number
+from trainer.graders.multi import Multi
+from trainer.graders.text import StringCheck, TextSimilarity
+
+__all__ = [
+    "GRADER_BUILDERS",
+    "MAX_GRADED_CHARS",
+    "BatchGrader",
+    "ExactMatch",
+    "Failure",
+    "Graded",
+    "Grader",
+    "GraderSet",
+    "Item",
+    "LengthScore",
+    "Multi",
+    "NumericMatch",
+    "RegexMatch",
+    "ScoreBatch",
+    "StringCheck",
+    "TextSimilarity",
+    "build_grader",
+    "build_graders",
+    "grade_one",
+    "last_number",
+]
+
+# Spec ``type`` tag -> (spec of that type, metric name) -> runtime grader. Each builder takes
+# its own spec class, hence Any in the value type: build_grader picks the builder by the spec's
+# own tag, and the tags identify the classes (pydantic rejects a union with a repeated tag).
+# Keys must equal trainer.config.GRADER_TYPES (tests/trainer/test_registries.py).
+GRADER_BUILDERS: dict[str, Callable[[Any, str], Grader]] = {
+    "exact_match": ExactMatch.from_spec,
+    "numeric_match": NumericMatch.from_spec,
+    "regex": RegexMatch.from_spec,
+    "length": LengthScore.from_spec,
+    "string_check": StringCheck.from_spec,
+    "text_similarity": TextSimilarity.from_spec,
+    # Its sub-graders are built by the same registry (named by their keys in the spec).
+    "multi": lambda spec, name: Multi.from_spec(spec, name, build=_build_named),
+}
+
+
+def _build_named(spec: GraderSpecBase, name: str) -> Grader:
+    tag = literal_tag(type(spec))
+    builder = GRADER_BUILDERS.get(tag)
+    if builder is None:
+        raise ValueError(
+            f"no grader implementation for type {tag!r}; known: {', '.join(GRADER_BUILDERS)}"
+        )
+    return builder(spec, name)
+
+
+def build_grader(spec: GraderSpecBase) -> Grader:
+    """The runtime grader of one validated grader spec (any member of ``GraderSpecUnion``)."""
+    tag = literal_tag(type(spec))
+    builder = GRADER_BUILDERS.get(tag)
+    if builder is None:
+        raise ValueError(
+            f"no grader implementation for type {tag!r}; known: {', '.join(GRADER_BUILDERS)}"
+        )
+    return builder(spec, grader_name(spec))
+
+
+def build_graders(specs: Sequence[GraderSpecBase]) -> GraderSet:
+    """Build the weighted grader combination of a job spec's ``graders`` list."""
+    return GraderSet([build_grader(s) for s in specs])
