@@ -22,6 +22,9 @@ PIP="$VENV/bin/pip"
 # browser test drives Debian's Chromium (never a browser build downloaded by playwright).
 missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+# Python graders run in bubblewrap sandboxes (trainer/sandbox); the system python3 runs inside.
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+[ -x /usr/bin/python3 ] || missing+=(python3)
 command -v npm >/dev/null || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then

@@ -45,6 +45,8 @@ class Collected:
     stop_requested: bool = False  # should_stop() said so between rounds
     # scorer name -> failed calls over every round (scored 0: raised, bad value, timed out)
     grader_errors: dict[str, int] = field(default_factory=dict)
+    # scorer name -> its first error message of the step (graders that keep one: user code)
+    grader_messages: dict[str, str] = field(default_factory=dict)
     grader_timeouts: dict[str, int] = field(default_factory=dict)  # of which ran out of time
 
     @property
@@ -124,6 +126,8 @@ def collect_groups(
         totals, per_grader = scored.totals, scored.components
         for name, count in scored.errors.items():
             out.grader_errors[name] = out.grader_errors.get(name, 0) + count
+        for name, message in scored.first_errors.items():
+            out.grader_messages.setdefault(name, message)
         for name, count in scored.timeouts.items():
             out.grader_timeouts[name] = out.grader_timeouts.get(name, 0) + count
         zero = zero_variance_groups(torch.tensor(totals, dtype=torch.float64).view(len(rows), -1))

@@ -362,6 +362,14 @@ class _Run:
             should_stop=self.cb.should_stop,
         )
         metrics = rollout_metrics(col, self.scorer.names)
+        for name, message in col.grader_messages.items():
+            self.cb.on_event(
+                "grader",
+                f"step {step}: grader {name} failed on {col.grader_errors.get(name, 0)} "
+                f"samples (scored 0); first error: {message}",
+                level="warning",
+                data={"grader": name, "errors": col.grader_errors.get(name, 0), "first": message},
+            )
         if spec.dynamic_sampling.enabled:
             # Only dynamic sampling drops groups; frac_zero_std_groups covers the rest.
             dropped = col.num_zero_std

@@ -3,7 +3,8 @@
 - :mod:`trainer.graders.base`: the contract, verdicts, failure counting, the weighted set;
 - :mod:`trainer.graders.builtin`: exact match, last number, RE2 regex, length;
 - :mod:`trainer.graders.text`: OpenAI's string_check and text_similarity;
-- :mod:`trainer.graders.multi`: OpenAI's multi (sub-graders and a formula).
+- :mod:`trainer.graders.multi`: OpenAI's multi (sub-graders and a formula);
+- :mod:`trainer.graders.python`: OpenAI's python (user code in :mod:`trainer.sandbox`).
 
 Adding a grader type: its spec class in ``trainer.spec.graders`` (a ``type: Literal["<tag>"]``
 field, and a member of ``GraderSpecUnion``), its runtime class in a module here with a
@@ -30,6 +31,7 @@ from trainer.graders.base import (
 )
 from trainer.graders.builtin import ExactMatch, LengthScore, NumericMatch, RegexMatch, last_number
 from trainer.graders.multi import Multi
+from trainer.graders.python import PythonGrade
 from trainer.graders.text import StringCheck, TextSimilarity
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "LengthScore",
     "Multi",
     "NumericMatch",
+    "PythonGrade",
     "RegexMatch",
     "ScoreBatch",
     "StringCheck",
@@ -59,7 +62,7 @@ __all__ = [
 # its own spec class, hence Any in the value type: build_grader picks the builder by the spec's
 # own tag, and the tags identify the classes (pydantic rejects a union with a repeated tag).
 # Keys must equal trainer.config.GRADER_TYPES (tests/trainer/test_registries.py).
-GRADER_BUILDERS: dict[str, Callable[[Any, str], Grader]] = {
+GRADER_BUILDERS: dict[str, Callable[[Any, str], Grader | BatchGrader]] = {
     "exact_match": ExactMatch.from_spec,
     "numeric_match": NumericMatch.from_spec,
     "regex": RegexMatch.from_spec,
@@ -68,10 +71,11 @@ GRADER_BUILDERS: dict[str, Callable[[Any, str], Grader]] = {
     "text_similarity": TextSimilarity.from_spec,
     # Its sub-graders are built by the same registry (named by their keys in the spec).
     "multi": lambda spec, name: Multi.from_spec(spec, name, build=_build_named),
+    "python": PythonGrade.from_spec,
 }
 
 
-def _build_named(spec: GraderSpecBase, name: str) -> Grader:
+def _build_named(spec: GraderSpecBase, name: str) -> Grader | BatchGrader:
     tag = literal_tag(type(spec))
     builder = GRADER_BUILDERS.get(tag)
     if builder is None:
@@ -81,7 +85,7 @@ def _build_named(spec: GraderSpecBase, name: str) -> Grader:
     return builder(spec, name)
 
 
-def build_grader(spec: GraderSpecBase) -> Grader:
+def build_grader(spec: GraderSpecBase) -> Grader | BatchGrader:
     """The runtime grader of one validated grader spec (any member of ``GraderSpecUnion``)."""
     tag = literal_tag(type(spec))
     builder = GRADER_BUILDERS.get(tag)

@@ -108,6 +108,9 @@ class ScoreBatch:
     components: dict[str, list[float]]
     errors: dict[str, int] = field(default_factory=dict)
     timeouts: dict[str, int] = field(default_factory=dict)
+    # A grader's own first error message of the batch, where it keeps one (user code: the
+    # exception it raised, bounded; no server paths), for the step's event.
+    first_errors: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def without_failures(
@@ -157,6 +160,9 @@ class GraderSet:
                 graded = [grade_one(grader, c, i) for c, i in zip(completions, items, strict=True)]
             out.components[grader.name] = [g.score for g in graded]
             out.errors[grader.name] = sum(g.failure is not None for g in graded)
+            message = getattr(grader, "first_error", None)
+            if out.errors[grader.name] and isinstance(message, str):
+                out.first_errors[grader.name] = message
             out.timeouts[grader.name] = sum(g.failure == "timeout" for g in graded)
             if out.errors[grader.name]:
                 log.warning(

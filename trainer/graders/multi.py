@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from trainer.expressions import evaluate
-from trainer.graders.base import Grader, Item, grade_one
+from trainer.graders.base import BatchGrader, Grader, Item, grade_one
 from trainer.spec.graders import MultiGrader as MultiGraderSpec
 
 __all__ = ["Multi", "SubScoreError"]
@@ -29,9 +29,10 @@ class Multi:
 
     @classmethod
     def from_spec(
-        cls, spec: MultiGraderSpec, name: str, *, build: Callable[[Any, str], Grader]
+        cls, spec: MultiGraderSpec, name: str, *, build: Callable[[Any, str], Grader | BatchGrader]
     ) -> Multi:
-        subs = {key: build(sub, key) for key, sub in spec.graders.items()}
+        # Every grader is callable one sample at a time (batch graders too).
+        subs = {key: cast(Grader, build(sub, key)) for key, sub in spec.graders.items()}
         return cls(name, spec.weight, subs, spec.calculate_output)
 
     def sub_scores(self, completion: str, item: Item) -> dict[str, float]:

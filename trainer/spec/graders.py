@@ -32,6 +32,7 @@ __all__ = [
     "LengthGrader",
     "MultiGrader",
     "NumericMatchGrader",
+    "PythonGrader",
     "RegexGrader",
     "StringCheckGrader",
     "TextSimilarityGrader",
@@ -296,6 +297,46 @@ class MultiGrader(GraderSpecBase):
 
 _SUB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
 
+MAX_PYTHON_SOURCE_CHARS = 64_000
+
+
+class PythonGrader(GraderSpecBase):
+    """OpenAI's python grader: ``source`` defines ``grade(sample, item) -> float`` in [0, 1]. It
+    runs in the worker's sandbox (bubblewrap: no network, no files of the worker, an empty
+    environment, CPU, memory, process and time limits; docs/graders.md); a call that raises,
+    overruns or is killed scores 0 and is counted."""
+
+    type: Literal["python"]
+    source: str = Field(
+        min_length=1,
+        max_length=MAX_PYTHON_SOURCE_CHARS,
+        description="Python source defining grade(sample, item) -> float.",
+    )
+    image_tag: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Accepted for OpenAI compatibility; the worker's sandbox image is used.",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _compiles_and_defines_grade(cls, source: str) -> str:
+        try:
+            tree = compile(source, "grader.py", "exec", flags=_AST_ONLY, dont_inherit=True)
+        except SyntaxError as exc:
+            raise ValueError(f"source does not compile: {exc.msg} (line {exc.lineno})") from None
+        names = {
+            node.name
+            for node in getattr(tree, "body", [])
+            if type(node).__name__ in ("FunctionDef", "AsyncFunctionDef")
+        }
+        if "grade" not in names:
+            raise ValueError("source must define a function grade(sample, item)")
+        return source
+
+
+_AST_ONLY = 0x400  # ast.PyCF_ONLY_AST: parse without compiling to bytecode
+
 # The one list of grader spec classes: a new grader type is a class above plus a member here
 # (and its implementation in trainer.graders.GRADER_BUILDERS). Everything else derives from it.
 GraderSpecUnion = (
@@ -306,6 +347,7 @@ GraderSpecUnion = (
     | StringCheckGrader
     | TextSimilarityGrader
     | MultiGrader
+    | PythonGrader
 )
 GraderSpec = Annotated[GraderSpecUnion, Field(discriminator="type")]
 GRADER_SPECS: tuple[type[GraderSpecBase], ...] = get_args(GraderSpecUnion)

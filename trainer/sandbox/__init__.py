@@ -1,0 +1,15 @@
+"""Sandboxed execution of user Python (the ``python`` grader): bubblewrap + rlimits.
+
+See :mod:`trainer.sandbox.pool` for what is isolated and how, and docs/graders.md for the
+threat model."""
+
+from trainer.sandbox.pool import SandboxError, SandboxPool, SandboxVerdict
+from trainer.sandbox.settings import SandboxSettings, build_sandbox_settings
+
+__all__ = [
+    "SandboxError",
+    "SandboxPool",
+    "SandboxSettings",
+    "SandboxVerdict",
+    "build_sandbox_settings",
+]
