@@ -8,7 +8,7 @@ from app import error_handlers
 from app.limits import BodySizeLimit
 from app.queue import Dispatcher
 from app.request_guard import RejectNul
-from app.routes import dashboard, files, health, jobs, progress
+from app.routes import dashboard, files, graders, health, jobs, progress
 from app.settings import Settings, build_settings
 from app.state import build_state
 
@@ -31,5 +31,6 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(jobs.router)
     app.include_router(progress.router)
     app.include_router(files.router)
+    app.include_router(graders.router)
     app.include_router(dashboard.router)
     return app

@@ -20,7 +20,7 @@ COPY grpo_cli ./grpo_cli
 COPY migrations ./migrations
 COPY worker/__init__.py ./worker/__init__.py
 COPY --from=dashboard /build/dashboard ./dashboard
-RUN pip install ".[api]" \
+RUN pip install ".[api,graders]" \
     && python -c "import sys, app.main; assert 'torch' not in sys.modules"
 RUN useradd --create-home --uid 10001 grpo
 USER grpo

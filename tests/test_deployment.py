@@ -413,7 +413,7 @@ def test_the_api_reads_checkpoints_where_the_workers_write_them() -> None:
 def test_the_api_image_installs_no_torch() -> None:
     _, instructions = built("api")
     installs = pip_installs(instructions)
-    assert installs == [".[api]"], installs
+    assert installs == [".[api,graders]"], installs
     pulled, unknown = resolve(installs)
     assert not unknown, f"cannot see what these would pull in: {sorted(unknown)}"
     assert {"fastapi", "uvicorn", "sqlalchemy", "celery", "psycopg"} <= pulled

@@ -25,7 +25,13 @@ from trainer.spec.base import (
     literal_tag,
     text_problem,
 )
-from trainer.spec.dataset import ArithmeticGenerator, ChatMessage, DatasetSpec, PromptRow
+from trainer.spec.dataset import (
+    ArithmeticGenerator,
+    ChatMessage,
+    DatasetSpec,
+    PromptRow,
+    row_fields_problem,
+)
 from trainer.spec.graders import (
     GRADER_SPECS,
     GRADER_TYPES,
@@ -120,6 +126,7 @@ __all__ = [
     "grader_name",
     "is_hub_repo_id",
     "literal_tag",
+    "row_fields_problem",
     "spec_limits_violations",
     "text_problem",
 ]

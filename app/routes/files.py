@@ -1,4 +1,4 @@
-"""/v1/files: upload a JSONL dataset once, reference it from many jobs by id."""
+"""/v1/files: upload a dataset (JSONL, CSV or Parquet) once, reference it from many jobs by id."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ def _out(row: FileRow) -> FileOut:
     return FileOut.model_validate(row, from_attributes=True)
 
 
-@router.post("", status_code=201, response_model=FileOut, summary="Upload a JSONL dataset")
+@router.post(
+    "", status_code=201, response_model=FileOut, summary="Upload a dataset (JSONL, CSV or Parquet)"
+)
 def upload_file(
     principal: PrincipalDep,
     session: SessionDep,
-    file: Annotated[UploadFile, File(description='JSONL: one {"prompt", "answer"} per line.')],
+    file: Annotated[UploadFile, File(description="JSONL, CSV (.csv) or Parquet (.parquet) rows.")],
     purpose: Annotated[Literal["train"], Form()] = "train",
 ) -> FileOut:
     row = files_service.create_file(

@@ -6,7 +6,7 @@ import json
 import math
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import (
@@ -19,7 +19,13 @@ from pydantic import (
 
 from trainer.spec.base import MAX_INLINE_ROWS, MAX_SEED, MAX_TEXT_CHARS, StrictModel, text_problem
 
-__all__ = ["ArithmeticGenerator", "ChatMessage", "DatasetSpec", "PromptRow"]
+__all__ = [
+    "ArithmeticGenerator",
+    "ChatMessage",
+    "DatasetSpec",
+    "PromptRow",
+    "row_fields_problem",
+]
 
 
 # Bounds of a row's own fields (besides prompt/messages/answer), which graders read as item.*.
@@ -60,6 +66,22 @@ def _json_value_problem(value: Any, depth: int = 0) -> str | None:
     return f"must be JSON (a string, number, boolean, null, list or object), not {type(value).__name__}"
 
 
+def row_fields_problem(fields: Mapping[str, Any]) -> str | None:
+    """Why ``fields`` are not acceptable as a row's own fields (what graders read as ``item``),
+    or None: at most MAX_ROW_FIELDS, identifier names, bounded JSON values."""
+    if len(fields) > MAX_ROW_FIELDS:
+        return f"a row has at most {MAX_ROW_FIELDS} fields besides prompt/messages"
+    for name, value in fields.items():
+        if not isinstance(name, str) or not _FIELD_NAME.match(name):
+            return f"field names are identifiers (letters, digits, _; at most 64), got {name!r:.80}"
+        problem = _json_value_problem(value)
+        if problem is None and len(json.dumps(value)) > MAX_ROW_FIELD_CHARS:
+            problem = f"is over {MAX_ROW_FIELD_CHARS} characters as JSON"
+        if problem:
+            return f"field {name} {problem}"
+    return None
+
+
 class PromptRow(StrictModel):
     """One dataset row: a ``prompt`` or a conversation (``messages``), an optional reference
     ``answer``, and any other fields, kept as they are and handed to graders as ``item``
@@ -97,19 +119,9 @@ class PromptRow(StrictModel):
                 raise ValueError("messages must end with a user turn (the model answers it)")
             if any(m.role == "system" for m in self.messages[1:]):
                 raise ValueError("a system message may only come first")
-        extra = self.model_extra or {}
-        if len(extra) > MAX_ROW_FIELDS:
-            raise ValueError(f"a row has at most {MAX_ROW_FIELDS} fields besides prompt/messages")
-        for name, value in extra.items():
-            if not _FIELD_NAME.match(name):
-                raise ValueError(
-                    f"field names are identifiers (letters, digits, _; at most 64), got {name!r:.80}"
-                )
-            problem = _json_value_problem(value)
-            if problem is None and len(json.dumps(value)) > MAX_ROW_FIELD_CHARS:
-                problem = f"is over {MAX_ROW_FIELD_CHARS} characters as JSON"
-            if problem:
-                raise ValueError(f"field {name} {problem}")
+        problem = row_fields_problem(self.model_extra or {})
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_serializer(mode="wrap")

@@ -1,0 +1,75 @@
+"""POST /v1/graders/run and /validate: the same graders as a job, on one sample."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+import pytest
+
+from tests.conftest import Api
+
+MULTI = {
+    "type": "multi",
+    "name": "Arithmetic",
+    "graders": {
+        "correct": {
+            "type": "string_check",
+            "input": "{{ sample.output_text }}",
+            "reference": "{{ item.answer }}",
+            "operation": "like",
+        },
+        "format": {"type": "regex", "pattern": "^[0-9]+$"},
+    },
+    "calculate_output": "0.7 * correct + 0.3 * format",
+}
+
+
+def run(api: Api, grader: dict[str, Any], sample: str, item: dict[str, Any]) -> Any:
+    body = {"grader": grader, "model_sample": sample, "item": item}
+    return api.client.post("/v1/graders/run", json=body, headers=api.headers)
+
+
+def test_a_multi_grader_reports_its_reward_and_sub_rewards(api: Api) -> None:
+    response = run(api, MULTI, "it is 7", {"answer": "7"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["reward"] == pytest.approx(0.7)
+    assert body["sub_rewards"] == {"correct": 1.0, "format": 0.0}
+    meta = body["metadata"]
+    assert (meta["name"], meta["type"]) == ("Arithmetic", "multi")
+    assert meta["errors"] == {"failure": None, "message": None}
+    assert meta["scores"]["Arithmetic"] == pytest.approx(0.7) and meta["execution_time"] >= 0
+
+
+def test_a_failing_grade_is_a_200_with_the_reason_not_an_error(api: Api) -> None:
+    grader = {"type": "string_check", "reference": "{{ item.label }}", "operation": "eq"}
+    body = run(api, grader, "x", {"answer": "7"}).json()
+    assert body["reward"] == 0.0
+    assert body["metadata"]["errors"]["failure"] == "error"
+    assert "item.label is not in the item" in body["metadata"]["errors"]["message"]
+
+
+def test_bad_graders_and_items_are_422_naming_the_field(api: Api) -> None:
+    bad_formula = {**MULTI, "calculate_output": "correct + __import__('os')"}
+    refused = api.client.post(
+        "/v1/graders/validate", json={"grader": bad_formula}, headers=api.headers
+    )
+    assert refused.status_code == 422
+    assert refused.json()["error"]["param"].startswith("grader")
+    ok = api.client.post("/v1/graders/validate", json={"grader": MULTI}, headers=api.headers)
+    assert ok.status_code == 200
+    assert ok.json()["grader"]["graders"]["format"]["full_match"] is False  # defaults filled
+    big = run(api, MULTI, "7", {f"f{i}": i for i in range(65)})
+    assert big.status_code == 422 and big.json()["error"]["param"] == "item"
+    assert api.client.post("/v1/graders/run", json={"grader": MULTI}).status_code == 401
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_a_python_grader_runs_in_the_sandbox_here_too(api: Api) -> None:
+    source = "import os\n\ndef grade(sample, item):\n    return float(len(os.environ) < 5)"
+    body = run(api, {"type": "python", "source": source}, "x", {}).json()
+    assert body["reward"] == 1.0  # an empty environment: no database URL, no keys
+    hostile = "def grade(sample, item):\n    return 1.0 if open('/etc/passwd').read() else 0"
+    body = run(api, {"type": "python", "source": hostile}, "x", {}).json()
+    assert body["reward"] == 0.0 and "FileNotFoundError" in body["metadata"]["errors"]["message"]
