@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
-from trainer.graders import Failure, Graded, Grader, Item, grade_one
+from trainer.graders.base import Failure, Graded, Grader, Item, grade_one
 
 __all__ = ["IsolatedGrader"]
 

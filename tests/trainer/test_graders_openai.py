@@ -185,3 +185,37 @@ def test_multi_formulas_are_checked_when_the_spec_is() -> None:
     # A result outside [0, 1] is a failed grade, counted, never a silently clipped reward.
     out_of_range = grader({**MULTI, "calculate_output": "correct + format"})
     assert tuple(grade_one(out_of_range, "7", {"answer": "7"})) == (0.0, "error")
+
+
+# --------------------------------------------------------------------------- math
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        ("The answer is $\\frac{1}{2}$.", "0.5", 1.0),
+        ("so x = \\boxed{2/4}", "\\frac{1}{2}", 1.0),
+        ("It is 3.", "\\sqrt{9}", 1.0),
+        ("The answer is 0.49", "1/2", 0.0),
+        ("no idea", "7", 0.0),
+    ],
+)
+def test_math_equivalence(completion: str, answer: str, expected: float) -> None:
+    from trainer.graders.math import MathEquivalence
+
+    grader = MathEquivalence("math", 1.0, "{{ sample.output_text }}", "{{ item.answer }}")
+    assert grader(completion, {"answer": answer}) == expected
+
+
+def test_the_math_grader_runs_isolated_with_its_time_limit() -> None:
+    from trainer.grader_pool import IsolatedGrader
+
+    built = grader({"type": "math", "timeout_s": 3})
+    try:
+        assert isinstance(built, IsolatedGrader) and built.timeout_s == 3
+        batch = build_graders([SPEC.validate_python({"type": "math"})])
+        result = batch.score_batch(["$x=\\frac{3}{6}$", "1"], [{"answer": "0.5"}, {"answer": "2"}])
+        assert result.totals == [1.0, 0.0] and result.errors == {"math": 0}
+        batch.close()
+    finally:
+        built.close()

@@ -4,7 +4,8 @@
 - :mod:`trainer.graders.builtin`: exact match, last number, RE2 regex, length;
 - :mod:`trainer.graders.text`: OpenAI's string_check and text_similarity;
 - :mod:`trainer.graders.multi`: OpenAI's multi (sub-graders and a formula);
-- :mod:`trainer.graders.python`: OpenAI's python (user code in :mod:`trainer.sandbox`).
+- :mod:`trainer.graders.python`: OpenAI's python (user code in :mod:`trainer.sandbox`);
+- :mod:`trainer.graders.math`: symbolic equivalence (math-verify, in a subprocess).
 
 Adding a grader type: its spec class in ``trainer.spec.graders`` (a ``type: Literal["<tag>"]``
 field, and a member of ``GraderSpecUnion``), its runtime class in a module here with a
@@ -30,6 +31,7 @@ from trainer.graders.base import (
     grade_one,
 )
 from trainer.graders.builtin import ExactMatch, LengthScore, NumericMatch, RegexMatch, last_number
+from trainer.graders.math import MathEquivalence, math_grader
 from trainer.graders.multi import Multi
 from trainer.graders.python import PythonGrade
 from trainer.graders.text import StringCheck, TextSimilarity
@@ -45,6 +47,7 @@ __all__ = [
     "GraderSet",
     "Item",
     "LengthScore",
+    "MathEquivalence",
     "Multi",
     "NumericMatch",
     "PythonGrade",
@@ -72,6 +75,7 @@ GRADER_BUILDERS: dict[str, Callable[[Any, str], Grader | BatchGrader]] = {
     # Its sub-graders are built by the same registry (named by their keys in the spec).
     "multi": lambda spec, name: Multi.from_spec(spec, name, build=_build_named),
     "python": PythonGrade.from_spec,
+    "math": math_grader,
 }
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "GraderSpecBase",
     "GraderSpecUnion",
     "LengthGrader",
+    "MathGrader",
     "MultiGrader",
     "NumericMatchGrader",
     "PythonGrader",
@@ -297,6 +298,27 @@ class MultiGrader(GraderSpecBase):
 
 _SUB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
 
+
+class MathGrader(GraderSpecBase):
+    """1.0 when the final answer in ``input`` is mathematically equivalent to ``reference``
+    (math-verify: LaTeX, fractions, decimals, sets and intervals; ``\\boxed{}`` answers first),
+    checked in a subprocess under ``timeout_s`` (symbolic simplification can take unbounded
+    time)."""
+
+    type: Literal["math"]
+    input: str = Field(
+        default=_OUTPUT_TEXT, max_length=MAX_TEMPLATE_CHARS, description="Template of the answer."
+    )
+    reference: str = Field(
+        default="{{ item.answer }}",
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Template of the gold answer.",
+    )
+    timeout_s: float = Field(default=5.0, gt=0, le=60, description="Time limit of one check.")
+
+    _templates = field_validator("input", "reference")(_template)
+
+
 MAX_PYTHON_SOURCE_CHARS = 64_000
 
 
@@ -348,6 +370,7 @@ GraderSpecUnion = (
     | TextSimilarityGrader
     | MultiGrader
     | PythonGrader
+    | MathGrader
 )
 GraderSpec = Annotated[GraderSpecUnion, Field(discriminator="type")]
 GRADER_SPECS: tuple[type[GraderSpecBase], ...] = get_args(GraderSpecUnion)

@@ -1,0 +1,48 @@
+"""The ``math`` grader: symbolic equivalence of a final answer with math-verify."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainer.graders.base import Item
+from trainer.spec.graders import MathGrader as MathGraderSpec
+from trainer.templates import render, sample_namespace
+
+if TYPE_CHECKING:
+    from trainer.grader_pool import IsolatedGrader
+
+__all__ = ["MathEquivalence", "math_grader"]
+
+
+@dataclass(frozen=True)
+class MathEquivalence:
+    """1.0 when math-verify finds the rendered ``input``'s answer equal to ``reference``'s.
+    Unbounded in time (sympy): :func:`math_grader` runs it isolated, never inline."""
+
+    name: str
+    weight: float
+    input: str
+    reference: str
+
+    def __call__(self, completion: str, item: Item) -> float:
+        from math_verify import parse, verify  # sympy and friends: only where it runs
+
+        sample = sample_namespace(completion)
+        reference = render(self.reference, sample=sample, item=item)
+        # A gold answer is often bare LaTeX (\\sqrt{9}); math-verify reads LaTeX inside $...$.
+        gold = parse(reference) or parse(f"${reference}$")
+        answer = parse(render(self.input, sample=sample, item=item))
+        if not gold or not answer:
+            return 0.0  # nothing that reads as an answer: wrong, not an error
+        return 1.0 if verify(gold, answer) else 0.0
+
+
+def math_grader(spec: MathGraderSpec, name: str) -> IsolatedGrader:
+    """The grader of a ``math`` spec: :class:`MathEquivalence` in a subprocess, each check
+    killed past ``spec.timeout_s`` (scored 0, counted as a timeout)."""
+    # Imported here: trainer.grader_pool imports this package (its grade_one) when it loads.
+    from trainer.grader_pool import IsolatedGrader
+
+    inner = MathEquivalence(name, spec.weight, spec.input, spec.reference)
+    return IsolatedGrader(inner, timeout_s=spec.timeout_s, batch_timeout_s=600.0)
