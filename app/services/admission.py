@@ -27,10 +27,13 @@ from app.settings import Settings
 from trainer.config import (
     PACKAGED_MODELS,
     JobSpec,
+    MultiGrader,
+    ScoreModelGrader,
     is_hub_repo_id,
     spec_limits_violations,
     text_problem,
 )
+from trainer.judge import build_judge_settings
 from trainer.model_paths import allowed_model_folder, model_refusal
 
 
@@ -38,7 +41,33 @@ def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Sessio
     """Raise InvalidRequest (422, naming the field) unless this service accepts `spec`."""
     _admit_model(spec.model, settings)
     _admit_limits(spec, settings)
+    _admit_judges(spec)
     _admit_init_from(getattr(spec, "init_from", None), project_id=project_id, session=session)
+
+
+# ---- judge endpoints -------------------------------------------------------------------------
+
+
+def _admit_judges(spec: JobSpec) -> None:
+    """A score_model grader names an endpoint of the operator's (GRPO_JUDGE_ENDPOINTS, which
+    the API and the workers share); an unknown name is refused now rather than failing every
+    sample on a worker."""
+    known: set[str] | None = None
+    for i, grader in enumerate(spec.graders):
+        subs = [(f"graders[{i}]", grader)]
+        if isinstance(grader, MultiGrader):
+            subs = [(f"graders[{i}].graders.{k}", g) for k, g in grader.graders.items()]
+        for path, sub in subs:
+            if not isinstance(sub, ScoreModelGrader):
+                continue
+            if known is None:
+                known = set(build_judge_settings().endpoints)
+            if sub.endpoint not in known:
+                names = ", ".join(sorted(known)) or "none are configured"
+                raise InvalidRequest(
+                    f"judge endpoint {sub.endpoint!r} is not one of this service's ({names})",
+                    param=f"{path}.endpoint",
+                )
 
 
 # ---- model ---------------------------------------------------------------------------------

@@ -233,3 +233,22 @@ def test_init_from_a_lora_job_is_refused_naming_the_field(make_api: Callable[...
     refused = _admit(api, _with_init_from(job_id, 2))
     assert refused is not None and refused.param == "init_from.job_id"
     assert "LoRA" in refused.message and "grpo export --merge" in refused.message
+
+
+def test_a_judge_grader_must_name_one_of_the_operators_endpoints(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "GRPO_JUDGE_ENDPOINTS", '{"local": {"base_url": "http://127.0.0.1:9/v1"}}'
+    )
+    judge = {
+        "type": "score_model",
+        "model": "judge",
+        "input": [{"role": "user", "content": "{{ sample.output_text }}"}],
+    }
+    for endpoint, expected in (("local", 200), ("elsewhere", 422)):
+        spec = tiny_spec() | {"graders": [judge | {"endpoint": endpoint}]}
+        response = api.client.post("/v1/jobs/validate", json=spec, headers=api.headers)
+        assert response.status_code == expected, response.text
+    assert response.json()["error"]["param"] == "graders[0].endpoint"
+    assert "local" in response.json()["error"]["message"]

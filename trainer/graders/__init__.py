@@ -5,7 +5,8 @@
 - :mod:`trainer.graders.text`: OpenAI's string_check and text_similarity;
 - :mod:`trainer.graders.multi`: OpenAI's multi (sub-graders and a formula);
 - :mod:`trainer.graders.python`: OpenAI's python (user code in :mod:`trainer.sandbox`);
-- :mod:`trainer.graders.math`: symbolic equivalence (math-verify, in a subprocess).
+- :mod:`trainer.graders.math`: symbolic equivalence (math-verify, in a subprocess);
+- :mod:`trainer.graders.score_model`: OpenAI's score_model (a judge on an operator endpoint).
 
 Adding a grader type: its spec class in ``trainer.spec.graders`` (a ``type: Literal["<tag>"]``
 field, and a member of ``GraderSpecUnion``), its runtime class in a module here with a
@@ -34,6 +35,7 @@ from trainer.graders.builtin import ExactMatch, LengthScore, NumericMatch, Regex
 from trainer.graders.math import MathEquivalence, math_grader
 from trainer.graders.multi import Multi
 from trainer.graders.python import PythonGrade
+from trainer.graders.score_model import JudgeScore
 from trainer.graders.text import StringCheck, TextSimilarity
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "Grader",
     "GraderSet",
     "Item",
+    "JudgeScore",
     "LengthScore",
     "MathEquivalence",
     "Multi",
@@ -76,6 +79,7 @@ GRADER_BUILDERS: dict[str, Callable[[Any, str], Grader | BatchGrader]] = {
     "multi": lambda spec, name: Multi.from_spec(spec, name, build=_build_named),
     "python": PythonGrade.from_spec,
     "math": math_grader,
+    "score_model": JudgeScore.from_spec,
 }
 
 

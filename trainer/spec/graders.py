@@ -35,6 +35,7 @@ __all__ = [
     "NumericMatchGrader",
     "PythonGrader",
     "RegexGrader",
+    "ScoreModelGrader",
     "StringCheckGrader",
     "TextSimilarityGrader",
     "compile_regex",
@@ -299,6 +300,59 @@ class MultiGrader(GraderSpecBase):
 _SUB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
 
 
+class JudgeMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"] = Field(description="Who speaks.")
+    content: str = Field(
+        max_length=MAX_TEMPLATE_CHARS, description="A template over sample and item."
+    )
+
+    _template = field_validator("content")(_template)
+
+
+class JudgeSamplingParams(StrictModel):
+    temperature: float = Field(default=0.0, ge=0, le=2, description="Judge sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Judge nucleus sampling.")
+    max_completions_tokens: int = Field(
+        default=256, ge=1, le=4096, description="Longest judge reply (OpenAI's name)."
+    )
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="Judge seed.")
+
+
+class ScoreModelGrader(GraderSpecBase):
+    """OpenAI's score_model: a model judges each sample. ``input`` is the judge's chat (templates
+    over sample and item); its reply's score (the last number in it, or ``{"score": x}``) is
+    mapped from ``range`` to [0, 1]. The judge runs on an OpenAI-compatible endpoint the
+    operator configured (``endpoint`` names it: a job never carries a URL or a key)."""
+
+    type: Literal["score_model"]
+    model: str = Field(min_length=1, max_length=200, description="The judge model's name.")
+    endpoint: str = Field(
+        default="default",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$",
+        description="The operator's judge endpoint (GRPO_JUDGE_ENDPOINTS) to call.",
+    )
+    input: list[JudgeMessage] = Field(
+        min_length=1, max_length=16, description="The chat sent to the judge."
+    )
+    range: tuple[float, float] = Field(
+        default=(0.0, 1.0), description="The judge's score scale: [low, high] -> [0, 1]."
+    )
+    sampling_params: JudgeSamplingParams = Field(
+        default_factory=JudgeSamplingParams, description="How the judge samples."
+    )
+    pass_threshold: float | None = Field(
+        default=None, ge=-1e6, le=1e6, description="Accepted for OpenAI compatibility."
+    )
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not (-1e6 <= low < high <= 1e6):
+            raise ValueError("range is [low, high] with low < high, both within +-1e6")
+        return value
+
+
 class MathGrader(GraderSpecBase):
     """1.0 when the final answer in ``input`` is mathematically equivalent to ``reference``
     (math-verify: LaTeX, fractions, decimals, sets and intervals; ``\\boxed{}`` answers first),
@@ -371,6 +425,7 @@ GraderSpecUnion = (
     | MultiGrader
     | PythonGrader
     | MathGrader
+    | ScoreModelGrader
 )
 GraderSpec = Annotated[GraderSpecUnion, Field(discriminator="type")]
 GRADER_SPECS: tuple[type[GraderSpecBase], ...] = get_args(GraderSpecUnion)
