@@ -9,13 +9,21 @@ COPY dashboard/index.html dashboard/app.js dashboard/charts.js dashboard/style.c
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# POST /v1/graders/run runs python graders in the same bubblewrap sandbox as the workers.
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2 \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /srv/grpo
 COPY pyproject.toml README.md alembic.ini ./
 COPY app ./app
-# Only the torch-free part of the trainer: the job spec, the model-folder rule and the names of
-# a checkpoint's trainer-only files.
-COPY trainer/__init__.py trainer/config.py trainer/model_paths.py trainer/checkpoint_files.py ./trainer/
+# Only the torch-free part of the trainer: the job spec, the model-folder rule, the names of
+# a checkpoint's trainer-only files, and the graders (with their templates, formulas, sandbox,
+# subprocess pool and judge client) that POST /v1/graders/run runs.
+COPY trainer/__init__.py trainer/config.py trainer/model_paths.py trainer/checkpoint_files.py \
+     trainer/expressions.py trainer/templates.py trainer/grader_pool.py ./trainer/
 COPY trainer/spec ./trainer/spec
+COPY trainer/graders ./trainer/graders
+COPY trainer/sandbox ./trainer/sandbox
+COPY trainer/judge ./trainer/judge
 COPY grpo_cli ./grpo_cli
 COPY migrations ./migrations
 COPY worker/__init__.py ./worker/__init__.py

@@ -2,7 +2,7 @@
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 GRPO_DEVICE=cpu \
     VLLM_CPU_KVCACHE_SPACE=2
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap gcc g++ libnuma1 \
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2 gcc g++ libnuma1 \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /srv/grpo
 COPY . .

@@ -2,7 +2,7 @@
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     DEBIAN_FRONTEND=noninteractive GRPO_DEVICE=cuda
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap python3 python3-venv python3-dev \
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap libseccomp2 python3 python3-venv python3-dev \
     && rm -rf /var/lib/apt/lists/* && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /srv/grpo

@@ -24,6 +24,7 @@ missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 # Python graders run in bubblewrap sandboxes (trainer/sandbox); the system python3 runs inside.
 command -v bwrap >/dev/null || missing+=(bubblewrap)
+ldconfig -p 2>/dev/null | grep -q libseccomp.so.2 || missing+=(libseccomp2)
 [ -x /usr/bin/python3 ] || missing+=(python3)
 command -v npm >/dev/null || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then

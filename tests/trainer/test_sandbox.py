@@ -67,6 +67,28 @@ ATTACKS = {
         print("x" * 100_000_000)
         return 1.0
     """,
+    "new namespaces (seccomp)": """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
+            raise OSError(ctypes.get_errno(), "unshare refused")
+        return 1.0
+    """,
+    "ptrace (seccomp)": """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.ptrace(0, 0, None, None) != 0:  # PTRACE_TRACEME
+            raise OSError(ctypes.get_errno(), "ptrace refused")
+        return 1.0
+    """,
+    "a forged reply nested past the parser": """
+        os.write(1, b"[" * 200_000 + b"\\n")
+        return 1.0
+    """,
+    "a forged score no float can hold": """
+        os.write(1, b'{"score": 1' + b"0" * 400 + b'}\\n')
+        return 1.0
+    """,
     "write 100 MB to the protocol pipe": """
         os.write(1, b"x" * 100_000_000)
         return 1.0
@@ -162,3 +184,16 @@ def test_a_training_job_grades_with_a_python_grader_reading_item_fields(tmp_path
     grader_events = [m for kind, _, m in rec.events if kind == "grader"]
     assert len(grader_events) == 2  # one per step, with the first error
     assert all("ValueError: no multiples of 3 please" in m for m in grader_events)
+
+
+def test_without_the_seccomp_filter_the_same_calls_get_through() -> None:
+    """The control of the two seccomp attacks above: the namespaces alone let them through,
+    so it is the filter that refuses them."""
+    open_settings = build_sandbox_settings(seccomp=False, cpu_s=1.0, call_timeout_s=3.0)
+    for attack in ("new namespaces (seccomp)", "ptrace (seccomp)"):
+        pool = SandboxPool(grader(ATTACKS[attack]), open_settings)
+        try:
+            (verdict,) = pool.grade([{"output_text": "a"}], [{}])
+            assert (verdict.score, verdict.failure) == (1.0, None), (attack, verdict)
+        finally:
+            pool.close()

@@ -2,8 +2,8 @@
 sandbox needs no file of the worker). Line protocol on stdin/stdout, one JSON object a line:
 
 - first line in: ``{"source": "...", "cpu_s": N}``; out: ``{"ready": true}`` or ``{"error": ...}``
-- then per request in: ``{"sample": {...}, "item": {...}}``; out: ``{"score": x}`` or
-  ``{"error": "Type: message"}``.
+- then per request in: ``{"id": n, "sample": {...}, "item": {...}}``; out: ``{"id": n,
+  "score": x}`` or ``{"id": n, "error": "Type: message"}`` (``x`` always a float).
 
 The user's ``print`` goes nowhere (``sys.stdout`` is replaced), so only this program writes
 the protocol. Before each call the CPU-time limit is moved to what this process has used plus
@@ -82,6 +82,7 @@ def main() -> None:
             reply = {"error": f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]}
         if os.getpid() != main_pid:
             os._exit(0)  # a process the grader forked: it never speaks the protocol
+        reply["id"] = request.get("id")  # the parent pairs replies with requests by it
         if _processes() > baseline:
             # The grader left processes behind: this sandbox is spent; the parent replaces it.
             reply["spent"] = "the grader left processes running"

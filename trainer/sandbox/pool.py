@@ -11,6 +11,8 @@ Each sandbox is ``bwrap`` (bubblewrap) running the system interpreter on
 - rlimits set before bubblewrap starts (inherited by everything inside): address space, CPU
   time (per call: the child moves the soft limit before each), processes of the sandbox user,
   file size and open files;
+- a seccomp filter (``trainer.sandbox.seccomp``) refusing system calls a grader never needs
+  (ptrace, bpf, new namespaces, mounts, keyrings, io_uring, ...);
 - a new session, killed with its parent (``--die-with-parent``).
 
 The parent bounds what it reads (``max_output_bytes`` a reply) and waits at most
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trainer.sandbox.seccomp import program_fd, seccomp_program
 from trainer.sandbox.settings import SandboxSettings
 
 __all__ = ["SandboxError", "SandboxPool", "SandboxVerdict"]
@@ -105,10 +108,14 @@ def _limits(settings: SandboxSettings) -> Any:
     return apply
 
 
-def bwrap_command(settings: SandboxSettings, bwrap: str) -> list[str]:
+def bwrap_command(
+    settings: SandboxSettings, bwrap: str, seccomp_fd: int | None = None
+) -> list[str]:
     """The bubblewrap command line of one sandbox (see the module docstring)."""
+    seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
     return [
         bwrap,
+        *seccomp,
         "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces
         "--die-with-parent",
         "--new-session",
@@ -161,9 +168,17 @@ class SandboxPool:
             raise SandboxError(
                 f"python graders need bubblewrap ({settings.bwrap!r} is not installed here)"
             )
+        if settings.seccomp:
+            try:
+                seccomp_program()  # compiled once; a worker without libseccomp fails closed
+            except (ImportError, OSError, RuntimeError) as exc:
+                raise SandboxError(
+                    f"python graders need libseccomp here (its filter did not build: "
+                    f"{type(exc).__name__})"
+                ) from None
         self.source = source
         self.settings = settings
-        self._command = bwrap_command(settings, bwrap)
+        self._bwrap = bwrap
         self._sandboxes: list[_Sandbox] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -187,16 +202,24 @@ class SandboxPool:
                 delay = min(1.0, delay * 2)
 
     def _start(self) -> _Sandbox:
-        process = subprocess.Popen(
-            self._command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_limits(self.settings),
-            close_fds=True,
-            start_new_session=True,
-            env={},
-        )
+        # The seccomp program goes to bubblewrap on a file descriptor, which it installs just
+        # before it runs the interpreter (so bubblewrap's own setup is not filtered).
+        seccomp_fd = program_fd() if self.settings.seccomp else None
+        try:
+            process = subprocess.Popen(
+                bwrap_command(self.settings, self._bwrap, seccomp_fd),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=_limits(self.settings),
+                close_fds=True,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                start_new_session=True,
+                env={},
+            )
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         sandbox = _Sandbox(process)
         self._write(sandbox, {"source": self.source, "cpu_s": self.settings.cpu_s})
         reply = self._read_one(sandbox, time.monotonic() + self.settings.startup_timeout_s)
@@ -251,7 +274,7 @@ class SandboxPool:
         sandbox.buffer = bytearray(rest)
         try:
             return json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return "the sandbox wrote something that is not a reply"
 
     # ------------------------------------------------------------------ grading
@@ -277,7 +300,7 @@ class SandboxPool:
         def start_next(k: int) -> None:
             while queues[k]:
                 index = queues[k].popleft()
-                request = {"sample": samples[index], "item": items[index]}
+                request = {"id": index, "sample": samples[index], "item": items[index]}
                 if self._write(self._sandboxes[k], request):
                     in_flight[k] = (index, time.monotonic() + self.settings.call_timeout_s)
                     return
@@ -302,7 +325,7 @@ class SandboxPool:
                     sel.register(stdout.fileno(), selectors.EVENT_READ, k)
                 ready = [key.data for key, _ in sel.select(wait)]
             for k in ready:
-                reply = self._take_reply(k)
+                reply = self._take_reply(k, expected_id=in_flight[k][0])
                 if reply is None:
                     continue  # a partial line: wait for the rest
                 index, _ = in_flight.pop(k)
@@ -310,9 +333,11 @@ class SandboxPool:
                 start_next(k)
         return [v if v is not None else SandboxVerdict(0.0, "error") for v in verdicts]
 
-    def _take_reply(self, k: int) -> SandboxVerdict | None:
+    def _take_reply(self, k: int, expected_id: int) -> SandboxVerdict | None:
         """Read what sandbox ``k`` wrote; its verdict once a whole reply line is in, else None.
-        A sandbox that died, overflowed or wrote garbage is replaced."""
+        A sandbox that died, overflowed, or wrote anything but the reply to request
+        ``expected_id`` (a grader writing on the protocol pipe itself) is replaced: a forged
+        line must not shift every later reply onto the wrong sample."""
         sandbox = self._sandboxes[k]
         assert sandbox.process.stdout is not None
         chunk = os.read(sandbox.process.stdout.fileno(), 65536)
@@ -327,9 +352,12 @@ class SandboxPool:
         sandbox.buffer = bytearray(rest)
         try:
             reply = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # garbage, or nesting past the parser's depth
             return self._replace(k, "error", "the sandbox wrote something that is not a reply")
-        if not isinstance(reply, dict):
+        forged = not isinstance(reply, dict) or reply.get("id") != expected_id
+        if not forged and "score" in reply:  # the child always sends a float score
+            forged = isinstance(reply["score"], bool) or not isinstance(reply["score"], float)
+        if forged:
             return self._replace(k, "error", "the sandbox wrote something that is not a reply")
         if "spent" in reply:  # processes left behind: never reuse this sandbox
             why = str(reply.get("error") or reply["spent"])[:MAX_ERROR_CHARS]
@@ -337,7 +365,7 @@ class SandboxPool:
         if "error" in reply:
             return SandboxVerdict(0.0, "error", str(reply["error"])[:MAX_ERROR_CHARS])
         score = reply.get("score")
-        if not isinstance(score, int | float) or not 0.0 <= float(score) <= 1.0:
+        if not isinstance(score, float) or not 0.0 <= score <= 1.0:  # also NaN
             return SandboxVerdict(
                 0.0, "error", f"grade returned {score!r:.60}, not a score in [0, 1]"
             )

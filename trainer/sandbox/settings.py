@@ -41,6 +41,9 @@ class SandboxSettings(BaseSettings):
     max_output_bytes: int = Field(
         default=1 << 20, ge=1024, le=1 << 30, description="Longest reply read from a sandbox."
     )
+    seccomp: bool = Field(
+        default=True, description="Install the seccomp filter (libseccomp) in every sandbox."
+    )
     uid: int = Field(default=65534, ge=1, le=2**31 - 1, description="Unprivileged user to run as.")
     startup_timeout_s: float = Field(default=20.0, gt=0, le=600)
 
