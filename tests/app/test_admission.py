@@ -238,9 +238,7 @@ def test_init_from_a_lora_job_is_refused_naming_the_field(make_api: Callable[...
 def test_a_judge_grader_must_name_one_of_the_operators_endpoints(
     api: Api, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(
-        "GRPO_JUDGE_ENDPOINTS", '{"local": {"base_url": "http://127.0.0.1:9/v1"}}'
-    )
+    monkeypatch.setenv("GRPO_JUDGE_ENDPOINTS", '{"local": {"base_url": "http://127.0.0.1:9/v1"}}')
     judge = {
         "type": "score_model",
         "model": "judge",
