@@ -53,7 +53,7 @@ def _admit_judges(spec: JobSpec) -> None:
     the API and the workers share); an unknown name is refused now rather than failing every
     sample on a worker."""
     known: set[str] | None = None
-    for i, grader in enumerate(spec.graders):
+    for i, grader in enumerate(getattr(spec, "graders", ())):
         subs = [(f"graders[{i}]", grader)]
         if isinstance(grader, MultiGrader):
             subs = [(f"graders[{i}].graders.{k}", g) for k, g in grader.graders.items()]

@@ -83,7 +83,11 @@ async def _all(
     if key:
         headers["Authorization"] = f"Bearer {key}"
     limits = httpx.Limits(max_connections=settings.concurrency)
-    async with httpx.AsyncClient(headers=headers, limits=limits, follow_redirects=False) as client:
+    # trust_env=False: the worker's proxy variables must not reroute a judge call (and a key
+    # with it) to a host the operator did not configure.
+    async with httpx.AsyncClient(
+        headers=headers, limits=limits, follow_redirects=False, trust_env=False
+    ) as client:
         url = f"{endpoint.base_url}/chat/completions"
         return list(
             await asyncio.gather(

@@ -300,6 +300,9 @@ class MultiGrader(GraderSpecBase):
 _SUB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
 
 
+_ScaleEnd = Annotated[float, Field(ge=-1e6, le=1e6)]
+
+
 class JudgeMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"] = Field(description="Who speaks.")
     content: str = Field(
@@ -334,7 +337,7 @@ class ScoreModelGrader(GraderSpecBase):
     input: list[JudgeMessage] = Field(
         min_length=1, max_length=16, description="The chat sent to the judge."
     )
-    range: tuple[float, float] = Field(
+    range: tuple[_ScaleEnd, _ScaleEnd] = Field(
         default=(0.0, 1.0), description="The judge's score scale: [low, high] -> [0, 1]."
     )
     sampling_params: JudgeSamplingParams = Field(
@@ -348,8 +351,8 @@ class ScoreModelGrader(GraderSpecBase):
     @classmethod
     def _ordered(cls, value: tuple[float, float]) -> tuple[float, float]:
         low, high = value
-        if not (-1e6 <= low < high <= 1e6):
-            raise ValueError("range is [low, high] with low < high, both within +-1e6")
+        if not low < high:
+            raise ValueError("range is [low, high] with low < high")
         return value
 
 
