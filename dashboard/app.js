@@ -253,6 +253,9 @@ function listView(root, params) {
 const CHARTS = [
   { key: "reward", title: "Reward", names: (spec) => ["reward/mean", ...graderNames(spec).map((g) => `reward/${g}/mean`)],
     label: (n) => (n === "reward/mean" ? "total" : n.split("/")[1]) },
+  { key: "grader_errors", title: "Grader errors (samples scored 0)",
+    names: (spec) => graderNames(spec).map((g) => `reward/${g}/errors`),
+    label: (n) => n.split("/")[1] },
   { key: "kl", title: "KL to the reference", names: () => ["kl", "kl_k3"] },
   { key: "entropy", title: "Entropy", names: () => ["entropy"] },
   { key: "mismatch", title: "Sampler vs trainer", names: () => ["mismatch/kl", "mismatch/capped_frac"],

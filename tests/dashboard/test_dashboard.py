@@ -129,7 +129,16 @@ def test_dashboard_follows_a_live_job_and_cancels_it(
             f"document.querySelector('[data-chart=reward]').dataset.points > {seen}"
         )
         assert _points(page, "reward") > seen
-        for chart in ("kl", "entropy", "mismatch", "clip", "length", "truncated", "time"):
+        for chart in (
+            "grader_errors",
+            "kl",
+            "entropy",
+            "mismatch",
+            "clip",
+            "length",
+            "truncated",
+            "time",
+        ):
             assert _points(page, chart) >= seen, chart
         # The legend names every grader next to the total.
         legend = page.locator('[data-chart="reward"] .u-legend').inner_text()
