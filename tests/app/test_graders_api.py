@@ -73,3 +73,24 @@ def test_a_python_grader_runs_in_the_sandbox_here_too(api: Api) -> None:
     hostile = "def grade(sample, item):\n    return 1.0 if open('/etc/passwd').read() else 0"
     body = run(api, {"type": "python", "source": hostile}, "x", {}).json()
     assert body["reward"] == 0.0 and "FileNotFoundError" in body["metadata"]["errors"]["message"]
+
+
+@pytest.mark.process
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.parametrize("attack", ["socket to the broker", "read /etc/passwd", "read the worker's environment", "fork bomb", "allocate 8 GiB", "infinite loop", "print 100 MB", "new namespaces (seccomp)"])  # fmt: skip
+def test_hostile_python_graders_score_zero_through_the_api(
+    api: Api, attack: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.trainer.test_sandbox import ATTACKS, grader
+
+    monkeypatch.setenv("GRPO_SANDBOX_CALL_TIMEOUT_S", "2")
+    monkeypatch.setenv("GRPO_SANDBOX_CPU_S", "1")
+    monkeypatch.setenv("GRPO_SANDBOX_MEMORY_MB", "256")
+    monkeypatch.setenv("GRPO_DATABASE_URL", "postgresql://user:hunter2@db/grpo")
+    response = run(api, {"type": "python", "source": grader(ATTACKS[attack])}, "a", {"answer": "a"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["reward"] == 0.0, body
+    assert body["metadata"]["errors"]["failure"] in ("error", "timeout")
+    assert body["metadata"]["errors"]["message"]
+    assert "hunter2" not in response.text

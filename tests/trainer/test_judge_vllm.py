@@ -3,19 +3,14 @@ packaged SmolLM2-135M-Instruct as the judge."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
-from tests.conftest import free_port, wait_until
+from tests.vllm_judge import vllm_judge_server
 from trainer.graders import GraderSet, build_grader
 from trainer.graders.score_model import JudgeScore
 from trainer.judge import build_judge_settings
-from trainer.models import resolve_model
 from trainer.spec.graders import ScoreModelGrader
 
 pytest.importorskip("vllm")
@@ -24,42 +19,8 @@ pytestmark = [pytest.mark.model, pytest.mark.process]
 
 @pytest.fixture(scope="module")
 def vllm_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    model = resolve_model("smollm2-135m-instruct")
-    port = free_port()
-    log = tmp_path_factory.mktemp("judge") / "vllm.log"
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    # The server module, not the `vllm serve` command: the CLI looks up the distribution
-    # "vllm" by name, and this machine has it as vllm-cpu.
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--port", str(port), "--host", "127.0.0.1", "--served-model-name", "judge",
-        "--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
-    ]  # fmt: skip
-    with log.open("w") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        assert server.poll() is None, log.read_text()[-3000:]
-        try:
-            return httpx.get(f"{url}/v1/models", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(ready, 240, "the vLLM judge server to answer", 1.0)
-        yield f"{url}/v1"
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    with vllm_judge_server(tmp_path_factory.mktemp("judge")) as url:
+        yield url
 
 
 def test_a_real_judge_scores_samples(vllm_judge: str) -> None:
