@@ -79,6 +79,13 @@ class Settings(BaseSettings):
             "enough): it checks the folder at submission, the worker again before loading."
         ),
     )
+    dataset_roots: str = Field(
+        default="",
+        description=(
+            "Folders (separated by ':') under which a job's dataset.saved_dataset.path may "
+            "name a datasets folder (save_to_disk); empty: none. Mount them on the API too."
+        ),
+    )
     allow_hub_models: bool = Field(
         default=True,
         description=(
@@ -151,6 +158,11 @@ class Settings(BaseSettings):
     def model_root_list(self) -> list[str]:
         """The model roots as written (the API and the worker resolve them as they check)."""
         return [p.strip() for p in self.model_roots.split(":") if p.strip()]
+
+    @property
+    def dataset_root_list(self) -> list[str]:
+        """The dataset roots as written (the API and the worker resolve them as they check)."""
+        return [p.strip() for p in self.dataset_roots.split(":") if p.strip()]
 
     def hub_model_refusal(self, repo_id: str) -> str | None:
         """Why this deployment refuses the Hub repo id `repo_id`, or None (the one rule, in

@@ -30,6 +30,7 @@ from trainer.spec.dataset import (
     ChatMessage,
     DatasetSpec,
     PromptRow,
+    SavedDataset,
     row_fields_problem,
 )
 from trainer.spec.graders import (
@@ -121,6 +122,7 @@ __all__ = [
     "RolloutSpec",
     "SamplerCorrectionMode",
     "SamplerCorrectionSpec",
+    "SavedDataset",
     "ScoreModelGrader",
     "StrictModel",
     "StringCheckGrader",

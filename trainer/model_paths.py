@@ -27,7 +27,15 @@ from pathlib import Path, PurePosixPath
 
 from trainer.config import PACKAGED_MODELS, text_problem
 
-__all__ = ["allowed_model_folder", "hub_allowlist", "hub_model_refusal", "model_refusal"]
+__all__ = [
+    "DATASET_MARKERS",
+    "allowed_dataset_folder",
+    "allowed_model_folder",
+    "dataset_refusal",
+    "hub_allowlist",
+    "hub_model_refusal",
+    "model_refusal",
+]
 
 
 def model_refusal(*, has_roots: bool) -> str:
@@ -50,6 +58,35 @@ def allowed_model_folder(
 ) -> Path | None:
     """The real folder `model` names when a job may train from it, else None (see the module
     docstring for the rule)."""
+    return _allowed_folder(model, roots, forbidden, ("config.json",))
+
+
+# The files `datasets.save_to_disk` writes: a DatasetDict's, or a single Dataset's.
+DATASET_MARKERS = ("dataset_dict.json", "state.json")
+
+
+def allowed_dataset_folder(
+    path: str, roots: Sequence[str | Path], forbidden: Sequence[str | Path] = ()
+) -> Path | None:
+    """The real folder of a saved ``datasets`` dataset a job may read, else None: the model
+    folder rule (module docstring) with the dataset roots, and a folder holding what
+    ``save_to_disk`` writes."""
+    return _allowed_folder(path, roots, forbidden, DATASET_MARKERS)
+
+
+def dataset_refusal(*, has_roots: bool) -> str:
+    """The one message for every refused dataset path; it names no path."""
+    if not has_roots:
+        return "this service reads no datasets from disk (no dataset roots are configured)"
+    return (
+        "must be a folder saved by datasets' save_to_disk under one of this service's dataset roots"
+    )
+
+
+def _allowed_folder(
+    path: str, roots: Sequence[str | Path], forbidden: Sequence[str | Path], markers: Sequence[str]
+) -> Path | None:
+    model = path
     if not roots or not model.startswith("/") or text_problem(model) is not None:
         return None
     if ".." in PurePosixPath(model).parts:
@@ -64,7 +101,7 @@ def allowed_model_folder(
         real_forbidden = [Path(folder).resolve() for folder in forbidden]
         if not _inside(real, real_roots) or _inside(real, real_forbidden):
             return None
-        return real if (real / "config.json").is_file() else None
+        return real if any((real / marker).is_file() for marker in markers) else None
     except (OSError, RuntimeError, ValueError):  # missing, unreadable, a symlink loop
         return None
 

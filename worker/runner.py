@@ -40,6 +40,8 @@ from app.transitions import JobStatus
 from trainer.callbacks import Callbacks
 from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from trainer.errors import ModelNotAllowed, TrainerError
+from trainer.model_paths import allowed_dataset_folder, dataset_refusal
+from trainer.saved_datasets import saved_dataset_rows
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper, end_attempt, pause, release
 from worker.progress import DatabaseCallbacks, LeaseLost
@@ -84,8 +86,20 @@ def load_trainer() -> Train:
 
 
 def load_spec(ctx: WorkerContext, job: Job) -> JobSpec:
-    """The stored spec, with an uploaded file resolved into inline rows."""
+    """The stored spec, with an uploaded file or a saved dataset resolved into inline rows."""
     spec = JobSpec.model_validate(job.spec)
+    saved = spec.dataset.saved_dataset
+    if saved is not None:
+        settings = ctx.settings
+        forbidden = [settings.data_dir, settings.resolved_checkpoint_dir]
+        folder = allowed_dataset_folder(saved.path, settings.dataset_root_list, forbidden)
+        if folder is None:  # the API checked it; the worker's roots decide on the worker
+            raise TrainerError(
+                f"dataset.saved_dataset.path {dataset_refusal(has_roots=bool(settings.dataset_root_list))}",
+                reason="dataset_not_allowed",
+            )
+        rows = saved_dataset_rows(saved, folder)
+        return spec.model_copy(update={"dataset": spec.dataset.with_rows(rows)})
     file_id = spec.dataset.file_id
     if file_id is None:
         return spec

@@ -34,15 +34,39 @@ from trainer.config import (
     text_problem,
 )
 from trainer.judge import build_judge_settings
-from trainer.model_paths import allowed_model_folder, model_refusal
+from trainer.model_paths import (
+    allowed_dataset_folder,
+    allowed_model_folder,
+    dataset_refusal,
+    model_refusal,
+)
 
 
 def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Session) -> None:
     """Raise InvalidRequest (422, naming the field) unless this service accepts `spec`."""
     _admit_model(spec.model, settings)
+    _admit_dataset(spec, settings)
     _admit_limits(spec, settings)
     _admit_judges(spec)
     _admit_init_from(getattr(spec, "init_from", None), project_id=project_id, session=session)
+
+
+# ---- dataset folders -------------------------------------------------------------------------
+
+
+def _admit_dataset(spec: JobSpec, settings: Settings) -> None:
+    """A saved dataset only from under the operator's dataset roots (the rule of
+    trainer.model_paths; the worker applies it again); the refusal names no path."""
+    dataset = getattr(spec, "dataset", None)
+    source = getattr(dataset, "saved_dataset", None)
+    if source is None:
+        return
+    roots = settings.dataset_root_list
+    forbidden = [settings.data_dir, settings.resolved_checkpoint_dir]
+    if allowed_dataset_folder(source.path, roots, forbidden) is None:
+        raise InvalidRequest(
+            dataset_refusal(has_roots=bool(roots)), param="dataset.saved_dataset.path"
+        )
 
 
 # ---- judge endpoints -------------------------------------------------------------------------

@@ -250,3 +250,31 @@ def test_a_judge_grader_must_name_one_of_the_operators_endpoints(
         assert response.status_code == expected, response.text
     assert response.json()["error"]["param"] == "graders[0].endpoint"
     assert "local" in response.json()["error"]["message"]
+
+
+def test_a_saved_dataset_must_be_under_the_operators_dataset_roots(
+    make_api: Callable[..., Api], tmp_path: Path
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    root = tmp_path / "datasets"
+    folder = root / "qa"
+    datasets.Dataset.from_dict({"q": ["1+1?", "2+2?"]}).save_to_disk(str(folder))
+    secret = tmp_path / "secret"
+    datasets.Dataset.from_dict({"q": ["x"]}).save_to_disk(str(secret))
+    api = make_api(dataset_roots=str(root))
+
+    def validate(path: str) -> Any:
+        spec = tiny_spec() | {
+            "dataset": {"saved_dataset": {"path": path, "columns": {"prompt": "q"}}}
+        }
+        return api.client.post("/v1/jobs/validate", json=spec, headers=api.headers)
+
+    assert validate(str(folder)).status_code == 200
+    messages = set()
+    for path in (str(secret), str(root / ".." / "secret"), "/etc", str(root / "missing")):
+        refused = validate(path)
+        assert refused.status_code == 422, path
+        assert refused.json()["error"]["param"] == "dataset.saved_dataset.path"
+        messages.add(refused.json()["error"]["message"])
+    assert len(messages) == 1  # the same refusal whether or not the path exists
+    assert str(tmp_path) not in messages.pop()

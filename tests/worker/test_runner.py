@@ -387,6 +387,28 @@ def test_an_uploaded_dataset_is_resolved_into_rows(ctx: WorkerContext) -> None:
     assert [(r.prompt, r.answer) for r in dataset.rows] == [("1+1?", "2"), ("2+2?", "4")]
 
 
+def test_a_saved_dataset_under_the_roots_is_resolved_into_rows(
+    ctx: WorkerContext, tmp_path: Path
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "datasets" / "qa"
+    datasets.Dataset.from_dict({"q": ["1+1?", "2+2?"], "a": ["2", "4"]}).save_to_disk(str(folder))
+    saved = {"path": str(folder), "columns": {"prompt": "q", "answer": "a"}}
+    spec = tiny_spec(steps=1) | {"dataset": {"saved_dataset": saved}}
+    ctx.settings.dataset_roots = str(tmp_path / "datasets")
+    calls: list[dict[str, Any]] = []
+    assert run_job(ctx, make_job(ctx, spec), train=fake_trainer(1, calls=calls)) == "succeeded"
+    dataset = calls[0]["spec"].dataset
+    assert dataset.saved_dataset is None
+    assert [(r.prompt, r.answer) for r in dataset.rows] == [("1+1?", "2"), ("2+2?", "4")]
+    # The worker applies the rule itself: with other roots, the job fails before training.
+    ctx.settings.dataset_roots = str(tmp_path / "elsewhere")
+    refused = make_job(ctx, spec)
+    assert run_job(ctx, refused, train=fake_trainer(1)) == "failed"
+    assert job(ctx, refused).error_code == "dataset_not_allowed"
+    assert str(folder) not in (job(ctx, refused).error_message or "")
+
+
 def test_a_dataset_file_deleted_after_submission_fails_the_job(ctx: WorkerContext) -> None:
     missing = make_job(ctx, tiny_spec(steps=1) | {"dataset": {"file_id": "file_gone"}})
     assert run_job(ctx, missing, train=fake_trainer(1)) == "failed"

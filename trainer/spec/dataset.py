@@ -24,6 +24,7 @@ __all__ = [
     "ChatMessage",
     "DatasetSpec",
     "PromptRow",
+    "SavedDataset",
     "row_fields_problem",
 ]
 
@@ -190,6 +191,41 @@ class ArithmeticGenerator(StrictModel):
         return out
 
 
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_ .\-]{0,127}$")
+
+
+class SavedDataset(StrictModel):
+    """A Hugging Face ``datasets`` dataset saved with ``save_to_disk``, in a folder under one of
+    the operator's dataset roots (``GRPO_DATASET_ROOTS``; the API and the worker check it)."""
+
+    path: str = Field(
+        min_length=1, max_length=1000, description="Absolute path of the saved dataset's folder."
+    )
+    split: str = Field(
+        default="train",
+        pattern=r"^[A-Za-z0-9_.\-]{1,64}$",
+        description="The split to train on (a DatasetDict's key; ignored for a single Dataset).",
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=64,
+        description=(
+            "Row field -> dataset column, e.g. {prompt: question, answer: solution}; columns "
+            "not named keep their own names as row fields."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _names(self) -> SavedDataset:
+        for field_name, column in self.columns.items():
+            if not _FIELD_NAME.match(field_name) or not _COLUMN.match(column):
+                raise ValueError(
+                    f"columns maps row field names to column names, got {field_name!r:.60}: "
+                    f"{column!r:.60}"
+                )
+        return self
+
+
 class DatasetSpec(StrictModel):
     """Where the prompts come from: exactly one of rows, file_id or generator."""
 
@@ -205,6 +241,10 @@ class DatasetSpec(StrictModel):
     )
     generator: ArithmeticGenerator | None = Field(
         default=None, description="Generate a synthetic task instead of supplying rows."
+    )
+    saved_dataset: SavedDataset | None = Field(
+        default=None,
+        description="A `datasets` dataset saved to disk under one of the operator's roots.",
     )
     system_prompt: str | None = Field(
         default=None,
@@ -224,11 +264,12 @@ class DatasetSpec(StrictModel):
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> DatasetSpec:
-        given = [n for n in ("rows", "file_id", "generator") if getattr(self, n) is not None]
+        sources = ("rows", "file_id", "generator", "saved_dataset")
+        given = [n for n in sources if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(
-                "give exactly one of dataset.rows, dataset.file_id or dataset.generator "
-                f"(got {', '.join(given) or 'none'})"
+                "give exactly one of dataset.rows, dataset.file_id, dataset.generator or "
+                f"dataset.saved_dataset (got {', '.join(given) or 'none'})"
             )
         if self.rows is not None and len(self.rows) == 0:
             raise ValueError("dataset.rows must not be empty")
@@ -256,9 +297,10 @@ class DatasetSpec(StrictModel):
             return list(self.rows)
         if self.generator is not None:
             return self.generator.rows()
+        source = f"dataset.file_id {self.file_id!r}" if self.file_id else "dataset.saved_dataset"
         raise ValueError(
-            f"dataset.file_id {self.file_id!r} must be resolved into rows before training "
-            "(read the file and use DatasetSpec.with_rows(rows))"
+            f"{source} must be resolved into rows before training "
+            "(read it and use DatasetSpec.with_rows(rows))"
         )
 
     def with_rows(self, rows: Sequence[PromptRow]) -> DatasetSpec:
@@ -266,6 +308,6 @@ class DatasetSpec(StrictModel):
 
         The result is validated again, so e.g. a holdout that leaves no training rows raises.
         """
-        data = self.model_dump(exclude={"file_id", "rows", "generator"})
+        data = self.model_dump(exclude={"file_id", "rows", "generator", "saved_dataset"})
         rows_data = [r.model_dump(exclude_unset=True) for r in rows]
         return DatasetSpec.model_validate({**data, "rows": rows_data})

@@ -1,0 +1,78 @@
+"""Rows from a Hugging Face ``datasets`` dataset saved to disk (``dataset.saved_dataset``).
+
+The folder has already passed the operator's rule (``trainer.model_paths.allowed_dataset_folder``,
+applied by the API at submission and by the worker before this reads anything). Its split is
+read with ``datasets.load_from_disk``, its columns renamed by ``columns`` (row field -> column;
+columns not named keep their names and reach graders as ``item`` fields), and every record
+validated as a row: bad records are reported by number, as an upload's lines are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainer.config import MAX_INLINE_ROWS, PromptRow, SavedDataset
+from trainer.errors import TrainerError
+
+__all__ = ["saved_dataset_rows"]
+
+MAX_ROW_ERRORS = 20
+
+
+def saved_dataset_rows(source: SavedDataset, folder: Path) -> list[PromptRow]:
+    """The rows of ``source`` (its split, its column mapping), read from ``folder``.
+    TrainerError (reason ``dataset_invalid``) for a missing split or column, too many rows, or
+    records that are not rows (the first ones listed by number)."""
+    import datasets  # pyarrow, pandas: only when a job reads a saved dataset
+
+    loaded = datasets.load_from_disk(str(folder))
+    if isinstance(loaded, datasets.DatasetDict):
+        if source.split not in loaded:
+            splits = ", ".join(sorted(loaded)) or "none"
+            raise TrainerError(
+                f"dataset.saved_dataset.split {source.split!r} is not one of its splits ({splits})",
+                reason="dataset_invalid",
+            )
+        loaded = loaded[source.split]
+    if loaded.num_rows > MAX_INLINE_ROWS:
+        raise TrainerError(
+            f"the saved dataset has {loaded.num_rows} rows, more than {MAX_INLINE_ROWS}",
+            reason="dataset_invalid",
+        )
+    missing = sorted(set(source.columns.values()) - set(loaded.column_names))
+    if missing:
+        raise TrainerError(
+            f"dataset.saved_dataset.columns names columns it does not have: {', '.join(missing)} "
+            f"(it has {', '.join(loaded.column_names)})",
+            reason="dataset_invalid",
+        )
+    renamed = {column: field for field, column in source.columns.items()}
+    rows: list[PromptRow] = []
+    errors: list[str] = []
+    for number, record in enumerate(loaded, start=1):
+        data: dict[str, Any] = {
+            renamed.get(column, column): value
+            for column, value in record.items()
+            if value is not None
+        }
+        try:
+            rows.append(PromptRow.model_validate(data))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "row"
+            errors.append(
+                f"row {number}: {where}: {str(first['msg']).removeprefix('Value error, ')}"
+            )
+            if len(errors) >= MAX_ROW_ERRORS:
+                break
+    if errors:
+        raise TrainerError(
+            f"the saved dataset has rows that are not rows: {'; '.join(errors)}",
+            reason="dataset_invalid",
+        )
+    if not rows:
+        raise TrainerError("the saved dataset has no rows", reason="dataset_invalid")
+    return rows
