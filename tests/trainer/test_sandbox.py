@@ -197,3 +197,29 @@ def test_without_the_seccomp_filter_the_same_calls_get_through() -> None:
             assert (verdict.score, verdict.failure) == (1.0, None), (attack, verdict)
         finally:
             pool.close()
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS), ids=list(ATTACKS))
+def test_an_attack_inside_a_training_job_scores_zero_and_the_job_goes_on(
+    attack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, secret: Path
+) -> None:
+    """The same hostile graders as a job's reward: every sample scores 0, each step counts the
+    failures and reports the first, and the job finishes its steps."""
+    from tests.trainer.test_loop import Recorder, tiny_spec
+    from trainer.loop import train
+
+    for name, value in (("CALL_TIMEOUT_S", "1.5"), ("CPU_S", "1"), ("MEMORY_MB", "256")):
+        monkeypatch.setenv(f"GRPO_SANDBOX_{name}", value)
+    rows = [{"prompt": f"say {w}", "answer": "a", "secret_path": str(secret)} for w in "ab"]
+    spec = tiny_spec(
+        steps=2,
+        grpo={"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4},
+        dataset={"rows": rows},
+        graders=[{"type": "python", "name": "hostile", "source": grader(ATTACKS[attack])}],
+    )
+    rec = Recorder()
+    result = train(spec, rec, output_dir=tmp_path / "run")
+    assert result.final_step == 2
+    for metrics in rec.metrics.values():
+        assert metrics["reward/hostile/errors"] == 4 and metrics["reward/mean"] == 0.0
+    assert len([kind for kind, _, _ in rec.events if kind == "grader"]) == 2
