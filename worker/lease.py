@@ -127,11 +127,18 @@ def end_attempt(
     return True
 
 
-def pause(sessions: sessionmaker[Session], job_id: str, attempt: int, message: str) -> bool:
-    """End a pausing attempt as paused: the lease is released and the attempt is not counted
-    against the job (a pause is not a failure); a resume queues it again, and the next claim
-    continues from its last checkpoint. False (logged) when the attempt no longer holds the
-    lease or the pause was taken back meanwhile."""
+def _hand_back(
+    sessions: sessionmaker[Session],
+    job_id: str,
+    attempt: int,
+    target: JobStatus,
+    message: str,
+    dispatcher: Dispatcher | None = None,
+) -> bool:
+    """Move the job out of this attempt to `target` (paused, or queued and re-sent through
+    `dispatcher` after the commit), releasing the lease without counting the attempt against
+    the job. False (logged) when the attempt no longer holds the lease or the move is not
+    allowed any more."""
     try:
         with session_scope(sessions) as session:
             job = jobs_repo.get(session, job_id=job_id)
@@ -140,15 +147,25 @@ def pause(sessions: sessionmaker[Session], job_id: str, attempt: int, message: s
             transitions.transition(
                 session,
                 job_id,
-                JobStatus.PAUSED,
+                target,
                 attempt=attempt,
                 message=message,
                 values={"lease_owner": None, "max_attempts": job.max_attempts + 1},
             )
+            if dispatcher is not None:
+                send_after_commit(session, dispatcher, job_id=job_id, queue=job.queue)
     except IllegalTransition as exc:
-        log.warning("job %s could not be paused: %s", job_id, exc)
+        log.warning("job %s could not go to %s: %s", job_id, target, exc)
         return False
     return True
+
+
+def pause(sessions: sessionmaker[Session], job_id: str, attempt: int, message: str) -> bool:
+    """End a pausing attempt as paused: the lease is released and the attempt is not counted
+    against the job (a pause is not a failure); a resume queues it again, and the next claim
+    continues from its last checkpoint. False (logged) when the attempt no longer holds the
+    lease or the pause was taken back meanwhile."""
+    return _hand_back(sessions, job_id, attempt, JobStatus.PAUSED, message)
 
 
 def release(
@@ -162,21 +179,4 @@ def release(
         pausing = job is not None and job.status == JobStatus.PAUSING
     if pausing:
         return pause(sessions, job_id, attempt, f"{message.split(';')[0]} while pausing; paused")
-    try:
-        with session_scope(sessions) as session:
-            job = jobs_repo.get(session, job_id=job_id)
-            if job is None:
-                return False
-            transitions.transition(
-                session,
-                job_id,
-                JobStatus.QUEUED,
-                attempt=attempt,
-                message=message,
-                values={"lease_owner": None, "max_attempts": job.max_attempts + 1},
-            )
-            send_after_commit(session, dispatcher, job_id=job_id, queue=job.queue)
-    except IllegalTransition as exc:
-        log.warning("job %s could not be handed back: %s", job_id, exc)
-        return False
-    return True
+    return _hand_back(sessions, job_id, attempt, JobStatus.QUEUED, message, dispatcher)

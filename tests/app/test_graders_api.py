@@ -8,21 +8,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Api
-
-MULTI = {
-    "type": "multi",
-    "name": "Arithmetic",
-    "graders": {
-        "correct": {
-            "type": "string_check",
-            "input": "{{ sample.output_text }}",
-            "reference": "{{ item.answer }}",
-            "operation": "like",
-        },
-        "format": {"type": "regex", "pattern": "^[0-9]+$"},
-    },
-    "calculate_output": "0.7 * correct + 0.3 * format",
-}
+from tests.trainer.test_graders_openai import MULTI
 
 
 def run(api: Api, grader: dict[str, Any], sample: str, item: dict[str, Any]) -> Any:

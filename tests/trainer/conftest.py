@@ -50,8 +50,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.process)
 
 
-def tiny_llama(vocab_size: int) -> LlamaForCausalLM:
-    """A seeded 2-layer random Llama in float32 and eval mode (no hub, no tokenizer)."""
+def tiny_llama(vocab_size: int, **config_overrides: object) -> LlamaForCausalLM:
+    """A seeded 2-layer random Llama in float32 and eval mode (no hub, no tokenizer);
+    ``config_overrides`` change its LlamaConfig (e.g. attention_dropout)."""
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -65,6 +66,7 @@ def tiny_llama(vocab_size: int) -> LlamaForCausalLM:
         # wrong position, token or row would show up well above the tolerance.
         initializer_range=0.3,
         pad_token_id=0,
+        **config_overrides,
     )
     model = LlamaForCausalLM(config).float()
     model.eval()  # no dropout in Llama, but make it explicit

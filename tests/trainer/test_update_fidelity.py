@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from tests.trainer.conftest import tiny_llama
 from trainer.config import GRPOSpec
@@ -21,20 +21,7 @@ VOCAB = 40
 
 
 def _llama_with_dropout() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attention_dropout=0.5,
-        initializer_range=0.3,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(config).float()
+    return tiny_llama(VOCAB, attention_dropout=0.5)
 
 
 def _batch(rows: int = 4) -> Batch:

@@ -194,24 +194,30 @@ def _template(value: str) -> str:
         raise ValueError(str(exc)) from None
 
 
-class StringCheckGrader(GraderSpecBase):
+class _ComparesTexts(GraderSpecBase):
+    """A grader that compares two templates: ``input`` (the completion by default) against
+    ``reference`` (OpenAI's field names)."""
+
+    input: str = Field(
+        default=_OUTPUT_TEXT,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Template of the text graded, e.g. {{ sample.output_text }}.",
+    )
+    reference: str = Field(
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Template of the text it is compared with, e.g. {{ item.answer }}.",
+    )
+
+    _templates = field_validator("input", "reference")(_template)
+
+
+class StringCheckGrader(_ComparesTexts):
     """OpenAI's string_check: 1.0 when ``input`` and ``reference`` (both templates) compare as
     ``operation`` says: eq (equal), ne (not equal), like (reference contained in input), ilike
     (the same, ignoring case)."""
 
     type: Literal["string_check"]
-    input: str = Field(
-        default=_OUTPUT_TEXT,
-        max_length=MAX_TEMPLATE_CHARS,
-        description="Template of the text checked, e.g. {{ sample.output_text }}.",
-    )
-    reference: str = Field(
-        max_length=MAX_TEMPLATE_CHARS,
-        description="Template of the text compared with, e.g. {{ item.answer }}.",
-    )
     operation: Literal["eq", "ne", "like", "ilike"] = Field(description="How they compare.")
-
-    _templates = field_validator("input", "reference")(_template)
 
 
 SIMILARITY_METRICS = (
@@ -227,19 +233,13 @@ SIMILARITY_METRICS = (
 )
 
 
-class TextSimilarityGrader(GraderSpecBase):
+class TextSimilarityGrader(_ComparesTexts):
     """OpenAI's text_similarity: the similarity of ``input`` to ``reference`` in [0, 1] by
     ``evaluation_metric`` (fuzzy_match: rapidfuzz's normalised ratio; bleu: sacrebleu's sentence
     BLEU / 100; gleu: NLTK's sentence GLEU over whitespace tokens; rouge_1..5 and rouge_l: the
     rouge-score F-measure)."""
 
     type: Literal["text_similarity"]
-    input: str = Field(
-        default=_OUTPUT_TEXT, max_length=MAX_TEMPLATE_CHARS, description="Template of the text."
-    )
-    reference: str = Field(
-        max_length=MAX_TEMPLATE_CHARS, description="Template of the reference text."
-    )
     evaluation_metric: Literal[
         "fuzzy_match",
         "bleu",
@@ -265,8 +265,6 @@ class TextSimilarityGrader(GraderSpecBase):
             "the threshold."
         ),
     )
-
-    _templates = field_validator("input", "reference")(_template)
 
 
 class MultiGrader(GraderSpecBase):
