@@ -18,6 +18,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from trainer.rollout.colocation import head_chunk_rows_for
+
 
 def _scaled(logits: Tensor, temperature: float) -> Tensor:
     """Upcast half-precision logits and divide by the sampling temperature."""
@@ -190,7 +192,11 @@ def completion_logprobs(
     decoder, lm_head = _decoder_and_head(model)
     if chunk_size is None:
         weight = getattr(lm_head, "weight", None)
-        chunk_size = head_chunk_rows(int(weight.shape[0]) if weight is not None else 65_536)
+        vocab = int(weight.shape[0]) if weight is not None else 65_536
+        # On a GPU the chunk follows what is free there (trainer.rollout.colocation); on CPU
+        # the fixed 16M-logit chunk, measured as fast as larger ones.
+        free = torch.cuda.mem_get_info(input_ids.device)[0] if input_ids.is_cuda else None
+        chunk_size = head_chunk_rows_for(vocab, free_bytes=free, cpu_rows=head_chunk_rows(vocab))
 
     # Left padding shifts every real token right; positions must count real tokens only.
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)

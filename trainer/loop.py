@@ -426,6 +426,8 @@ class _Run:
         shaped = shaped_rewards(col.kept, batch, spec)
         metrics["time/reward"] += time.perf_counter() - clock
 
+        # The update needs the device memory the engine's KV cache holds (GPU sleep mode).
+        level = self._engine_sleeps()
         clock = time.perf_counter()
         with_old = needs_old_logprobs(spec, batch.size)
         scored = score_logprobs(
@@ -455,11 +457,25 @@ class _Run:
         )
         metrics["time/update"] = time.perf_counter() - clock
 
-        # Only an applied update changed the weights the engine generates with.
+        # Only an applied update changed the weights the engine generates with; an engine
+        # that dropped its weights to sleep (level 2) needs them back either way.
         applied = stats.updates > stats.skipped
-        metrics["time/weight_sync"] = self.engine.sync_weights(self.model) if applied else 0.0
+        wake = getattr(self.engine, "wake", None)
+        if callable(wake):
+            wake()
+        must_sync = applied or level == 2
+        metrics["time/weight_sync"] = self.engine.sync_weights(self.model) if must_sync else 0.0
         metrics.update(update_step_metrics(stats, adv, batch, scored, pre, spec))
         return advantages_by_group(adv, len(col.kept), spec.group_size)
+
+    def _engine_sleeps(self) -> int | None:
+        """Put a sleep-capable engine (vLLM on a GPU) to sleep for the update; its level."""
+        plan = self.started.colocation if self.started is not None else None
+        sleep = getattr(self.engine, "sleep", None)
+        if plan is None or plan.sleep_level is None or not callable(sleep):
+            return None
+        sleep(plan.sleep_level)
+        return plan.sleep_level
 
     def _evaluate(self, step: int) -> float:
         assert self.engine is not None

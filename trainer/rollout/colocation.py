@@ -1,0 +1,111 @@
+"""The trainer and vLLM on one GPU: how much of the device the engine may take, and when it
+sleeps.
+
+vLLM's ``gpu_memory_utilization`` is a fraction of the device's TOTAL memory that the engine
+may use for everything it holds (weights, activations, KV cache), and vLLM refuses to start
+when less than that is free. The trainer places its policy (and reference) first, so the share
+has to come from what is free then, less what the update will still allocate (gradients,
+optimizer state on the first step, activations):
+
+    share = (free - update_reserve) * (1 - margin) / total
+
+A share below :data:`MIN_ENGINE_SHARE` means the job does not fit on this device; that is an
+error naming the fix (a smaller micro-batch, LoRA, or ``rollout.gpu_memory_utilization``), not
+a vLLM crash at start-up. ``rollout.gpu_memory_utilization`` overrides the derived share.
+
+Sleep mode (CUDA only: vLLM refuses it on CPU): during the update the engine releases its KV
+cache (level 1 also moves the weights to host memory, level 2 drops them). The run pushes every
+weight after each update anyway (merged sync), so level 2 is right then; with a LoRA adapter
+hot-swap the base weights must survive, so level 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = [
+    "MIN_ENGINE_SHARE",
+    "Colocation",
+    "engine_memory_share",
+    "head_chunk_rows_for",
+    "sleep_level",
+    "update_reserve_bytes",
+]
+
+MIN_ENGINE_SHARE = 0.05
+DEFAULT_MARGIN = 0.10  # allocator fragmentation and CUDA context: kept free
+# Activations of one micro-batch, in units of (tokens x hidden x layers) elements: with
+# gradient checkpointing a layer's input is kept per layer plus one layer's worth recomputed
+# (~2 + the MLP's 4x intermediate); without it every intermediate of every layer (~34 for a
+# Llama block in float32 is the usual estimate). Estimates, hence the margin.
+ACTIVATION_FACTOR = {True: 6, False: 34}
+
+
+class DoesNotFit(ValueError):
+    """The trainer leaves too little of the device for the rollout engine."""
+
+
+def update_reserve_bytes(
+    *,
+    trainable_params: int,
+    micro_batch_tokens: int,
+    hidden_size: int,
+    layers: int,
+    gradient_checkpointing: bool,
+    optimizer_allocated: bool,
+) -> int:
+    """What the update still allocates once the models are placed: float32 gradients (4 bytes
+    a trainable parameter), AdamW's two float32 moments (8 bytes, on the first step only:
+    ``optimizer_allocated`` False), and one micro-batch's activations (float32)."""
+    grads = 4 * trainable_params
+    adam = 0 if optimizer_allocated else 8 * trainable_params
+    elements = micro_batch_tokens * hidden_size * layers
+    activations = 4 * elements * ACTIVATION_FACTOR[gradient_checkpointing]
+    return grads + adam + activations
+
+
+def engine_memory_share(
+    *, total_bytes: int, free_bytes: int, reserve_bytes: int, margin: float = DEFAULT_MARGIN
+) -> float:
+    """vLLM's ``gpu_memory_utilization``: the fraction of the device's total memory the engine
+    may take, from what is free after the trainer placed its models (module docstring).
+    DoesNotFit when it would be under :data:`MIN_ENGINE_SHARE`."""
+    if total_bytes <= 0 or not 0 <= margin < 1:
+        raise ValueError("total_bytes must be positive and margin in [0, 1)")
+    share = max(0, free_bytes - reserve_bytes) * (1 - margin) / total_bytes
+    if share < MIN_ENGINE_SHARE:
+        raise DoesNotFit(
+            f"the trainer leaves {share:.1%} of the device for the rollout engine "
+            f"({free_bytes / 2**30:.1f} GiB free, {reserve_bytes / 2**30:.1f} GiB kept for the "
+            "update): use a smaller micro_batch_size, LoRA, bfloat16, or set "
+            "rollout.gpu_memory_utilization"
+        )
+    return min(share, 0.95)
+
+
+def head_chunk_rows_for(
+    vocab_size: int, *, free_bytes: int | None, cpu_rows: int, fraction: float = 0.05
+) -> int:
+    """Rows per output-head chunk: on CPU (``free_bytes`` None) ``cpu_rows``; on a device, as
+    many [rows, V] float32 logits (and about three temporaries of the same size) as fit in
+    ``fraction`` of its free memory, at least 16 and at most 8192 rows."""
+    if free_bytes is None:
+        return cpu_rows
+    per_row = 4 * 4 * max(1, vocab_size)
+    return max(16, min(8192, math.floor(free_bytes * fraction / per_row)))
+
+
+def sleep_level(lora_sync: str) -> int:
+    """2 (drop the weights) when every weight is pushed after each update; 1 (keep them in host
+    memory) when only an adapter is, and the base must survive the sleep."""
+    return 1 if lora_sync == "adapter" else 2
+
+
+@dataclass(frozen=True)
+class Colocation:
+    """What the run decided for its engine on this device (for its ``engine`` event)."""
+
+    gpu_memory_utilization: float | None  # None on CPU
+    derived: bool  # False when rollout.gpu_memory_utilization set it
+    sleep_level: int | None  # None: no sleep mode (CPU, or turned off)
