@@ -86,6 +86,13 @@ class Settings(BaseSettings):
             "name a datasets folder (save_to_disk); empty: none. Mount them on the API too."
         ),
     )
+    allow_hub_datasets: bool = Field(
+        default=True,
+        description=(
+            "Whether dataset.saved_dataset.hub_id may name a Hub dataset repo, read from the "
+            "workers' Hugging Face cache. Set it on the API and the workers: both check."
+        ),
+    )
     allow_hub_models: bool = Field(
         default=True,
         description=(

@@ -17,18 +17,50 @@ from pydantic import ValidationError
 from trainer.config import MAX_INLINE_ROWS, PromptRow, SavedDataset
 from trainer.errors import TrainerError
 
-__all__ = ["saved_dataset_rows"]
+__all__ = ["hub_dataset_folder", "saved_dataset_rows"]
 
 MAX_ROW_ERRORS = 20
 
 
+def hub_dataset_folder(repo_id: str, revision: str | None) -> Path:
+    """The snapshot folder of the Hub dataset ``repo_id`` in this worker's Hugging Face cache
+    (downloaded first when the Hub may be contacted). TrainerError ``dataset_not_cached`` when
+    it is not there, naming the command that puts it there."""
+    from huggingface_hub import snapshot_download
+
+    from trainer.hub import hub_cache_dir, hub_offline
+
+    rev = revision or "main"
+    try:
+        return Path(
+            snapshot_download(
+                repo_id,
+                repo_type="dataset",
+                revision=rev,
+                cache_dir=hub_cache_dir(),
+                local_files_only=hub_offline(),
+            )
+        )
+    except Exception as exc:  # not cached, not on the Hub, unreachable: the same advice
+        raise TrainerError(
+            f"dataset {repo_id} (revision {rev}) is not in this worker's Hugging Face cache "
+            f"({type(exc).__name__}). Pre-fetch it: `HF_HOME=<the worker's HF_HOME> hf download "
+            f"{repo_id} --repo-type dataset --revision {rev}`, then run the job again.",
+            reason="dataset_not_cached",
+        ) from None
+
+
 def saved_dataset_rows(source: SavedDataset, folder: Path) -> list[PromptRow]:
-    """The rows of ``source`` (its split, its column mapping), read from ``folder``.
-    TrainerError (reason ``dataset_invalid``) for a missing split or column, too many rows, or
-    records that are not rows (the first ones listed by number)."""
+    """The rows of ``source`` (its split, its column mapping), read from ``folder`` (a
+    ``save_to_disk`` folder, or a Hub dataset's snapshot). TrainerError (reason
+    ``dataset_invalid``) for a missing split or column, too many rows, or records that are not
+    rows (the first ones listed by number)."""
     import datasets  # pyarrow, pandas: only when a job reads a saved dataset
 
-    loaded = datasets.load_from_disk(str(folder))
+    if source.hub_id is not None:  # a repo's data files (parquet, jsonl, csv), built locally
+        loaded = datasets.load_dataset(str(folder))
+    else:
+        loaded = datasets.load_from_disk(str(folder))
     if isinstance(loaded, datasets.DatasetDict):
         if source.split not in loaded:
             splits = ", ".join(sorted(loaded)) or "none"

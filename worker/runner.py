@@ -41,7 +41,7 @@ from trainer.callbacks import Callbacks
 from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from trainer.errors import ModelNotAllowed, TrainerError
 from trainer.model_paths import allowed_dataset_folder, dataset_refusal
-from trainer.saved_datasets import saved_dataset_rows
+from trainer.saved_datasets import hub_dataset_folder, saved_dataset_rows
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper, end_attempt, pause, release
 from worker.progress import DatabaseCallbacks, LeaseLost
@@ -89,7 +89,15 @@ def load_spec(ctx: WorkerContext, job: Job) -> JobSpec:
     """The stored spec, with an uploaded file or a saved dataset resolved into inline rows."""
     spec = JobSpec.model_validate(job.spec)
     saved = spec.dataset.saved_dataset
-    if saved is not None:
+    if saved is not None and saved.hub_id is not None:
+        if not ctx.settings.allow_hub_datasets:
+            raise TrainerError(
+                "this worker reads no Hub datasets (GRPO_ALLOW_HUB_DATASETS)",
+                reason="dataset_not_allowed",
+            )
+        rows = saved_dataset_rows(saved, hub_dataset_folder(saved.hub_id, saved.revision))
+        return spec.model_copy(update={"dataset": spec.dataset.with_rows(rows)})
+    if saved is not None and saved.path is not None:
         settings = ctx.settings
         forbidden = [settings.data_dir, settings.resolved_checkpoint_dir]
         folder = allowed_dataset_folder(saved.path, settings.dataset_root_list, forbidden)

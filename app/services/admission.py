@@ -61,9 +61,17 @@ def _admit_dataset(spec: JobSpec, settings: Settings) -> None:
     source = getattr(dataset, "saved_dataset", None)
     if source is None:
         return
+    if source.hub_id is not None:
+        if not settings.allow_hub_datasets:
+            raise InvalidRequest(
+                "this service reads no datasets from the Hugging Face Hub; save it to a folder "
+                "under its dataset roots, or upload it (POST /v1/files)",
+                param="dataset.saved_dataset.hub_id",
+            )
+        return
     roots = settings.dataset_root_list
     forbidden = [settings.data_dir, settings.resolved_checkpoint_dir]
-    if allowed_dataset_folder(source.path, roots, forbidden) is None:
+    if allowed_dataset_folder(source.path or "", roots, forbidden) is None:
         raise InvalidRequest(
             dataset_refusal(has_roots=bool(roots)), param="dataset.saved_dataset.path"
         )

@@ -65,3 +65,48 @@ def test_only_folders_saved_under_the_roots_are_read(saved: Path, tmp_path: Path
     plain = tmp_path / "roots" / "not-a-dataset"
     plain.mkdir()
     assert allowed_dataset_folder(str(plain), roots) is None
+
+
+def _hub_cache_with_a_dataset(home: Path) -> None:
+    """A real Hugging Face hub-cache layout holding the dataset repo acme/qa (a parquet file
+    under data/, as the Hub stores datasets), as `hf download --repo-type dataset` leaves it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    commit = "c" * 40
+    repo = home / "hub" / "datasets--acme--qa"
+    data = repo / "snapshots" / commit / "data"
+    data.mkdir(parents=True)
+    table = pa.table({"question": ["1+1?", "2+2?"], "solution": ["2", "4"]})
+    pq.write_table(table, data / "train-00000-of-00001.parquet")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+
+
+def test_a_hub_dataset_is_read_from_the_workers_cache_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.saved_datasets import hub_dataset_folder
+
+    home = tmp_path / "hf"
+    _hub_cache_with_a_dataset(home)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    source = SavedDataset(hub_id="acme/qa", columns={"prompt": "question", "answer": "solution"})
+    rows = saved_dataset_rows(source, hub_dataset_folder("acme/qa", None))
+    assert [r.item for r in rows] == [
+        {"prompt": "1+1?", "answer": "2"},
+        {"prompt": "2+2?", "answer": "4"},
+    ]
+    with pytest.raises(TrainerError, match="hf download acme/other --repo-type dataset"):
+        hub_dataset_folder("acme/other", None)
+
+
+def test_a_saved_dataset_is_a_folder_or_a_hub_id() -> None:
+    from pydantic import ValidationError
+
+    for bad in ({}, {"path": "/x", "hub_id": "a/b"}, {"hub_id": "no-slash"}, {"path": "/x", "revision": "v1"}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            SavedDataset.model_validate(bad)

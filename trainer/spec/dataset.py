@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from trainer.spec.base import MAX_INLINE_ROWS, MAX_SEED, MAX_TEXT_CHARS, StrictModel, text_problem
+from trainer.spec.model_source import hub_repo_id_problem, revision_problem
 
 __all__ = [
     "ArithmeticGenerator",
@@ -195,11 +196,24 @@ _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_ .\-]{0,127}$")
 
 
 class SavedDataset(StrictModel):
-    """A Hugging Face ``datasets`` dataset saved with ``save_to_disk``, in a folder under one of
-    the operator's dataset roots (``GRPO_DATASET_ROOTS``; the API and the worker check it)."""
+    """A Hugging Face ``datasets`` dataset: saved with ``save_to_disk`` in a folder under one of
+    the operator's dataset roots (``path``; ``GRPO_DATASET_ROOTS``, the API and the worker check
+    it), or a Hub dataset repo in the workers' Hugging Face cache (``hub_id``, when the operator
+    allows Hub datasets)."""
 
-    path: str = Field(
-        min_length=1, max_length=1000, description="Absolute path of the saved dataset's folder."
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="Absolute path of the saved dataset's folder.",
+    )
+    hub_id: str | None = Field(
+        default=None,
+        max_length=200,
+        description="A Hub dataset repo id (owner/name), read from the workers' cache.",
+    )
+    revision: str | None = Field(
+        default=None, max_length=200, description="The Hub dataset's branch, tag or commit."
     )
     split: str = Field(
         default="train",
@@ -217,6 +231,16 @@ class SavedDataset(StrictModel):
 
     @model_validator(mode="after")
     def _names(self) -> SavedDataset:
+        if (self.path is None) == (self.hub_id is None):
+            raise ValueError("give exactly one of path (a saved folder) or hub_id (owner/name)")
+        if self.hub_id is not None:
+            problem = hub_repo_id_problem(self.hub_id)
+            if problem:
+                raise ValueError(f"hub_id: {problem}")
+        if self.revision is not None:
+            problem = revision_problem(self.revision) if self.hub_id else "needs a hub_id"
+            if problem:
+                raise ValueError(f"revision: {problem}")
         for field_name, column in self.columns.items():
             if not _FIELD_NAME.match(field_name) or not _COLUMN.match(column):
                 raise ValueError(
