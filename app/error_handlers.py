@@ -1,71 +1,32 @@
-"""One error shape everywhere: {"error": {"type", "message", "param", "details"}}."""
+"""One error shape everywhere: {"error": {"type", "message", "param", "code", "details"}}.
+
+`code` is the specific machine-readable reason (`quota_exceeded`, `invalid_state`,
+`invalid_value`...); `type` its class. The shape is OpenAI's, so the `openai` SDK reads
+`param`, `code` and `type` off our errors. Under the OpenAI-compatible paths
+(`is_openai_path`) an invalid request is a 400, as OpenAI answers (the SDK's BadRequestError),
+where the native API answers 422, and `type` takes OpenAI's class names."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Annotated, Any, get_args, get_origin
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import ApiError, TooManyRequests
-from trainer.config import JobSpec
+from app.field_paths import field_path
 
 log = logging.getLogger(__name__)
 
-_LOCATIONS = {"body", "query", "path", "header", "cookie"}
 # What a 503 for an unreachable database asks clients to wait: a restart takes seconds.
 UNAVAILABLE_RETRY_AFTER_S = 2
 
-
-def discriminated_union_tags(model: type[BaseModel]) -> frozenset[str]:
-    """The tags of every discriminated union reachable from ``model``'s fields (nested models,
-    lists and Annotated[..., Field(discriminator=...)] included): the values of each member's
-    ``Literal`` discriminator field."""
-    tags: set[str] = set()
-    seen: set[type[BaseModel]] = set()
-
-    def visit(tp: Any, discriminator: str | None) -> None:
-        if isinstance(tp, type) and issubclass(tp, BaseModel):
-            if tp not in seen:
-                seen.add(tp)
-                for field in tp.model_fields.values():
-                    disc = field.discriminator
-                    visit(field.annotation, disc if isinstance(disc, str) else None)
-            return
-        if get_origin(tp) is Annotated:
-            base, *metadata = get_args(tp)
-            for meta in metadata:
-                if isinstance(meta, FieldInfo) and isinstance(meta.discriminator, str):
-                    discriminator = meta.discriminator
-            visit(base, discriminator)
-            return
-        for member in get_args(tp):
-            if (
-                discriminator is not None
-                and isinstance(member, type)
-                and issubclass(member, BaseModel)
-                and discriminator in member.model_fields
-            ):
-                tag_type = member.model_fields[discriminator].annotation
-                tags.update(v for v in get_args(tag_type) if isinstance(v, str))
-            visit(member, None)
-
-    visit(model, None)
-    return frozenset(tags)
-
-
-# Discriminated unions put the tag in the error location (graders.0.regex.pattern); users wrote
-# graders[0].pattern, so the tag is dropped from the path we report. Derived from the job spec,
-# so a new grader type needs no change here.
-_UNION_TAGS = discriminated_union_tags(JobSpec)
 
 _STATUS_TYPES = {
     401: "authentication_error",
@@ -84,30 +45,44 @@ _STATUS_TYPES = {
 _BODY_PARSE_DETAIL = "There was an error parsing the body"
 
 
-def field_path(loc: Sequence[Any]) -> str:
-    parts = list(loc)
-    if parts and parts[0] in _LOCATIONS:
-        parts = parts[1:]
-    out = ""
-    previous: Any = None
-    for part in parts:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif isinstance(previous, int) and part in _UNION_TAGS:
-            pass
-        else:
-            out += ("." if out else "") + str(part)
-        previous = part
-    return out or "body"
+# Paths whose clients are OpenAI's SDKs: files and the fine-tuning API.
+OPENAI_PREFIXES = ("/v1/fine_tuning/", "/v1/files/")
+# OpenAI's error classes by status (the SDK picks its exception by status; `type` is the class).
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+# A final refusal (the state rules it out): the SDK would retry a 409 unless told not to.
+NO_RETRY_CODES = frozenset({"invalid_state"})
+
+
+def is_openai_path(path: str) -> bool:
+    """A path of the OpenAI-compatible surface (files, /v1/fine_tuning/...)."""
+    return path == "/v1/files" or path.startswith(OPENAI_PREFIXES)
 
 
 def error_response(
-    status: int, error_type: str, message: str, param: str | None = None, details: Any = None
+    status: int,
+    error_type: str,
+    message: str,
+    param: str | None = None,
+    details: Any = None,
+    *,
+    code: str | None = None,
+    path: str = "",
 ) -> JSONResponse:
-    body: dict[str, Any] = {"type": error_type, "message": message, "param": param}
+    """The error body (`code` defaults to `error_type`); under an OpenAI path, 422 becomes 400
+    and `type` OpenAI's class for the status."""
+    code = code or error_type
+    if path and is_openai_path(path):
+        status = 400 if status == 422 else status
+        error_type = _OPENAI_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+    body: dict[str, Any] = {"type": error_type, "message": message, "param": param, "code": code}
     if details is not None:
         body["details"] = details
-    return JSONResponse({"error": body}, status_code=status)
+    response = JSONResponse({"error": body}, status_code=status)
+    if code in NO_RETRY_CODES:
+        response.headers["x-should-retry"] = "false"
+    return response
 
 
 def _validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
@@ -126,22 +101,39 @@ def _validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
             # The error sits on the union; the field the user got wrong is its tag.
             tag = str((err.get("ctx") or {}).get("discriminator", "type")).strip("'\"")
             path = f"{path}.{tag}"
-        details.append({"param": path, "message": message})
-    return details
+        details.append({"param": path, "message": message, "literal": _is_literal(err)})
+    # A value refused by every member of `"auto" | int`: the member that explains it is the
+    # number's bound, not "should be 'auto'".
+    explained = {d["param"] for d in details if not d["literal"]}
+    return [
+        {"param": d["param"], "message": d["message"]}
+        for d in details
+        if not (d["literal"] and d["param"] in explained)
+    ]
+
+
+def _is_literal(err: Any) -> bool:
+    return any(isinstance(p, str) and p.startswith("literal[") for p in err.get("loc", ()))
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         response = error_response(
-            exc.status_code, exc.error_type, exc.message, exc.param, exc.details
+            exc.status_code,
+            exc.error_type,
+            exc.message,
+            exc.param,
+            exc.details,
+            code=exc.code,
+            path=request.url.path,
         )
         if isinstance(exc, TooManyRequests):
             response.headers["Retry-After"] = str(exc.retry_after)
         return response
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         details = _validation_details(exc.errors())
         first = details[0] if details else {"param": "body", "message": "invalid request"}
         return error_response(
@@ -150,10 +142,12 @@ def install(app: FastAPI) -> None:
             f"{first['param']}: {first['message']}",
             first["param"],
             details,
+            code="invalid_value",
+            path=request.url.path,
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error_type = _STATUS_TYPES.get(exc.status_code, "http_error")
         if exc.status_code == 400 and exc.detail == _BODY_PARSE_DETAIL:
             # FastAPI's answer when reading the body raised (JSON nested past the recursion
@@ -163,16 +157,23 @@ def install(app: FastAPI) -> None:
                 "invalid_request_error",
                 "body: could not be parsed (malformed, or nested too deeply)",
                 "body",
+                code="invalid_value",
+                path=request.url.path,
             )
-        response = error_response(exc.status_code, error_type, str(exc.detail))
+        response = error_response(
+            exc.status_code, error_type, str(exc.detail), path=request.url.path
+        )
         for name, value in (exc.headers or {}).items():
             response.headers[name] = value
         return response
 
-    async def _unavailable(_: Request, exc: Exception) -> JSONResponse:
+    async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database unavailable: %s", exc)
         response = error_response(
-            503, "service_unavailable", "the database is unavailable; retry shortly"
+            503,
+            "service_unavailable",
+            "the database is unavailable; retry shortly",
+            path=request.url.path,
         )
         response.headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER_S)
         return response
@@ -181,6 +182,6 @@ def install(app: FastAPI) -> None:
         app.add_exception_handler(exc_type, _unavailable)
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
-        return error_response(500, "internal_error", "internal server error")
+        return error_response(500, "internal_error", "internal server error", path=request.url.path)

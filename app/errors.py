@@ -9,6 +9,8 @@ from typing import Any
 class ApiError(Exception):
     status_code = 400
     error_type = "invalid_request_error"
+    # The specific reason in the body's `code` (default: error_type).
+    code: str | None = None
 
     def __init__(
         self, message: str, *, param: str | None = None, details: list[Any] | None = None
@@ -21,6 +23,7 @@ class ApiError(Exception):
 
 class InvalidRequest(ApiError):
     status_code = 422
+    code = "invalid_value"
 
 
 class Unauthorized(ApiError):
@@ -36,6 +39,12 @@ class NotFound(ApiError):
 class Conflict(ApiError):
     status_code = 409
     error_type = "conflict"
+
+
+class FileInUse(Conflict):
+    """A file a job that has not ended still reads."""
+
+    error_type = "file_in_use"
 
 
 class Gone(ApiError):

@@ -96,6 +96,9 @@ class Job(Base):
     last_metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     step_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     run_started_step: Mapped[int] = mapped_column(Integer, default=0)
+    # Set for jobs created through /v1/fine_tuning/jobs: the request's own words (model as
+    # named, suffix, hyperparameters with what "auto" resolved to); app.services.fine_tuning.
+    openai: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_jobs_project_id_id", "project_id", "id"),)
 

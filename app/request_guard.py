@@ -75,6 +75,8 @@ class RejectNul:
                     "invalid_request_error",
                     f"{param} must not contain NUL characters (\\u0000)",
                     param,
+                    code="invalid_value",
+                    path=scope.get("path", ""),
                 )
                 await response(scope, receive, send)
                 return

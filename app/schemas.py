@@ -13,6 +13,10 @@ class ErrorBody(BaseModel):
     type: str = Field(description="Machine-readable error class.")
     message: str = Field(description="What went wrong, for people.")
     param: str | None = Field(default=None, description="Path of the offending field, if any.")
+    code: str | None = Field(
+        default=None,
+        description="The specific reason (invalid_value, quota_exceeded, invalid_state, ...).",
+    )
     details: list[Any] | None = Field(default=None, description="Every problem found, if several.")
 
 
@@ -105,13 +109,36 @@ class ValidationResult(BaseModel):
 
 
 class FileOut(BaseModel):
+    """OpenAI's file object (openai-python's FileObject), plus the row count."""
+
     object: Literal["file"] = "file"
     id: str
-    filename: str
-    purpose: str
     bytes: int
-    row_count: int
-    created_at: datetime
+    created_at: int = Field(description="Unix seconds.")
+    filename: str
+    purpose: str = Field(
+        description="`train` or `fine-tune` (uploads), `fine-tune-results` (a job's metrics)."
+    )
+    status: Literal["processed"] = Field(
+        default="processed", description="Every row is validated at upload: always processed."
+    )
+    expires_at: int | None = None
+    status_details: str | None = None
+    row_count: int = Field(description="Rows of an upload; steps of a result file.")
+
+
+class FileList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FileOut]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: Literal[True] = True
 
 
 class Health(BaseModel):

@@ -108,6 +108,19 @@ class Settings(BaseSettings):
         ),
     )
 
+    # ---- the OpenAI-compatible fine-tuning API (docs/openai-compat.md)
+    openai_models: dict[str, str] = Field(
+        default_factory=lambda: {
+            "o4-mini": "smollm2-135m-instruct",
+            "o4-mini-2025-04-16": "smollm2-135m-instruct",
+        },
+        description=(
+            "JSON: OpenAI model names a /v1/fine_tuning job may give -> the model it trains "
+            "here (any `model` a native job may name). Names not listed are taken as native "
+            "model names."
+        ),
+    )
+
     # ---- fair use: one tenant must never starve another
     rate_limit_per_minute: int = Field(
         default=600, ge=1, description="Requests per API key per minute (429 beyond)."

@@ -16,6 +16,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from trainer.spec.adaptation import ALL_LINEAR, LoraSpec, TrainingDtype
 from trainer.spec.base import (
+    MAX_HOLDOUT_ROWS,
     MAX_INLINE_ROWS,
     MAX_SEED,
     MAX_STEPS,
@@ -83,6 +84,7 @@ __all__ = [
     "GRADER_SPECS",
     "GRADER_TYPES",
     "MAX_COMPLETIONS_PER_UPDATE",
+    "MAX_HOLDOUT_ROWS",
     "MAX_INLINE_ROWS",
     "MAX_LENGTH_CHARS",
     "MAX_PATTERN_CHARS",

@@ -423,6 +423,12 @@ class _Run:
         assert self.engine is not None
         clock = time.perf_counter()
         batch = pack_groups(col.kept, spec, self.device)
+        # Prompt and completion tokens of the batch, once per update pass over it: what the
+        # step trained on (the OpenAI view's trained_tokens sums it over steps).
+        metrics["tokens/trained"] = float(
+            spec.num_iterations
+            * sum(len(p) + len(c) for p, c in zip(batch.prompts, batch.completions, strict=True))
+        )
         shaped = shaped_rewards(col.kept, batch, spec)
         metrics["time/reward"] += time.perf_counter() - clock
 

@@ -22,7 +22,9 @@ rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen es
 ``mismatch/ratio_mean``, ``mismatch/ratio_max`` and ``mismatch/capped_frac`` (the engine
 against the trainer's pi_old, see ``trainer.sampler_correction``), over the completions
 trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
-``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``;
+``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``; ``tokens/trained``
+(prompt plus completion tokens of the batch trained on, times num_iterations; absent on a step
+with nothing to train on);
 ``data/skipped_prompts`` (dataset rows the run skipped because their formatted prompt is longer
 than ``max_prompt_tokens``: the same value every step, 0 when none; a ``dataset`` event lists
 them by row number, see ``trainer.data.prompts_for_run``); ``eval/accuracy`` on

@@ -86,8 +86,28 @@ def load_trainer() -> Train:
 
 
 def load_spec(ctx: WorkerContext, job: Job) -> JobSpec:
-    """The stored spec, with an uploaded file or a saved dataset resolved into inline rows."""
-    spec = JobSpec.model_validate(job.spec)
+    """The stored spec, with an uploaded file or a saved dataset resolved into inline rows, and
+    a validation file's rows appended as the held-out set."""
+    spec = _with_training_rows(ctx, JobSpec.model_validate(job.spec))
+    validation_id = spec.dataset.validation_file_id
+    if validation_id is None:
+        return spec
+    dataset = spec.dataset
+    if dataset.rows is None:  # a generator: its rows, inline
+        dataset = dataset.with_rows(dataset.all_rows())
+    rows = _file_rows(ctx, validation_id)
+    return spec.model_copy(update={"dataset": dataset.with_validation_rows(rows)})
+
+
+def _file_rows(ctx: WorkerContext, file_id: str) -> list[PromptRow]:
+    with session_scope(ctx.sessions) as session:
+        file = files_repo.get(session, file_id=file_id)
+        if file is None:
+            raise TrainerError(f"dataset file {file_id} no longer exists", reason="file_missing")
+        return [PromptRow.model_validate(r) for r in file.rows]
+
+
+def _with_training_rows(ctx: WorkerContext, spec: JobSpec) -> JobSpec:
     saved = spec.dataset.saved_dataset
     if saved is not None and saved.hub_id is not None:
         if not ctx.settings.allow_hub_datasets:
@@ -111,11 +131,7 @@ def load_spec(ctx: WorkerContext, job: Job) -> JobSpec:
     file_id = spec.dataset.file_id
     if file_id is None:
         return spec
-    with session_scope(ctx.sessions) as session:
-        file = files_repo.get(session, file_id=file_id)
-        if file is None:
-            raise TrainerError(f"dataset file {file_id} no longer exists", reason="file_missing")
-        rows = [PromptRow.model_validate(r) for r in file.rows]
+    rows = _file_rows(ctx, file_id)
     return spec.model_copy(update={"dataset": spec.dataset.with_rows(rows)})
 
 

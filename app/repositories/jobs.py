@@ -8,6 +8,7 @@ creation under load")."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -59,11 +60,15 @@ def list_page(
     after: str | None,
     limit: int,
     statuses: list[str] | None,
+    metadata: dict[str, str] | None = None,
 ) -> tuple[list[Job], bool]:
-    """Newest first. `after` is the last id of the previous page; ids are time-ordered."""
+    """Newest first. `after` is the last id of the previous page; ids are time-ordered.
+    `metadata`: only jobs whose spec's metadata has each key with that value."""
     query = select(Job).where(Job.project_id == project_id)
     if statuses:
         query = query.where(Job.status.in_(statuses))
+    for key, value in (metadata or {}).items():
+        query = query.where(Job.spec["metadata"][key].as_string() == value)
     if after:
         query = query.where(Job.id < after)
     rows = list(session.scalars(query.order_by(Job.id.desc()).limit(limit + 1)))
@@ -276,3 +281,24 @@ def projects_waiting(session: Session, *, limit: int) -> list[str]:
             .limit(limit)
         )
     )
+
+
+def live_job_using_file(
+    session: Session, *, project_id: str, file_id: str, ended: Sequence[str]
+) -> str | None:
+    """The id of one of the project's jobs not in an `ended` status whose dataset names
+    `file_id` (as its training or validation file), or None."""
+    dataset = Job.spec["dataset"]
+    query = (
+        select(Job.id)
+        .where(
+            Job.project_id == project_id,
+            Job.status.not_in(ended),
+            or_(
+                dataset["file_id"].as_string() == file_id,
+                dataset["validation_file_id"].as_string() == file_id,
+            ),
+        )
+        .limit(1)
+    )
+    return session.scalars(query).first()

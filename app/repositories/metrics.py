@@ -330,3 +330,16 @@ def windows(
     for name, count, total, low, high, last in session.execute(query):
         out.setdefault(name, []).append(Window(int(count), float(total), low, high, last))
     return out
+
+
+def totals(session: Session, *, job_ids: Sequence[str], name: str) -> dict[str, float]:
+    """The sum of metric `name` over all steps of each job (jobs that never recorded it are
+    left out), from the top level's few rollup rows per job."""
+    if not job_ids:
+        return {}
+    query = (
+        select(R.job_id, func.sum(R.total))
+        .where(R.job_id.in_(job_ids), R.level == ROLLUP_LEVELS[-1], R.name == name)
+        .group_by(R.job_id)
+    )
+    return {job_id: float(total) for job_id, total in session.execute(query)}

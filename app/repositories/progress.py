@@ -92,3 +92,32 @@ def checkpoint_at(session: Session, *, job_id: str, step: int) -> Checkpoint | N
     return session.scalars(
         select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
     ).one_or_none()
+
+
+def checkpoints_before(
+    session: Session, *, job_id: str, before_step: int | None, limit: int
+) -> tuple[list[Checkpoint], bool]:
+    """A page of the job's checkpoints, newest first, below `before_step` when given."""
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id)
+    if before_step is not None:
+        query = query.where(Checkpoint.step < before_step)
+    rows = list(session.scalars(query.order_by(Checkpoint.step.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def checkpoint_by_id(session: Session, *, job_id: str, checkpoint_id: int) -> Checkpoint | None:
+    return session.scalars(
+        select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.id == checkpoint_id)
+    ).one_or_none()
+
+
+def metric_values_at(
+    session: Session, *, job_id: str, steps: list[int]
+) -> dict[int, dict[str, Any]]:
+    """The metrics recorded at each of `steps` (absent steps are left out)."""
+    if not steps:
+        return {}
+    query = select(JobMetric.step, JobMetric.values).where(
+        JobMetric.job_id == job_id, JobMetric.step.in_(steps)
+    )
+    return {int(step): values for step, values in session.execute(query)}

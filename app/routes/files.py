@@ -1,22 +1,35 @@
-"""/v1/files: upload a dataset (JSONL, CSV or Parquet) once, reference it from many jobs by id."""
+"""/v1/files: upload a dataset (JSONL, CSV or Parquet) once, reference it from many jobs by id.
+
+The objects are OpenAI's (openai-python's FileObject), so `client.files.create(...,
+purpose="fine-tune")`, `list`, `retrieve`, `content` and `delete` work unchanged."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, File, Form, Query, UploadFile
+from fastapi.responses import Response
 
+from app.clock import as_utc, utcnow
 from app.deps import FileDep, PrincipalDep, SessionDep
 from app.models import File as FileRow
 from app.routes.common import ERRORS
-from app.schemas import FileOut
+from app.schemas import FileDeleted, FileList, FileOut
 from app.services import files as files_service
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=ERRORS)
 
 
-def _out(row: FileRow) -> FileOut:
-    return FileOut.model_validate(row, from_attributes=True)
+def file_out(row: FileRow) -> FileOut:
+    created = as_utc(row.created_at) or utcnow()
+    return FileOut(
+        id=row.id,
+        bytes=row.bytes,
+        created_at=int(created.timestamp()),
+        filename=row.filename,
+        purpose=row.purpose,
+        row_count=row.row_count,
+    )
 
 
 @router.post(
@@ -26,7 +39,10 @@ def upload_file(
     principal: PrincipalDep,
     session: SessionDep,
     file: Annotated[UploadFile, File(description="JSONL, CSV (.csv) or Parquet (.parquet) rows.")],
-    purpose: Annotated[Literal["train"], Form()] = "train",
+    purpose: Annotated[
+        Literal["train", "fine-tune"],
+        Form(description="`fine-tune` (OpenAI's name) and `train` mean the same."),
+    ] = "train",
 ) -> FileOut:
     row = files_service.create_file(
         session,
@@ -35,9 +51,60 @@ def upload_file(
         purpose=purpose,
         content=file.file.read(),
     )
-    return _out(row)
+    return file_out(row)
+
+
+@router.get("", response_model=FileList, summary="List the project's uploads")
+def list_files(
+    principal: PrincipalDep,
+    session: SessionDep,
+    after: Annotated[str | None, Query(max_length=64, description="Cursor: last id seen.")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Annotated[Literal["asc", "desc"], Query(description="By creation time.")] = "desc",
+    purpose: Annotated[str | None, Query(max_length=32)] = None,
+) -> FileList:
+    rows, has_more = files_service.list_files(
+        session,
+        project_id=principal.project_id,
+        after=after,
+        limit=limit,
+        newest_first=order == "desc",
+        purpose=purpose,
+    )
+    return FileList(
+        data=[file_out(r) for r in rows],
+        has_more=has_more,
+        first_id=rows[0].id if rows else None,
+        last_id=rows[-1].id if rows else None,
+    )
 
 
 @router.get("/{file_id}", response_model=FileOut, summary="Get a file's metadata")
 def get_file(file: FileDep) -> FileOut:
-    return _out(file)
+    return file_out(file)
+
+
+@router.get(
+    "/{file_id}/content",
+    summary="A file's content: an upload's rows as JSONL, a result file's metrics as CSV",
+    response_class=Response,
+)
+def file_content(file: FileDep, session: SessionDep) -> Response:
+    # Read whole inside the request's unit of work (a streamed body would outlive the
+    # session); bounded: uploads by the body limit, result files by the step limit.
+    body = b"".join(files_service.content_chunks(session, file=file))
+    return Response(
+        body,
+        media_type=files_service.media_type(file),
+        headers={"Content-Disposition": f'attachment; filename="{file.id}"'},
+    )
+
+
+@router.delete(
+    "/{file_id}",
+    response_model=FileDeleted,
+    summary="Delete an upload (409 while a job that has not ended uses it)",
+)
+def delete_file(file: FileDep, session: SessionDep) -> FileDeleted:
+    files_service.delete_file(session, file=file)
+    return FileDeleted(id=file.id)

@@ -25,6 +25,16 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 
+def checked_idempotency_key(key: str | None) -> str | None:
+    """The Idempotency-Key header as given, or a 4xx naming it when it cannot be stored."""
+    if key is not None:
+        problem = "must not be blank" if not key.strip() else None
+        problem = problem or text_problem(key)
+        if problem is not None:  # stored as text: Postgres refuses NUL
+            raise InvalidRequest(f"Idempotency-Key {problem}", param="Idempotency-Key")
+    return key
+
+
 @router.post(
     "",
     status_code=201,
@@ -45,11 +55,7 @@ def create_job(
         ),
     ] = None,
 ) -> JobOut | JSONResponse:
-    if idempotency_key is not None:
-        problem = "must not be blank" if not idempotency_key.strip() else None
-        problem = problem or text_problem(idempotency_key)
-        if problem is not None:  # stored as text: Postgres refuses NUL
-            raise InvalidRequest(f"Idempotency-Key {problem}", param="Idempotency-Key")
+    checked_idempotency_key(idempotency_key)
     created = jobs_service.create_job(
         session,
         claims=state.claims,
@@ -92,6 +98,9 @@ def validate_job(
     if rows is None:  # an uploaded file: its row count was taken at upload
         file = jobs_service.dataset_file(session, project_id=principal.project_id, spec=spec)
         rows = file.row_count if file is not None else None
+    jobs_service.check_validation_file(
+        session, project_id=principal.project_id, spec=spec, train_rows=rows
+    )
     # The same checks, in the same order, as creating the job.
     admission.admit(spec, settings=state.settings, project_id=principal.project_id, session=session)
     return ValidationResult(

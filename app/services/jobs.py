@@ -37,7 +37,7 @@ from app.services import files as files_service
 from app.services.dispatch import send_after_commit
 from app.settings import Settings
 from app.transitions import JobStatus
-from trainer.config import JobSpec
+from trainer.config import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
 
 # An in-progress idempotency claim older than this belongs to a request that died mid-way.
 STALE_CLAIM = timedelta(seconds=60)
@@ -130,6 +130,33 @@ def dataset_file(session: Session, *, project_id: str, spec: JobSpec) -> File | 
     return row
 
 
+def check_validation_file(
+    session: Session, *, project_id: str, spec: JobSpec, train_rows: int | None
+) -> File | None:
+    """The file the spec's ``dataset.validation_file_id`` names (None when it names none); a
+    422 naming that field when it is not this project's, or when training and validation rows
+    together exceed what one job may hold (the worker appends them as the held-out set)."""
+    file_id = spec.dataset.validation_file_id
+    if file_id is None:
+        return None
+    param = "dataset.validation_file_id"
+    row = files_repo.get_for_project(session, project_id=project_id, file_id=file_id)
+    if row is None:
+        raise InvalidRequest(f"file {file_id} not found", param=param)
+    if row.row_count > MAX_HOLDOUT_ROWS:
+        raise InvalidRequest(
+            f"validation file has {row.row_count} rows; at most {MAX_HOLDOUT_ROWS} are evaluated",
+            param=param,
+        )
+    if train_rows is not None and train_rows + row.row_count > MAX_INLINE_ROWS:
+        raise InvalidRequest(
+            f"training ({train_rows}) and validation ({row.row_count}) rows together exceed "
+            f"{MAX_INLINE_ROWS}",
+            param=param,
+        )
+    return row
+
+
 # A project at its limit waits for jobs to end; there is no better estimate of when.
 QUOTA_RETRY_AFTER_S = 30
 
@@ -185,6 +212,8 @@ def create_job(
     max_attempts: int,
     queue: str,
     settings: Settings,
+    openai: dict[str, Any] | None = None,
+    fingerprint: str | None = None,
 ) -> Job | Replay:
     """A new queued job, sent to `queue` once the request commits; or, for a retry with the
     same Idempotency-Key and spec, the first request's stored response.
@@ -192,14 +221,18 @@ def create_job(
     With a key, the caller must hand the response it sends to `record_response` in the same
     unit of work, so the job and its replayable response commit together. `claims` makes the
     key's own transactions (see `_claim_key`). The per-project quota is checked at the commit
-    (`check_active_jobs`): a refusal there rolls everything back and releases the key."""
+    (`check_active_jobs`): a refusal there rolls everything back and releases the key.
+
+    `openai` is stored with a job created through the OpenAI-compatible API (its request's own
+    words); `fingerprint` replaces the resolved spec's as what a key's retries must match (that
+    API fills a missing seed at random, so its request body is the stable part)."""
     resolved = spec.model_dump(mode="json")  # the spec as stored, and what the key fingerprints
     if idempotency_key is not None:
         replay = _claim_key(
             claims,
             project_id=project_id,
             key=idempotency_key,
-            fingerprint=spec_fingerprint(resolved),
+            fingerprint=fingerprint or spec_fingerprint(resolved),
             ttl=idempotency_ttl,
         )
         if replay is not None:
@@ -211,7 +244,9 @@ def create_job(
             session,
             functools.partial(_release_key, claims, project_id=project_id, key=idempotency_key),
         )
-    dataset_file(session, project_id=project_id, spec=spec)
+    train_file = dataset_file(session, project_id=project_id, spec=spec)
+    train_rows = train_file.row_count if train_file is not None else spec.dataset.known_row_count()
+    check_validation_file(session, project_id=project_id, spec=spec, train_rows=train_rows)
     # What this operator allows (model folders, job size): after the claim, so a refusal rolls
     # back and releases the key like any other 4xx.
     admission.admit(spec, settings=settings, project_id=project_id, session=session)
@@ -228,6 +263,7 @@ def create_job(
         created_at=now,
         updated_at=now,
         total_steps=spec.grpo.steps,
+        openai=openai,
     )
     transitions.record_created(session, job)
     db.before_commit(

@@ -31,6 +31,7 @@ CATALOG = {
     "time/step", "tokens_per_s/rollout", "logprob_diff/engine_vs_trainer",
     "reward/has_seven/errors", "reward/errors", "reward/timeouts", "data/skipped_prompts",
     "mismatch/kl", "mismatch/ratio_mean", "mismatch/ratio_max", "mismatch/capped_frac",
+    "tokens/trained",
 }  # fmt: skip
 # Reported only when a step has an update after its first (several iterations or minibatches):
 # the first runs at ratio 1 and cannot clip.

@@ -74,7 +74,7 @@ class JudgeScore:
             except TemplateError as exc:
                 out[i] = self._fail("error", str(exc))
                 continue
-            bodies.append(request_body(self.spec.model, messages, params))
+            bodies.append(request_body(endpoint.model or self.spec.model, messages, params))
             where.append(i)
         low, high = self.spec.range
         for i, reply in zip(where, chat_all(endpoint, bodies, self.settings), strict=True):

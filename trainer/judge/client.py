@@ -116,6 +116,7 @@ def request_body(
         "top_p": params["top_p"],
         "max_tokens": params["max_completions_tokens"],
     }
-    if params.get("seed") is not None:
-        body["seed"] = params["seed"]
+    for optional in ("seed", "reasoning_effort"):
+        if params.get(optional) is not None:
+            body[optional] = params[optional]
     return body

@@ -1,7 +1,7 @@
 """The operator's judge endpoints (``GRPO_JUDGE_*``): where ``score_model`` graders may call.
 
 ``GRPO_JUDGE_ENDPOINTS`` is JSON: a name -> ``{"base_url": "http://host:8001/v1", "api_key_env":
-"JUDGE_KEY"}``. A job names an endpoint; its URL and key stay in the worker's (and the API's)
+"JUDGE_KEY", "model": "served-model-name"}`` (``model`` optional). A job names an endpoint; its URL and key stay in the worker's (and the API's)
 environment, so a tenant can neither point the service at an address of its choosing nor read
 a key.
 """
@@ -20,6 +20,14 @@ class JudgeEndpoint(BaseModel):
     base_url: str = Field(description="An OpenAI-compatible API root, e.g. http://judge:8001/v1.")
     api_key_env: str | None = Field(
         default=None, description="The environment variable holding its key (none: no key)."
+    )
+    model: str | None = Field(
+        default=None,
+        description=(
+            "The model this endpoint serves. When set, every call asks for it, whatever model "
+            "the grader names: a grader written for OpenAI (model gpt-4o-2024-08-06) runs on "
+            "this judge unchanged. Unset: the grader's model is sent as it is."
+        ),
     )
 
     @field_validator("base_url")

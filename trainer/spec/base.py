@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 MAX_INLINE_ROWS = 100_000
+MAX_HOLDOUT_ROWS = 10_000  # rows held out for evaluation (dataset.holdout, a validation file)
 MAX_TEXT_CHARS = 20_000
 MAX_SEED = 2**31 - 1
 MAX_STEPS = 100_000

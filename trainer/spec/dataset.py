@@ -17,7 +17,14 @@ from pydantic import (
     model_validator,
 )
 
-from trainer.spec.base import MAX_INLINE_ROWS, MAX_SEED, MAX_TEXT_CHARS, StrictModel, text_problem
+from trainer.spec.base import (
+    MAX_HOLDOUT_ROWS,
+    MAX_INLINE_ROWS,
+    MAX_SEED,
+    MAX_TEXT_CHARS,
+    StrictModel,
+    text_problem,
+)
 from trainer.spec.model_source import hub_repo_id_problem, revision_problem
 
 __all__ = [
@@ -266,6 +273,14 @@ class DatasetSpec(StrictModel):
     generator: ArithmeticGenerator | None = Field(
         default=None, description="Generate a synthetic task instead of supplying rows."
     )
+    validation_file_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Id of an uploaded file whose rows are the held-out evaluation set (eval/accuracy), "
+            "instead of holding rows of the training data out (`holdout`)."
+        ),
+    )
     saved_dataset: SavedDataset | None = Field(
         default=None,
         description="A `datasets` dataset saved to disk under one of the operator's roots.",
@@ -281,7 +296,7 @@ class DatasetSpec(StrictModel):
     holdout: int = Field(
         default=0,
         ge=0,
-        le=10_000,
+        le=MAX_HOLDOUT_ROWS,
         description="Rows held out of training for evaluation (taken from the end of the dataset).",
     )
     shuffle: bool = Field(default=True, description="Shuffle prompts every epoch (seeded).")
@@ -294,6 +309,11 @@ class DatasetSpec(StrictModel):
             raise ValueError(
                 "give exactly one of dataset.rows, dataset.file_id, dataset.generator or "
                 f"dataset.saved_dataset (got {', '.join(given) or 'none'})"
+            )
+        if self.validation_file_id is not None and self.holdout:
+            raise ValueError(
+                "give dataset.validation_file_id or dataset.holdout, not both: the validation "
+                "file is the held-out set"
             )
         if self.rows is not None and len(self.rows) == 0:
             raise ValueError("dataset.rows must not be empty")
@@ -335,3 +355,13 @@ class DatasetSpec(StrictModel):
         data = self.model_dump(exclude={"file_id", "rows", "generator", "saved_dataset"})
         rows_data = [r.model_dump(exclude_unset=True) for r in rows]
         return DatasetSpec.model_validate({**data, "rows": rows_data})
+
+    def with_validation_rows(self, rows: Sequence[PromptRow]) -> DatasetSpec:
+        """This (inline) dataset with the ``validation_file_id`` file's ``rows`` appended as
+        the held-out set: ``holdout`` becomes their count, which is what the trainer holds out
+        (the last rows), so a validation file needs nothing of the trainer."""
+        if self.rows is None:
+            raise ValueError("resolve the training rows first (with_rows)")
+        data = self.model_dump(exclude={"validation_file_id", "rows"})
+        rows_data = [r.model_dump(exclude_unset=True) for r in [*self.rows, *rows]]
+        return DatasetSpec.model_validate({**data, "rows": rows_data, "holdout": len(rows)})

@@ -303,6 +303,9 @@ _ScaleEnd = Annotated[float, Field(ge=-1e6, le=1e6)]
 
 class JudgeMessage(StrictModel):
     role: Literal["system", "developer", "user", "assistant"] = Field(description="Who speaks.")
+    type: Literal["message"] | None = Field(
+        default=None, description="OpenAI's item type; accepted, always a message."
+    )
     content: str = Field(
         max_length=MAX_TEMPLATE_CHARS, description="A template over sample and item."
     )
@@ -317,6 +320,9 @@ class JudgeSamplingParams(StrictModel):
         default=256, ge=1, le=4096, description="Longest judge reply (OpenAI's name)."
     )
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="Judge seed.")
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        default=None, description="Sent to the judge when set (reasoning models)."
+    )
 
 
 class ScoreModelGrader(GraderSpecBase):
