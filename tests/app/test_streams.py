@@ -9,29 +9,21 @@ import secrets
 import statistics
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from app.errors import TooManyRequests
-from app.main import create_app
 from app.ratelimit import RedisStore, StreamSlots
 from app.settings import Settings
 from tests.conftest import (
     REDIS_URL,
-    free_port,
-    new_project_key,
     settings_for,
-    tiny_spec,
     wait_until,
 )
+from tests.live_server import Server, serve
 
 
 class NoDispatch:
@@ -39,57 +31,6 @@ class NoDispatch:
 
     def send(self, job_id: str, queue: str | None = None) -> bool:
         return True
-
-
-@dataclass
-class Server:
-    url: str
-    app: FastAPI
-    settings: Settings
-
-    def key(self) -> dict[str, str]:
-        """Authorization headers of a new key in a new project."""
-        key, _ = new_project_key(self.settings)
-        return {"Authorization": f"Bearer {key}"}
-
-    def new_job(self, headers: dict[str, str]) -> str:
-        response = httpx.post(f"{self.url}/v1/jobs", json=tiny_spec(), headers=headers)
-        assert response.status_code == 201, response.text
-        return str(response.json()["id"])
-
-    def stream_url(self, job_id: str) -> str:
-        return f"{self.url}/v1/jobs/{job_id}/stream"
-
-    @property
-    def open_streams(self) -> int:
-        return self.app.state.grpo.limits.streams.open  # type: ignore[no-any-return]
-
-
-@contextmanager
-def serve(settings: Settings) -> Iterator[Server]:
-    """The real app on a free port, in a thread (signal handlers stay with pytest)."""
-    app = create_app(settings, NoDispatch())
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5
-        )
-    )
-    thread = threading.Thread(target=server.run, name="streams-api", daemon=True)
-    thread.start()
-
-    def started() -> bool:
-        if not thread.is_alive():
-            raise RuntimeError("the API server thread died")
-        return bool(server.started)
-
-    wait_until(started, 20, "the API server to start", interval=0.05)
-    try:
-        yield Server(f"http://127.0.0.1:{port}", app, settings)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-        app.state.grpo.engine.dispose()
 
 
 class Stream(threading.Thread):
@@ -184,7 +125,7 @@ def list_time(client: httpx.Client, url: str, headers: dict[str, str]) -> float:
 
 
 def test_fifty_open_streams_leave_another_project_fast(pg_settings: Settings) -> None:
-    with serve(pg_settings) as server:
+    with serve(pg_settings, NoDispatch()) as server:
         other = server.key()
         server.new_job(other)
         streamer = server.key()
@@ -217,7 +158,7 @@ def test_fifty_open_streams_leave_another_project_fast(pg_settings: Settings) ->
 def test_a_waiting_stream_holds_no_database_connection(pg_settings: Settings) -> None:
     # Polls far apart: whatever is checked out now is held between polls.
     settings = pg_settings.model_copy(update={"sse_poll_seconds": 60, "sse_heartbeat_seconds": 60})
-    with serve(settings) as server:
+    with serve(settings, NoDispatch()) as server:
         headers = server.key()
         job_id = server.new_job(headers)
         streams = [open_stream(server, job_id, headers) for _ in range(10)]
@@ -238,7 +179,7 @@ def test_streams_are_capped_per_key_and_a_disconnect_frees_the_slot(
     settings = settings.model_copy(
         update={"max_streams_per_key": 2, "rate_limit_per_minute": 100_000}
     )
-    with serve(settings) as server:
+    with serve(settings, NoDispatch()) as server:
         headers = server.key()
         job_id = server.new_job(headers)
         first, second = (open_stream(server, job_id, headers) for _ in range(2))
@@ -269,7 +210,7 @@ def test_streams_are_capped_per_key_and_a_disconnect_frees_the_slot(
 def test_the_per_key_cap_holds_across_api_processes(pg_settings: Settings) -> None:
     """Two API servers sharing Redis count one key's streams together."""
     settings = pg_settings.model_copy(update={"max_streams_per_key": 1})
-    with serve(settings) as one, serve(settings) as two:
+    with serve(settings, NoDispatch()) as one, serve(settings, NoDispatch()) as two:
         headers = one.key()
         job_id = one.new_job(headers)
         held = open_stream(one, job_id, headers)
@@ -285,7 +226,7 @@ def test_the_per_key_cap_holds_across_api_processes(pg_settings: Settings) -> No
 
 def test_streams_are_capped_per_process(pg_settings: Settings) -> None:
     settings = pg_settings.model_copy(update={"max_streams_per_process": 2})
-    with serve(settings) as server:
+    with serve(settings, NoDispatch()) as server:
         a, b = server.key(), server.key()
         job_a, job_b = server.new_job(a), server.new_job(b)
         held = [open_stream(server, job_a, a), open_stream(server, job_b, b)]
