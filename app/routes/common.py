@@ -20,3 +20,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 CONFLICT: dict[str, Any] = {"model": ErrorResponse, "description": "Conflict."}
+
+# The OpenAI-compatible paths (app.error_handlers.is_openai_path) answer 400 where the native
+# API answers 422.
+OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid request; `param` names the field."},
+    **{status: doc for status, doc in ERRORS.items() if status != 422},
+}

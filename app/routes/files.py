@@ -13,11 +13,11 @@ from fastapi.responses import Response
 from app.clock import as_utc, utcnow
 from app.deps import FileDep, PrincipalDep, SessionDep
 from app.models import File as FileRow
-from app.routes.common import ERRORS
+from app.routes.common import CONFLICT, OPENAI_ERRORS
 from app.schemas import FileDeleted, FileList, FileOut
 from app.services import files as files_service
 
-router = APIRouter(prefix="/v1/files", tags=["files"], responses=ERRORS)
+router = APIRouter(prefix="/v1/files", tags=["files"], responses=OPENAI_ERRORS)
 
 
 def file_out(row: FileRow) -> FileOut:
@@ -104,6 +104,7 @@ def file_content(file: FileDep, session: SessionDep) -> Response:
     "/{file_id}",
     response_model=FileDeleted,
     summary="Delete an upload (409 while a job that has not ended uses it)",
+    responses={409: CONFLICT},
 )
 def delete_file(file: FileDep, session: SessionDep) -> FileDeleted:
     files_service.delete_file(session, file=file)

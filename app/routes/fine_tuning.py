@@ -26,7 +26,7 @@ from app.repositories import jobs as jobs_repo
 from app.repositories import metrics as metrics_repo
 from app.repositories import progress as progress_repo
 from app.routes import graders as graders_routes
-from app.routes.common import CONFLICT, ERRORS
+from app.routes.common import CONFLICT, OPENAI_ERRORS
 from app.routes.jobs import REPLAYED_HEADER, checked_idempotency_key
 from app.routes.openai_presenters import (
     CHECKPOINT_PREFIX,
@@ -40,7 +40,7 @@ from app.services import fine_tuning, pausing, timeline
 from app.services import jobs as jobs_service
 from app.services.jobs import spec_fingerprint
 
-router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning (OpenAI)"], responses=ERRORS)
+router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning (OpenAI)"], responses=OPENAI_ERRORS)
 
 TOKENS = "tokens/trained"
 _METADATA_KEY = re.compile(r"^metadata\[(.{1,64})\]$")
