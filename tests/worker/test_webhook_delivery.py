@@ -5,6 +5,7 @@ delivering a committed outbox row."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -15,7 +16,7 @@ import pytest
 from sqlalchemy import select, update
 from standardwebhooks.webhooks import Webhook
 
-from app import transitions
+from app import transitions, webhook_urls
 from app.clock import as_utc, utcnow
 from app.db import make_engine, make_session_factory, session_scope
 from app.ids import new_id
@@ -28,6 +29,7 @@ from tests.conftest import RecordingDispatcher, new_project_key
 from tests.worker.conftest import WorkerProcess, wait_for
 from tests.worker.webhook_receiver import Receiver
 from trainer.callbacks import RunInfo
+from worker import webhooks as worker_webhooks
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.progress import DatabaseCallbacks
@@ -376,3 +378,33 @@ def test_a_worker_process_delivers_a_committed_event(
     wait_for(lambda: deliveries(ctx, job_id)[0].state == "delivered", 30, "the delivery recorded")
     assert receiver.drain() == []
     assert json.loads(received.body)["data"]["job_id"] == job_id
+
+
+def test_delivery_connects_to_the_address_it_checked(
+    settings: Settings, receiver: Receiver, ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With private addresses off, the host is looked up once per attempt and the connection
+    goes to the checked address, keeping the URL's host name in the Host header: a second
+    lookup (which DNS rebinding would answer differently) never happens. Public DNS cannot run
+    here, so the lookup is replaced: hooks.example "resolves" to the loopback receiver."""
+    strict = make_ctx(settings, webhook_allow_private=False)
+    project = make_project(strict)
+    url = f"http://hooks.example:{receiver.port}/hook"
+    endpoint = make_endpoint(strict, project, url, ["job.cancelled"])
+    looked_up: list[str] = []
+
+    def checked_address(target: webhook_urls.Target) -> object:
+        looked_up.append(target.host)
+        return ipaddress.ip_address("127.0.0.1")
+
+    monkeypatch.setattr(worker_webhooks, "public_address", checked_address)
+    job_id = make_job(strict, project)
+    with session_scope(strict.sessions) as session:
+        transitions.transition(session, job_id, JobStatus.CANCELLED)
+    with make_client(strict) as client:
+        assert deliver_one(strict, client)
+    received = receiver.next()
+    assert received.headers["host"] == f"hooks.example:{receiver.port}"
+    assert looked_up == ["hooks.example"]
+    verify(endpoint.secret, received)
+    assert deliveries(strict, job_id)[0].state == "delivered"

@@ -15,7 +15,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Received:
     path: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # names in lower case
     body: str
     status: int
     at: float
@@ -41,7 +41,13 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(b"ok")
                 receiver.requests.put(
-                    Received(self.path, dict(self.headers.items()), body, status, time.time())
+                    Received(
+                        self.path,
+                        {k.lower(): v for k, v in self.headers.items()},
+                        body,
+                        status,
+                        time.time(),
+                    )
                 )
 
             def log_message(self, *_: Any) -> None:
