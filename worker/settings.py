@@ -63,6 +63,11 @@ class WorkerSettings(Settings):
         gt=0,
         description="A delivery not accepted this long after it was queued is marked failed.",
     )
+    webhook_retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="Delivered and failed webhook deliveries older than this are deleted.",
+    )
 
 
 def build_worker_settings(**overrides: object) -> WorkerSettings:

@@ -38,6 +38,9 @@ PASS_LIMIT = 100
 # Seconds added to the attempt's timeout before a claimed delivery is due again.
 LEASE_MARGIN_S = 30.0
 MAX_ERROR_CHARS = 500
+# Old finished deliveries are deleted this often, at most PRUNE_BATCH at a time.
+PRUNE_EVERY_S = 600.0
+PRUNE_BATCH = 1000
 USER_AGENT = "grpo-service-webhooks/1"
 
 Jitter = Callable[[float], float]
@@ -175,8 +178,16 @@ def deliver_due(
     return sent
 
 
+def prune(ctx: WorkerContext) -> int:
+    """Delete finished deliveries past the retention period (a bounded batch per call)."""
+    cutoff = utcnow() - timedelta(days=ctx.settings.webhook_retention_days)
+    with session_scope(ctx.sessions) as session:
+        return webhooks_repo.prune_finished(session, before=cutoff, limit=PRUNE_BATCH)
+
+
 class WebhookThread:
-    """Delivers due webhooks every `webhook_poll_seconds` until stopped."""
+    """Delivers due webhooks every `webhook_poll_seconds`, and prunes old ones every
+    PRUNE_EVERY_S, until stopped."""
 
     def __init__(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
@@ -190,10 +201,14 @@ class WebhookThread:
         self._stop.set()
 
     def _run(self) -> None:
+        pruned_at = 0.0
         with make_client(self._ctx) as client:
             while not self._stop.wait(self._ctx.settings.webhook_poll_seconds):
                 try:
                     deliver_due(self._ctx, client, stop=self._stop)
+                    if time.monotonic() - pruned_at >= PRUNE_EVERY_S:
+                        pruned_at = time.monotonic()
+                        prune(self._ctx)
                 except SQLAlchemyError as exc:
                     log.warning("webhook delivery skipped: database unavailable (%s)", exc)
                 except Exception:  # never let the thread die

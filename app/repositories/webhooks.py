@@ -249,3 +249,22 @@ def record_attempt(
         ),
     )
     return True
+
+
+def prune_finished(session: Session, *, before: datetime, limit: int) -> int:
+    """Delete up to `limit` delivered or failed deliveries queued before `before`, with their
+    attempts; returns how many."""
+    ids = list(
+        session.scalars(
+            select(WebhookDelivery.id)
+            .where(
+                WebhookDelivery.state.in_((DELIVERED, FAILED)),
+                WebhookDelivery.queued_at < before,
+            )
+            .limit(limit)
+        )
+    )
+    if ids:
+        session.execute(delete(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(ids)))
+        session.execute(delete(WebhookDelivery).where(WebhookDelivery.id.in_(ids)))
+    return len(ids)

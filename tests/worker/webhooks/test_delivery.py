@@ -1,147 +1,42 @@
 """Webhook delivery against a real HTTP receiver on 127.0.0.1: Standard Webhooks signatures
 (checked with the `standardwebhooks` package), retries with growing backoff, at-least-once
-delivery across a worker that dies, DNS-rebinding refusal, and a real `grpo worker` process
-delivering a committed outbox row."""
+delivery across a worker that dies, a real `grpo worker` process delivering a committed outbox
+row, and retention."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select, update
 from standardwebhooks.webhooks import Webhook
 
-from app import transitions, webhook_urls
+from app import transitions
 from app.clock import as_utc, utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.ids import new_id
-from app.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from app.db import session_scope
 from app.repositories import webhooks as webhooks_repo
-from app.services import webhooks as webhooks_service
 from app.settings import Settings
 from app.transitions import JobStatus
-from tests.conftest import RecordingDispatcher, new_project_key
 from tests.worker.conftest import WorkerProcess, wait_for
-from tests.worker.webhook_receiver import Receiver
+from tests.worker.webhooks.conftest import (
+    attempts,
+    deliveries,
+    make_ctx,
+    make_due,
+    make_endpoint,
+    make_job,
+    make_project,
+    verify,
+)
+from tests.worker.webhooks.receiver import Receiver
 from trainer.callbacks import RunInfo
-from worker import webhooks as worker_webhooks
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.progress import DatabaseCallbacks
-from worker.settings import build_worker_settings
-from worker.webhooks import deliver_due, deliver_one, make_client, retry_delay
-
-ALL_EVENTS = ["job.running", "job.succeeded", "job.failed", "job.cancelled", "job.checkpoint"]
-
-
-def make_ctx(settings: Settings, **extra: object) -> WorkerContext:
-    options: dict[str, object] = {
-        "webhook_allow_private": True,
-        "webhook_timeout_seconds": 5,
-        "webhook_retry_base_seconds": 2,
-        "webhook_retry_max_delay_seconds": 3600,
-        **extra,
-    }
-    worker_settings = build_worker_settings(
-        data_dir=settings.data_dir, database_url=settings.resolved_database_url, **options
-    )
-    sessions = make_session_factory(make_engine(worker_settings.resolved_database_url))
-    return WorkerContext(worker_settings, sessions, RecordingDispatcher())
-
-
-@pytest.fixture
-def ctx(settings: Settings) -> Iterator[WorkerContext]:
-    """A worker context on a database with no webhook endpoints: deliveries are claimed from
-    the whole table, so rows other tests left pending must not be due in this one."""
-    context = make_ctx(settings)
-    forget_endpoints(context)
-    yield context
-    forget_endpoints(context)
-
-
-def forget_endpoints(ctx: WorkerContext) -> None:
-    with session_scope(ctx.sessions) as session:
-        for endpoint_id in session.scalars(select(WebhookEndpoint.id)).all():
-            webhooks_repo.delete_endpoint(session, endpoint_id=endpoint_id)
-
-
-@pytest.fixture
-def client(ctx: WorkerContext) -> Iterator[httpx.Client]:
-    with make_client(ctx) as c:
-        yield c
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    yield r
-    r.close()
-
-
-def make_project(ctx: WorkerContext) -> str:
-    return new_project_key(ctx.settings)[1]
-
-
-def make_endpoint(
-    ctx: WorkerContext, project_id: str, url: str, events: list[str] | None = None
-) -> WebhookEndpoint:
-    with session_scope(ctx.sessions) as session:
-        return webhooks_service.create_endpoint(
-            session,
-            settings=ctx.settings.model_copy(update={"webhook_allow_private": True}),
-            project_id=project_id,
-            url=url,
-            events=events or ALL_EVENTS,
-            description=None,
-        )
-
-
-def make_job(ctx: WorkerContext, project_id: str) -> str:
-    with session_scope(ctx.sessions) as session:
-        job = Job(
-            id=new_id("job"),
-            project_id=project_id,
-            spec={},
-            created_at=utcnow(),
-            updated_at=utcnow(),
-            total_steps=4,
-            max_attempts=2,
-        )
-        transitions.record_created(session, job)
-        return job.id
-
-
-def deliveries(ctx: WorkerContext, job_id: str) -> list[WebhookDelivery]:
-    with session_scope(ctx.sessions) as session:
-        query = select(WebhookDelivery).where(WebhookDelivery.job_id == job_id)
-        return list(session.scalars(query.order_by(WebhookDelivery.id)))
-
-
-def attempts(ctx: WorkerContext, delivery_id: str) -> list[WebhookAttempt]:
-    with session_scope(ctx.sessions) as session:
-        query = select(WebhookAttempt).where(WebhookAttempt.delivery_id == delivery_id)
-        return list(session.scalars(query.order_by(WebhookAttempt.id)))
-
-
-def make_due(ctx: WorkerContext, delivery_id: str) -> None:
-    """Move a delivery's due time to now (what waiting out its backoff or lease would do)."""
-    with session_scope(ctx.sessions) as session:
-        session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id == delivery_id)
-            .values(next_attempt_at=utcnow() - timedelta(seconds=1))
-        )
-
-
-def verify(secret: str, received: object) -> dict[str, object]:
-    payload = Webhook(secret).verify(received.body, received.headers)  # type: ignore[attr-defined]
-    assert isinstance(payload, dict)
-    return payload
+from worker.webhooks import deliver_due, deliver_one, make_client, prune, retry_delay
 
 
 def test_status_changes_are_delivered_signed(
@@ -311,47 +206,6 @@ def test_a_worker_dying_after_the_commit_loses_nothing(
         )
 
 
-def test_private_addresses_are_refused_at_delivery(
-    settings: Settings, receiver: Receiver, ctx: WorkerContext
-) -> None:
-    """An endpoint accepted while its name pointed elsewhere (DNS rebinding), or before the
-    operator turned private addresses off, is refused when it resolves to one at delivery."""
-    strict = make_ctx(settings, webhook_allow_private=False)
-    project = make_project(strict)
-    make_endpoint(strict, project, f"http://localhost:{receiver.port}/hook", ["job.cancelled"])
-    job_id = make_job(strict, project)
-    with session_scope(strict.sessions) as session:
-        transitions.transition(session, job_id, JobStatus.CANCELLED)
-    with make_client(strict) as client:
-        assert deliver_one(strict, client)
-    [row] = deliveries(strict, job_id)
-    [attempt] = attempts(strict, row.id)
-    assert row.state == "pending"  # retried later: DNS may change back
-    assert attempt.status_code is None
-    assert attempt.error is not None and "non-public address" in attempt.error
-    assert "127.0.0.1" in attempt.error or "::1" in attempt.error
-    assert receiver.drain() == []
-
-
-def test_redirects_are_not_followed(ctx: WorkerContext, client: httpx.Client) -> None:
-    target = Receiver()
-    redirecting = Receiver(statuses=[307], location=target.url("/elsewhere"))
-    try:
-        project = make_project(ctx)
-        make_endpoint(ctx, project, redirecting.url(), ["job.cancelled"])
-        job_id = make_job(ctx, project)
-        with session_scope(ctx.sessions) as session:
-            transitions.transition(session, job_id, JobStatus.CANCELLED)
-        assert deliver_one(ctx, client)
-        assert redirecting.next().status == 307
-        [row] = deliveries(ctx, job_id)
-        assert (row.state, row.last_status_code, row.last_error) == ("pending", 307, "HTTP 307")
-        assert target.drain() == []
-    finally:
-        target.close()
-        redirecting.close()
-
-
 def test_a_worker_process_delivers_a_committed_event(
     settings: Settings,
     receiver: Receiver,
@@ -380,31 +234,24 @@ def test_a_worker_process_delivers_a_committed_event(
     assert json.loads(received.body)["data"]["job_id"] == job_id
 
 
-def test_delivery_connects_to_the_address_it_checked(
-    settings: Settings, receiver: Receiver, ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+def test_finished_deliveries_are_pruned_after_the_retention_period(
+    settings: Settings, receiver: Receiver, ctx: WorkerContext
 ) -> None:
-    """With private addresses off, the host is looked up once per attempt and the connection
-    goes to the checked address, keeping the URL's host name in the Host header: a second
-    lookup (which DNS rebinding would answer differently) never happens. Public DNS cannot run
-    here, so the lookup is replaced: hooks.example "resolves" to the loopback receiver."""
-    strict = make_ctx(settings, webhook_allow_private=False)
-    project = make_project(strict)
-    url = f"http://hooks.example:{receiver.port}/hook"
-    endpoint = make_endpoint(strict, project, url, ["job.cancelled"])
-    looked_up: list[str] = []
+    short = make_ctx(settings, webhook_retention_days=1e-9)  # everything queued is old
+    project = make_project(short)
+    make_endpoint(short, project, receiver.url(), ["job.running", "job.cancelled"])
+    job_id = make_job(short, project)
+    with session_scope(short.sessions) as session:
+        transitions.claim(session, job_id, "w")
+    with make_client(short) as client:
+        assert deliver_one(short, client)  # job.running: delivered
+    with session_scope(short.sessions) as session:
+        transitions.transition(session, job_id, JobStatus.CANCELLED, attempt=1)
+    [delivered, pending] = deliveries(short, job_id)
+    assert (delivered.state, pending.state) == ("delivered", "pending")
+    assert attempts(short, delivered.id)
 
-    def checked_address(target: webhook_urls.Target) -> object:
-        looked_up.append(target.host)
-        return ipaddress.ip_address("127.0.0.1")
-
-    monkeypatch.setattr(worker_webhooks, "public_address", checked_address)
-    job_id = make_job(strict, project)
-    with session_scope(strict.sessions) as session:
-        transitions.transition(session, job_id, JobStatus.CANCELLED)
-    with make_client(strict) as client:
-        assert deliver_one(strict, client)
-    received = receiver.next()
-    assert received.headers["host"] == f"hooks.example:{receiver.port}"
-    assert looked_up == ["hooks.example"]
-    verify(endpoint.secret, received)
-    assert deliveries(strict, job_id)[0].state == "delivered"
+    assert prune(short) == 1
+    assert [d.id for d in deliveries(short, job_id)] == [pending.id]  # pending ones stay
+    assert attempts(short, delivered.id) == []
+    assert prune(make_ctx(settings)) == 0  # within the default 30 days: kept
