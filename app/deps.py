@@ -10,14 +10,16 @@ from fastapi import Depends, Header, Path, Request
 from sqlalchemy.orm import Session
 
 from app.db import session_scope
-from app.models import File, Job
+from app.models import File, Job, WebhookEndpoint
 from app.services import files as files_service
 from app.services import jobs as jobs_service
+from app.services import webhooks as webhooks_service
 from app.services.keys import Principal, authenticate
 from app.state import AppState
 
 JobId = Annotated[str, Path(max_length=64, description="Job id.")]
 FileId = Annotated[str, Path(max_length=64, description="File id.")]
+WebhookId = Annotated[str, Path(max_length=64, description="Webhook endpoint id.")]
 
 
 async def get_state(request: Request) -> AppState:
@@ -81,5 +83,15 @@ def get_file(file_id: FileId, principal: PrincipalDep, session: SessionDep) -> F
     return files_service.get_file(session, project_id=principal.project_id, file_id=file_id)
 
 
+def get_webhook(
+    webhook_id: WebhookId, principal: PrincipalDep, session: SessionDep
+) -> WebhookEndpoint:
+    """The caller's webhook endpoint named in the path, or 404 (param `webhook_id`)."""
+    return webhooks_service.get_endpoint(
+        session, project_id=principal.project_id, endpoint_id=webhook_id
+    )
+
+
 JobDep = Annotated[Job, Depends(get_job)]
 FileDep = Annotated[File, Depends(get_file)]
+WebhookDep = Annotated[WebhookEndpoint, Depends(get_webhook)]

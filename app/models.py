@@ -183,3 +183,63 @@ class IdempotencyRecord(Base):
     response_status: Mapped[int | None] = mapped_column(Integer)
     response_body: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WebhookEndpoint(Timestamped, Base):
+    """A project's webhook receiver. The signing secret is stored as issued (`whsec_...`): the
+    worker signs every delivery with it, so a digest would not do; it is shown once at creation."""
+
+    __tablename__ = "webhook_endpoints"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(String(2048))
+    description: Mapped[str | None] = mapped_column(String(500))
+    events: Mapped[list[Any]] = mapped_column(JSON)
+    secret: Mapped[str] = mapped_column(String(100))
+    __table_args__ = (Index("ix_webhook_endpoints_project_id_id", "project_id", "id"),)
+
+
+class WebhookDelivery(Base):
+    """The transactional outbox: one row per (event, endpoint), written in the transaction that
+    changed the job, delivered by the workers (worker.webhooks). `id` is the `webhook-id` header:
+    a retry or a redelivery sends the same id, so receivers can drop duplicates."""
+
+    __tablename__ = "webhook_deliveries"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    job_id: Mapped[str | None] = mapped_column(String(40), index=True)
+    event_type: Mapped[str] = mapped_column(String(40))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # pending -> delivered | failed; a redelivery puts it back to pending.
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # When a worker may (next) try it; a claim moves it past the attempt's timeout, so a worker
+    # that dies mid-attempt leaves it due again once that passes.
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Start of the retry window (creation or the last redelivery).
+    queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_status_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    __table_args__ = (
+        Index("ix_webhook_deliveries_endpoint_id_id", "endpoint_id", "id"),
+        Index("ix_webhook_deliveries_state_next_attempt_at", "state", "next_attempt_at"),
+    )
+
+
+class WebhookAttempt(Base):
+    """One try of a delivery: the answer's status code or the error, and how long it took."""
+
+    __tablename__ = "webhook_attempts"
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(
+        ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    # When the next try was scheduled (null: delivered, or given up).
+    next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -120,6 +120,19 @@ class Settings(BaseSettings):
             "model names."
         ),
     )
+    # ---- webhooks (API and workers both check the URL rule)
+    webhook_allow_private: bool = Field(
+        default=False,
+        description=(
+            "Whether webhook URLs may point at private, loopback, link-local or reserved "
+            "addresses (or names resolving to them). Off: refused when an endpoint is created "
+            "and again, after a fresh DNS lookup, before every delivery. Set it on the API and "
+            "the workers."
+        ),
+    )
+    max_webhooks_per_project: int = Field(
+        default=10, ge=1, le=1000, description="Webhook endpoints a project may hold (422 beyond)."
+    )
 
     # ---- fair use: one tenant must never starve another
     rate_limit_per_minute: int = Field(

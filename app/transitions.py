@@ -11,7 +11,9 @@ Every change is a compare-and-set `UPDATE ... WHERE status = :seen [AND attempt 
 an event row in the same transaction, so concurrent finishers, cancellers and reapers can never
 both win, and a worker that lost its lease (stale attempt) changes nothing. This module owns the
 rules (the table below, fencing); the statements themselves live in `app.repositories.jobs`
-(`compare_and_set`, called from nowhere else) and `app.repositories.events`.
+(`compare_and_set`, called from nowhere else) and `app.repositories.events`. Entering running,
+succeeded, failed or cancelled also queues the project's webhooks in the same transaction
+(app.webhook_outbox).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from app.job_status import JobStatus
 from app.models import Job, JobEvent
 from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
+from app.webhook_outbox import record_job_event
+from app.webhooks import STATUS_EVENTS
 
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 # The states in which a worker holds the job's lease (its writes are fenced by the attempt).
@@ -188,6 +192,7 @@ def transition(
         level="error" if target == JobStatus.FAILED else level,
         data={"from": source.value, "to": target.value, "error_code": error_code},
     )
+    _queue_webhooks(session, job_id, target, source)
     hook = session.info.get(ON_JOB_ENDED)
     if target in FREES_SLOT and hook is not None:
         db.after_commit(session, functools.partial(hook, job_id=job_id))
@@ -228,4 +233,12 @@ def claim(session: Session, job_id: str, owner: str) -> int | None:
         attempt=attempt,
         data={"from": "queued", "to": "running", "owner": owner},
     )
+    _queue_webhooks(session, job_id, JobStatus.RUNNING, JobStatus.QUEUED)
     return attempt
+
+
+def _queue_webhooks(session: Session, job_id: str, target: JobStatus, source: JobStatus) -> None:
+    """The webhook outbox rows of a status change, in its transaction (app.webhook_outbox)."""
+    event_type = STATUS_EVENTS.get(target.value)
+    if event_type is not None:
+        record_job_event(session, job_id, event_type, previous_status=source.value)

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from grpo_cli import ci_env, gates, render
-from grpo_cli.ci_args import Exit
+from grpo_cli.ci_args import WEBHOOK_EVENTS, Exit
 from grpo_cli.client import ApiError, Client
 from grpo_cli.waiting import TERMINAL, is_transient, retrying, stream_patiently, wait_for_job
 
@@ -101,6 +101,20 @@ def _submit(
     return job, replayed
 
 
+def _webhook(client: Client, url: str, retry_for: float, out: Output) -> dict[str, Any]:
+    """The project's endpoint at `url`, created first if needed (before the job, so its
+    every event is sent)."""
+    endpoint, created = retrying(
+        retry_for, lambda: client.ensure_webhook(url, list(WEBHOOK_EVENTS))
+    )
+    if created:
+        out.text(f"created webhook {endpoint['id']} for {url}")
+        out.text(f"its signing secret, shown only now: {endpoint['secret']}")
+    else:
+        out.text(f"webhook {endpoint['id']} already sends this project's job events to {url}")
+    return {**endpoint, "created": created}
+
+
 def submit(args: argparse.Namespace, out: Output) -> int:
     started = time.monotonic()
     spec, folder = ci_env.load_spec(args.spec)
@@ -111,8 +125,11 @@ def submit(args: argparse.Namespace, out: Output) -> int:
         )
     wait = bool(args.wait or args.timeout is not None or args.require)
     with _client(args) as client:
+        result: dict[str, Any] = {}
+        if args.webhook is not None:
+            result["webhook"] = _webhook(client, args.webhook, args.retry_for, out)
         job, replayed = _submit(client, spec, key, args.retry_for)
-        result: dict[str, Any] = {"idempotency_key": key, "replayed": replayed}
+        result |= {"idempotency_key": key, "replayed": replayed}
         if replayed:
             out.text(f"job {job['id']} already exists for this idempotency key ({job['status']})")
         else:

@@ -23,6 +23,11 @@ JOB_STATUSES = (
 )
 
 
+# The webhook events `submit --webhook` subscribes to (app.webhooks.EVENT_TYPES; a copy, like
+# JOB_STATUSES, checked by tests/cli/test_submit_webhook.py).
+WEBHOOK_EVENTS = ("job.running", "job.succeeded", "job.failed", "job.cancelled", "job.checkpoint")
+
+
 class Exit(IntEnum):
     """Exit codes of the client commands; docs/ci.md has the same table."""
 
@@ -171,6 +176,14 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     submit.add_argument(
         "--no-progress", action="store_true", help="No progress bar on stderr while waiting."
+    )
+    submit.add_argument(
+        "--webhook",
+        default=None,
+        metavar="URL",
+        help="Make sure the project has a webhook endpoint at URL (every job event, for every "
+        "job of the project, until deleted) before submitting; a new endpoint's signing secret "
+        "is printed once.",
     )
 
     jobs = sub.add_parser("jobs", help="List, show, cancel, pause and resume jobs.")

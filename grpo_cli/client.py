@@ -76,6 +76,33 @@ class Client:
         body = self._json(response)
         return body, response.headers.get("Idempotent-Replayed", "").lower() == "true"
 
+    def list_webhooks(self, limit: int = 100, after: str | None = None) -> dict[str, Any]:
+        """One page of the project's webhook endpoints, newest first."""
+        params: dict[str, Any] = {"limit": limit}
+        if after:
+            params["after"] = after
+        return self._json(self._http.get("/v1/webhooks", params=params))
+
+    def create_webhook(
+        self, url: str, events: list[str], description: str | None = None
+    ) -> dict[str, Any]:
+        """A new endpoint; the answer holds its signing secret, shown only this once."""
+        body = {"url": url, "events": events, "description": description}
+        return self._json(self._http.post("/v1/webhooks", json=body))
+
+    def ensure_webhook(self, url: str, events: list[str]) -> tuple[dict[str, Any], bool]:
+        """The project's endpoint for exactly `url`, created (with `events`) when there is none;
+        True when it was created now."""
+        after: str | None = None
+        while True:
+            page = self.list_webhooks(after=after)
+            for endpoint in page["data"]:
+                if endpoint["url"] == url:
+                    return endpoint, False
+            if not page["has_more"]:
+                return self.create_webhook(url, events, "created by grpo submit --webhook"), True
+            after = page["next_after"]
+
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._json(self._http.get(f"/v1/jobs/{job_id}"))
 

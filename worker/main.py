@@ -1,4 +1,5 @@
-"""Start a worker process: maintenance thread + a Celery worker consuming one job at a time."""
+"""Start a worker process: maintenance and webhook threads + a Celery worker consuming one job at
+a time."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from worker.celery_app import create_celery
 from worker.context import build_context
 from worker.maintenance import MaintenanceThread
 from worker.settings import WorkerSettings, build_worker_settings
+from worker.webhooks import WebhookThread
 
 
 def run_worker(settings: WorkerSettings | None = None, loglevel: str = "INFO") -> None:
@@ -17,6 +19,8 @@ def run_worker(settings: WorkerSettings | None = None, loglevel: str = "INFO") -
     celery = create_celery(ctx)
     maintenance = MaintenanceThread(ctx)
     maintenance.start()
+    webhooks = WebhookThread(ctx)
+    webhooks.start()
     try:
         # solo pool: the job runs in this process (one job per worker process, no fork of
         # torch/vLLM state), and SIGTERM reaches our shutdown hook while the task runs.
@@ -40,3 +44,4 @@ def run_worker(settings: WorkerSettings | None = None, loglevel: str = "INFO") -
         )
     finally:
         maintenance.stop()
+        webhooks.stop()

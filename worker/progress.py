@@ -22,6 +22,8 @@ from app.db import session_scope
 from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo
 from app.transitions import add_event
+from app.webhook_outbox import record_job_event
+from app.webhooks import CHECKPOINT_EVENT
 from trainer.callbacks import Callbacks, RolloutSample, RunInfo
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
@@ -144,7 +146,7 @@ class DatabaseCallbacks(Callbacks):
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         def write(session: Session) -> None:
-            progress_repo.add_checkpoint_once(
+            recorded = progress_repo.add_checkpoint_once(
                 session,
                 job_id=self.job_id,
                 step=step,
@@ -152,6 +154,8 @@ class DatabaseCallbacks(Callbacks):
                 path=path,
                 now=utcnow(),
             )
+            if recorded:  # the webhook outbox row commits with the checkpoint row
+                record_job_event(session, self.job_id, CHECKPOINT_EVENT, step=step)
             add_event(
                 session,
                 self.job_id,

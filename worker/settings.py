@@ -41,6 +41,34 @@ class WorkerSettings(Settings):
         ),
     )
 
+    webhook_poll_seconds: float = Field(
+        default=2.0, gt=0, description="How often a worker looks for webhook deliveries due."
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=60,
+        description="Connect and read timeout of one webhook delivery attempt.",
+    )
+    webhook_retry_base_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="Backoff of the first webhook retry; doubled for each later one (full jitter).",
+    )
+    webhook_retry_max_delay_seconds: float = Field(
+        default=3600.0, gt=0, description="Longest wait between two tries of one delivery."
+    )
+    webhook_retry_window_hours: float = Field(
+        default=24.0,
+        gt=0,
+        description="A delivery not accepted this long after it was queued is marked failed.",
+    )
+    webhook_retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        description="Delivered and failed webhook deliveries older than this are deleted.",
+    )
+
 
 def build_worker_settings(**overrides: object) -> WorkerSettings:
     settings = WorkerSettings(**overrides)  # type: ignore[arg-type]

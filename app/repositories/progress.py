@@ -18,7 +18,10 @@ from app.repositories import metrics as metrics_repo
 
 
 def _insert_once(session: Session, model: type[Any], row: dict[str, Any]) -> bool:
-    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key; True if inserted."""
+    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key; True if inserted.
+
+    Told by the row RETURNING gives back: the driver's rowcount is -1 for this statement on
+    Postgres (psycopg), which read as "inserted" for a step that was already there."""
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         stmt: Any = postgresql.insert(model).values(**row).on_conflict_do_nothing()
@@ -26,7 +29,7 @@ def _insert_once(session: Session, model: type[Any], row: dict[str, Any]) -> boo
         stmt = sqlite.insert(model).values(**row).on_conflict_do_nothing()
     else:  # pragma: no cover - other databases are not supported
         stmt = insert(model).values(**row)
-    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+    return session.execute(stmt.returning(model.id)).first() is not None
 
 
 def add_metrics_once(
@@ -54,9 +57,10 @@ def add_samples_once(
 
 def add_checkpoint_once(
     session: Session, *, job_id: str, step: int, attempt: int, path: Path, now: datetime
-) -> None:
+) -> bool:
+    """True when the row is new (a repeated step records nothing)."""
     row = {"job_id": job_id, "step": step, "attempt": attempt, "path": str(path), "created_at": now}
-    _insert_once(session, Checkpoint, row)
+    return _insert_once(session, Checkpoint, row)
 
 
 def metrics_after(session: Session, *, job_id: str, after_step: int, limit: int) -> list[JobMetric]:

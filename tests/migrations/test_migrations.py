@@ -23,6 +23,9 @@ TABLES = {
     "job_samples",
     "checkpoints",
     "idempotency_records",
+    "webhook_endpoints",
+    "webhook_deliveries",
+    "webhook_attempts",
 }
 
 
