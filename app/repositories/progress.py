@@ -18,7 +18,10 @@ from app.repositories import metrics as metrics_repo
 
 
 def _insert_once(session: Session, model: type[Any], row: dict[str, Any]) -> bool:
-    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key; True if inserted."""
+    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key; True if inserted.
+
+    Told by RETURNING, not by the rowcount: psycopg reports -1 for this statement on Postgres,
+    which read as "inserted" for every repeated step."""
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
         stmt: Any = postgresql.insert(model).values(**row).on_conflict_do_nothing()
@@ -26,7 +29,7 @@ def _insert_once(session: Session, model: type[Any], row: dict[str, Any]) -> boo
         stmt = sqlite.insert(model).values(**row).on_conflict_do_nothing()
     else:  # pragma: no cover - other databases are not supported
         stmt = insert(model).values(**row)
-    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+    return session.execute(stmt.returning(model.id)).first() is not None
 
 
 def add_metrics_once(
@@ -37,12 +40,13 @@ def add_metrics_once(
     attempt: int,
     values: dict[str, float | None],
     now: datetime,
-) -> None:
+) -> bool:
+    """Store a step's metrics unless that step is stored already; whether it was stored now."""
     row = {"job_id": job_id, "step": step, "attempt": attempt, "values": values, "created_at": now}
-    if _insert_once(session, JobMetric, row):  # a repeated step must not count twice
-        metrics_repo.add_rollups(
-            session, job_id=job_id, acc=metrics_repo.rollups_of([(step, values)])
-        )
+    if not _insert_once(session, JobMetric, row):  # a repeated step must not count twice
+        return False
+    metrics_repo.add_rollups(session, job_id=job_id, acc=metrics_repo.rollups_of([(step, values)]))
+    return True
 
 
 def add_samples_once(
