@@ -6,8 +6,8 @@ such as ``learnin_rate`` is a 422 naming the field, not a silently ignored setti
 field is bounded, floats are finite and text is storable (``trainer.spec.base``).
 
 The sections live in :mod:`trainer.spec` (``base``, ``dataset``, ``graders``, ``grpo``,
-``adaptation``, ``integrations``); this module assembles them into :class:`JobSpec` and re-exports their names,
-so ``from trainer.config import X`` is the one import path.
+``adaptation``, ``integrations``); this module assembles them into :class:`JobSpec` and
+re-exports their names, so ``from trainer.config import X`` is the one import path.
 """
 
 from __future__ import annotations

@@ -6,16 +6,19 @@ bounded end-of-job wait, and an event says what was not exported."""
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from app.settings import Settings
-from tests.conftest import free_port
+from tests.conftest import Api, free_port, tiny_spec
+from tests.worker.conftest import WorkerProcess, wait_for
 from tests.worker.trackers_support import (
     CATALOG,
     MLFLOW,
@@ -32,13 +35,14 @@ from tests.worker.trackers_support import (
 )
 from worker.runner import run_job
 
-pytestmark = pytest.mark.skipif(not MLFLOW.exists(), reason=NO_MLFLOW)
-
 STEPS = 60  # x 24 metrics: more than one 1000-metric log-batch call
 
 
 @pytest.fixture(scope="module")
 def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server; its tests skip, saying why, where it is not installed."""
+    if not MLFLOW.exists():
+        pytest.skip(NO_MLFLOW)
     port = free_port()
     proc = start_mlflow(tmp_path_factory.mktemp("mlflow"), port)
     yield f"http://127.0.0.1:{port}"
@@ -179,3 +183,71 @@ def test_a_hanging_server_holds_the_job_end_no_longer_than_the_flush_wait(
     reports = [e.data for e in events(ctx, job_id, "export_failed") if e.data]
     assert sum(int(r["values"]) for r in reports) == 5 * len(CATALOG) - 1  # all but the inf
     assert "the final checkpoint and run status" in reports[-1]["parts"]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # the deployment's; one real training run
+def test_a_job_trained_by_a_real_worker_exports_its_real_metrics(
+    api: Api, start_worker: Callable[..., WorkerProcess], tmp_path: Path, mlflow_url: str
+) -> None:
+    """End to end: submitted over HTTP (the API checks the tracking_uri), trained by a Celery
+    worker process with the real trainer, exported from there."""
+    api.settings.queue_name = f"{api.settings.queue_name}-{secrets.token_hex(3)}"
+    api.settings.mlflow_tracking_uris = mlflow_url
+    worker = start_worker(
+        api.settings, GRPO_MLFLOW_TRACKING_URIS=mlflow_url, GRPO_TRACKER_BATCH_SECONDS="0.5"
+    )
+    experiment = f"e2e-{tmp_path.name}"
+    integration = {"type": "mlflow", "experiment": experiment, "tracking_uri": mlflow_url}
+    spec = tiny_spec(steps=3) | {"integrations": [integration]}
+    response = api.client.post("/v1/jobs", json=spec, headers=api.headers)
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+
+    def finished() -> dict[str, Any] | None:
+        body = api.client.get(f"/v1/jobs/{job_id}", headers=api.headers).json()
+        return body if body["status"] in ("succeeded", "failed", "cancelled") else None
+
+    try:
+        final = wait_for(finished, 300, "the job to finish")
+    except AssertionError:
+        raise AssertionError(worker.log_tail()) from None
+    assert isinstance(final, dict)
+    assert final["status"] == "succeeded", (final["error"], worker.log_tail())
+
+    ours = stored_metrics(worker_context(api.settings, tmp_path), job_id)
+    assert {"reward/mean", "loss/policy", "time/step"} <= set(ours)
+    assert all(sorted(steps) == [1, 2, 3] for name, steps in ours.items()), ours
+    run = mlflow_run(mlflow_url, experiment, job_id)
+    assert run["info"]["status"] == "FINISHED"
+    assert mlflow_history(mlflow_url, run["info"]["run_id"], sorted(ours)) == ours
+    tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert tags["grpo.final_checkpoint_step"] == "3"
+
+
+def test_a_full_queue_turns_values_away_and_says_so(settings: Settings, tmp_path: Path) -> None:
+    """While the tracker is down the queue holds at most tracker_queue_size values: the first
+    step's fit, the next steps' are turned away at once (never waited on) and reported."""
+    down = f"http://127.0.0.1:{free_port()}"
+    ctx = worker_context(
+        settings,
+        tmp_path,
+        mlflow_tracking_uris=down,
+        tracker_queue_size=len(CATALOG) + 10,
+        tracker_batch_seconds=60,  # nothing leaves the queue before the job ends
+        tracker_flush_seconds=1,
+    )
+    job_id = make_job(ctx, [{"type": "mlflow", "experiment": "e"}], 4)
+
+    assert run_job(ctx, job_id, train=catalog_trainer(4)) == "succeeded"
+
+    reports = [e.data for e in events(ctx, job_id, "export_failed") if e.data]
+    full = [r for r in reports if str(r["error"]).startswith("the export queue was full")]
+    # Steps 2-4 were turned away (step 3 without its non-finite grad_norm), each reported at
+    # the step it happened.
+    assert [(r["first_step"], r["values"]) for r in full] == [
+        (2, len(CATALOG)),
+        (3, len(CATALOG) - 1),
+        (4, len(CATALOG)),
+    ]
+    # Step 1 was queued, and lost at the end with the tracker down.
+    assert reports[-1]["first_step"] == 1 and reports[-1]["values"] == len(CATALOG)
