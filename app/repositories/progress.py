@@ -40,12 +40,13 @@ def add_metrics_once(
     attempt: int,
     values: dict[str, float | None],
     now: datetime,
-) -> None:
+) -> bool:
+    """Store a step's metrics unless that step is stored already; whether it was stored now."""
     row = {"job_id": job_id, "step": step, "attempt": attempt, "values": values, "created_at": now}
-    if _insert_once(session, JobMetric, row):  # a repeated step must not count twice
-        metrics_repo.add_rollups(
-            session, job_id=job_id, acc=metrics_repo.rollups_of([(step, values)])
-        )
+    if not _insert_once(session, JobMetric, row):  # a repeated step must not count twice
+        return False
+    metrics_repo.add_rollups(session, job_id=job_id, acc=metrics_repo.rollups_of([(step, values)]))
+    return True
 
 
 def add_samples_once(

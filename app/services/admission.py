@@ -12,6 +12,9 @@ worker applies again: every refusal gives the same message, which names no path.
 Face Hub repo id, when the operator allows Hub models (`GRPO_ALLOW_HUB_MODELS`) and the id
 matches `GRPO_HUB_MODEL_ALLOWLIST` (when set); whether the worker's cache holds it is only known
 on the worker.
+
+Experiment trackers: a job's `integrations` may export only to the operator's MLflow tracking
+servers (`GRPO_MLFLOW_TRACKING_URIS`) and to W&B only when `GRPO_WANDB_MODE` allows it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Sessio
     _admit_dataset(spec, settings)
     _admit_limits(spec, settings)
     _admit_judges(spec)
+    _admit_integrations(spec, settings)
     _admit_init_from(getattr(spec, "init_from", None), project_id=project_id, session=session)
 
 
@@ -100,6 +104,20 @@ def _admit_judges(spec: JobSpec) -> None:
                     f"judge endpoint {sub.endpoint!r} is not one of this service's ({names})",
                     param=f"{path}.endpoint",
                 )
+
+
+# ---- experiment trackers ---------------------------------------------------------------------
+
+
+def _admit_integrations(spec: JobSpec, settings: Settings) -> None:
+    """A tracker integration only to the operator's trackers: an MLflow tracking_uri from
+    GRPO_MLFLOW_TRACKING_URIS, W&B only when GRPO_WANDB_MODE is not disabled (the rule of
+    trainer.spec.integrations, which the worker applies again)."""
+    for i, integration in enumerate(getattr(spec, "integrations", ())):
+        refusal = settings.integration_refusal(integration)
+        if refusal is not None:
+            field, message = refusal
+            raise InvalidRequest(message, param=f"integrations[{i}]{field}")
 
 
 # ---- model ---------------------------------------------------------------------------------
