@@ -8,7 +8,7 @@ from app import error_handlers
 from app.limits import BodySizeLimit
 from app.queue import Dispatcher
 from app.request_guard import RejectNul
-from app.routes import dashboard, files, graders, health, jobs, progress
+from app.routes import dashboard, files, graders, health, jobs, progress, usage
 from app.settings import Settings, build_settings
 from app.state import build_state
 
@@ -32,5 +32,6 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(progress.router)
     app.include_router(files.router)
     app.include_router(graders.router)
+    app.include_router(usage.router)
     app.include_router(dashboard.router)
     return app

@@ -41,8 +41,9 @@ def get(session: Session, *, job_id: str) -> Job | None:
 
 
 def get_for_project(session: Session, *, project_id: str, job_id: str) -> Job | None:
+    """The project's job, unless its owner deleted it (a deleted job is not found)."""
     return session.scalars(
-        select(Job).where(Job.id == job_id, Job.project_id == project_id)
+        select(Job).where(Job.id == job_id, Job.project_id == project_id, Job.deleted_at.is_(None))
     ).one_or_none()
 
 
@@ -60,8 +61,9 @@ def list_page(
     limit: int,
     statuses: list[str] | None,
 ) -> tuple[list[Job], bool]:
-    """Newest first. `after` is the last id of the previous page; ids are time-ordered."""
-    query = select(Job).where(Job.project_id == project_id)
+    """Newest first, deleted jobs left out. `after` is the last id of the previous page; ids
+    are time-ordered."""
+    query = select(Job).where(Job.project_id == project_id, Job.deleted_at.is_(None))
     if statuses:
         query = query.where(Job.status.in_(statuses))
     if after:

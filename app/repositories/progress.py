@@ -1,7 +1,9 @@
 """What a running job produces: metrics, samples, checkpoints.
 
 Each is unique per (job, step) and inserted with ON CONFLICT DO NOTHING, so a resumed attempt
-that repeats a step writes nothing twice. Metric reads are in app.repositories.metrics."""
+that repeats a step writes nothing twice; a checkpoint saved again replaced its folder, so its
+row takes the new folder's facts instead. Metric reads are in app.repositories.metrics; the
+checkpoint retention and usage queries in app.repositories.checkpoints."""
 
 from __future__ import annotations
 
@@ -17,13 +19,19 @@ from app.models import Checkpoint, JobMetric, JobSample
 from app.repositories import metrics as metrics_repo
 
 
-def _insert_once(session: Session, model: type[Any], row: dict[str, Any]) -> bool:
-    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key; True if inserted."""
+def _insert_once(
+    session: Session, model: type[Any], row: dict[str, Any], *, replace: bool = False
+) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key (with `replace`: DO
+    UPDATE, the row takes `row`'s values); True if a row was written."""
     dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        stmt: Any = postgresql.insert(model).values(**row).on_conflict_do_nothing()
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(model).values(**row).on_conflict_do_nothing()
+    if dialect in ("postgresql", "sqlite"):
+        base = (postgresql if dialect == "postgresql" else sqlite).insert(model).values(**row)
+        if replace:
+            updates = {k: v for k, v in row.items() if k not in ("job_id", "step")}
+            stmt: Any = base.on_conflict_do_update(index_elements=["job_id", "step"], set_=updates)
+        else:
+            stmt = base.on_conflict_do_nothing()
     else:  # pragma: no cover - other databases are not supported
         stmt = insert(model).values(**row)
     return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
@@ -53,10 +61,29 @@ def add_samples_once(
 
 
 def add_checkpoint_once(
-    session: Session, *, job_id: str, step: int, attempt: int, path: Path, now: datetime
+    session: Session,
+    *,
+    job_id: str,
+    step: int,
+    attempt: int,
+    path: Path,
+    now: datetime,
+    size_bytes: int | None = None,
+    metrics: dict[str, float | None] | None = None,
 ) -> None:
-    row = {"job_id": job_id, "step": step, "attempt": attempt, "path": str(path), "created_at": now}
-    _insert_once(session, Checkpoint, row)
+    """Record the checkpoint of (job, step). A step saved again (a resumed run repeating it)
+    replaced the folder: the row then takes the new folder's facts and is live again."""
+    row = {
+        "job_id": job_id,
+        "step": step,
+        "attempt": attempt,
+        "path": str(path),
+        "created_at": now,
+        "size_bytes": size_bytes,
+        "metrics": metrics,
+        "deleted_at": None,
+    }
+    _insert_once(session, Checkpoint, row, replace=True)
 
 
 def metrics_after(session: Session, *, job_id: str, after_step: int, limit: int) -> list[JobMetric]:
@@ -82,13 +109,14 @@ def samples_page(
 
 
 def checkpoints(session: Session, *, job_id: str, newest_first: bool = False) -> list[Checkpoint]:
+    """The job's checkpoints that are kept (not deleted by its retention)."""
     order = Checkpoint.step.desc() if newest_first else Checkpoint.step
-    return list(
-        session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(order))
-    )
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.deleted_at.is_(None))
+    return list(session.scalars(query.order_by(order)))
 
 
 def checkpoint_at(session: Session, *, job_id: str, step: int) -> Checkpoint | None:
+    """The job's checkpoint row at `step`, deleted or not (a deleted one answers 410)."""
     return session.scalars(
         select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
     ).one_or_none()
