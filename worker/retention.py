@@ -54,7 +54,8 @@ def record_checkpoint(
     now: datetime,
 ) -> list[tuple[int, str]]:
     """Record the checkpoint of `step` and mark the ones `retention` no longer keeps deleted
-    (None: keep every one); returns their (step, recorded folder), to remove after commit."""
+    (None: keep every one); returns their (step, recorded folder), to remove after commit. The
+    live rows read are at most `keep_last` + 2 (the kept ones and the new one)."""
     name = retention.keep_best_by if retention is not None else None
     metrics = None
     if name is not None:
@@ -70,8 +71,8 @@ def record_checkpoint(
         size_bytes=size_bytes,
         metrics=metrics,
     )
-    if retention is None:
-        return []
+    if retention is None or retention.keep_last is None:
+        return []  # every checkpoint is kept: nothing to rank (and no growing list to read)
     rows = progress_repo.checkpoints(session, job_id=job_id)
     kept = retention.kept_steps((row.step, _ranked_value(row.metrics, name)) for row in rows)
     doomed = [(row.step, row.path) for row in rows if row.step not in kept]
