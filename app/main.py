@@ -8,7 +8,17 @@ from app import error_handlers
 from app.limits import BodySizeLimit
 from app.queue import Dispatcher
 from app.request_guard import RejectNul
-from app.routes import dashboard, files, fine_tuning, graders, health, jobs, progress, webhooks
+from app.routes import (
+    dashboard,
+    files,
+    fine_tuning,
+    graders,
+    health,
+    jobs,
+    progress,
+    usage,
+    webhooks,
+)
 from app.settings import Settings, build_settings
 from app.state import build_state
 
@@ -34,5 +44,6 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(graders.router)
     app.include_router(fine_tuning.router)
     app.include_router(webhooks.router)
+    app.include_router(usage.router)
     app.include_router(dashboard.router)
     return app

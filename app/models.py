@@ -99,6 +99,11 @@ class Job(Base):
     # Set for jobs created through /v1/fine_tuning/jobs: the request's own words (model as
     # named, suffix, hyperparameters with what "auto" resolved to); app.services.fine_tuning.
     openai: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Deleted by its owner (DELETE /v1/jobs/{id}, an ended job only): from then on no read of a
+    # project finds it, and once the grace period has passed the maintenance pass purges its
+    # checkpoints and rows (purged_at). Not a status: the job's outcome stays what it was.
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+    purged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (Index("ix_jobs_project_id_id", "project_id", "id"),)
 
@@ -165,8 +170,13 @@ class Checkpoint(Base):
     step: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(Text)
+    # {keep_best_by metric: its value at or before this step} when the job ranks checkpoints.
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # The folder's size when recorded (null for checkpoints recorded before sizes were).
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # Deleted by the job's checkpoint retention: the folder is gone (or going), downloads 410.
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     __table_args__ = (UniqueConstraint("job_id", "step", name="uq_checkpoints_job_step"),)
 
 

@@ -214,6 +214,10 @@ class CheckpointOut(BaseModel):
         "(checkpoint-000010); never a path on the server."
     )
     created_at: datetime
+    size_bytes: int | None = Field(
+        default=None,
+        description="The checkpoint folder's size when it was saved (null for older records).",
+    )
 
     @field_validator("path")
     @classmethod
@@ -225,6 +229,33 @@ class CheckpointOut(BaseModel):
 class CheckpointList(BaseModel):
     object: Literal["list"] = "list"
     data: list[CheckpointOut]
+
+
+class JobDeleted(BaseModel):
+    id: str
+    object: Literal["job.deleted"] = "job.deleted"
+    deleted: Literal[True] = True
+    purge_after: datetime = Field(
+        description="From then on the workers purge its checkpoints, samples, metrics and events."
+    )
+
+
+class JobUsage(BaseModel):
+    job_id: str
+    checkpoint_bytes: int
+    checkpoints: int
+
+
+class UsageOut(BaseModel):
+    object: Literal["usage"] = "usage"
+    checkpoint_bytes: int = Field(
+        description="Bytes of the project's kept checkpoints (jobs not deleted), as recorded "
+        "when each was saved."
+    )
+    checkpoints: int = Field(description="How many kept checkpoints that is.")
+    jobs_with_checkpoints: int
+    jobs: list[JobUsage] = Field(description="Per job, the largest first, at most `limit`.")
+    has_more: bool = Field(description="More jobs hold checkpoints than are listed.")
 
 
 class GraderRunErrors(BaseModel):

@@ -60,6 +60,16 @@ class Settings(BaseSettings):
     checkpoint_dir: Path | None = Field(
         default=None, description="Where workers write checkpoints; default: data_dir/checkpoints."
     )
+    delete_grace_seconds: float = Field(
+        default=86_400.0,
+        ge=0,
+        le=10 * 365 * 86_400,
+        description=(
+            "How long after DELETE /v1/jobs/{id} the workers' maintenance pass purges the job's "
+            "checkpoints (from disk) and its samples, metrics and events; the job is hidden at "
+            "once. Set it on the API (which reports it) and on the workers (which purge)."
+        ),
+    )
 
     # ---- operator limits on what one job may ask for (each refusal is a 422 naming the field)
     max_completions_per_step: int = Field(

@@ -59,6 +59,12 @@ class RolloutSample:
 class Callbacks:
     """No-op base class; subclass and override."""
 
+    #: True when this receiver of :meth:`on_checkpoint` applies the job's checkpoint retention
+    #: (``JobSpec.checkpoint``) itself, as the service's worker does to keep its records in step
+    #: with the disk; the trainer then deletes no checkpoint. False: the trainer prunes its
+    #: output folder by the same rule after each save.
+    applies_retention: bool = False
+
     def on_start(self, info: RunInfo) -> None:
         """Called once, after models and the engine are loaded, before the first step."""
 
@@ -87,6 +93,10 @@ class CallbackList(Callbacks):
 
     def __init__(self, *callbacks: Callbacks) -> None:
         self.callbacks = list(callbacks)
+
+    @property
+    def applies_retention(self) -> bool:  # type: ignore[override]
+        return any(cb.applies_retention for cb in self.callbacks)
 
     def on_start(self, info: RunInfo) -> None:
         for cb in self.callbacks:

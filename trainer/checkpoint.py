@@ -12,6 +12,10 @@ A checkpoint is a folder ``checkpoint-<step:06d>`` in the run's output dir holdi
 It is written into a hidden temporary folder, every file fsynced, then renamed into place, so a
 ``checkpoint-*`` folder is always complete; a crash leaves only a temporary folder, which
 :func:`sweep_temp_dirs` removes on the next start.
+
+Which checkpoints are kept is the job spec's ``checkpoint`` section (``trainer.spec.checkpoint``:
+the newest N and the best by a metric). :func:`prune_checkpoints` applies that rule to an output
+folder, reading each checkpoint's metric value from its manifest (``extra[RETENTION_METRIC]``).
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedTokenizerBase
 
-from trainer.checkpoint_files import MANIFEST, OPTIMIZER_FILE, RNG_FILE
+from trainer.checkpoint_files import MANIFEST, OPTIMIZER_FILE, RNG_FILE, TRASH_PREFIX, remove_folder
 from trainer.lora import ADAPTER_WEIGHTS, is_lora, load_adapter_weights
+from trainer.spec.checkpoint import CheckpointSpec
 
 __all__ = [
     "CHECKPOINT_PREFIX",
+    "RETENTION_METRIC",
     "TrainState",
     "checkpoint_path",
     "latest_checkpoint",
@@ -53,7 +59,9 @@ __all__ = [
 FORMAT_VERSION = 1
 CHECKPOINT_PREFIX = "checkpoint-"
 _TMP_PREFIX = ".tmp-checkpoint-"
-_TRASH_PREFIX = ".trash-checkpoint-"
+# The key of a checkpoint's ``extra`` that holds ``{"name": metric, "value": float | None}``: the
+# value of the spec's ``checkpoint.keep_best_by`` at or before the checkpoint's step.
+RETENTION_METRIC = "retention_metric"
 _NAME = re.compile(r"^checkpoint-(\d{6,})$")
 
 
@@ -101,14 +109,6 @@ def _fsync_tree(root: Path) -> None:
         for name in files:
             _fsync_file(Path(dirpath) / name)
         _fsync_dir(Path(dirpath))
-
-
-def _remove_tree(path: Path) -> None:
-    """Delete a folder by first renaming it to a hidden trash name, so a crash mid-delete never
-    leaves a partial folder that still looks like a checkpoint."""
-    trash = path.parent / f"{_TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
-    os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- RNG
@@ -175,20 +175,34 @@ def sweep_temp_dirs(output_dir: Path) -> list[Path]:
         return []
     swept = []
     for entry in root.iterdir():
-        if entry.is_dir() and entry.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
+        if entry.is_dir() and entry.name.startswith((_TMP_PREFIX, TRASH_PREFIX)):
             shutil.rmtree(entry, ignore_errors=True)
             swept.append(entry)
     return swept
 
 
-def prune_checkpoints(output_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints; returns the deleted paths."""
-    if keep < 1:
-        raise ValueError(f"keep must be at least 1, got {keep}")
+def _retention_value(path: Path, metric: str) -> float | None:
+    """The value of ``metric`` a checkpoint's manifest recorded for retention, or None."""
+    try:
+        entry = _read_manifest(path).get("extra", {}).get(RETENTION_METRIC)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("name") != metric:
+        return None
+    value = entry.get("value")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def prune_checkpoints(output_dir: Path, retention: CheckpointSpec) -> list[Path]:
+    """Delete the checkpoints ``retention`` does not keep (``CheckpointSpec.kept_steps``, the
+    newest always among the kept); returns the deleted paths."""
     found = list_checkpoints(output_dir)
-    doomed = [path for _step, path in found[:-keep]]
+    metric = retention.keep_best_by
+    values = [(step, _retention_value(path, metric) if metric else None) for step, path in found]
+    kept = retention.kept_steps(values)
+    doomed = [path for step, path in found if step not in kept]
     for path in doomed:
-        _remove_tree(path)
+        remove_folder(path)
     return doomed
 
 
@@ -205,9 +219,10 @@ def save_checkpoint(
     scheduler: LRScheduler | None,
     sampler: dict[str, Any],
     extra: dict[str, Any] | None = None,
-    keep: int | None = 3,
+    retention: CheckpointSpec | None = None,
 ) -> Path:
-    """Write ``checkpoint-<step>`` atomically and keep only the newest ``keep`` (None: all).
+    """Write ``checkpoint-<step>`` atomically, then delete the checkpoints ``retention`` does not
+    keep (None: keep all; see :func:`prune_checkpoints`).
 
     ``sampler`` and ``extra`` must be JSON-serialisable; they come back in :class:`TrainState`.
     """
@@ -247,14 +262,14 @@ def save_checkpoint(
         _fsync_tree(tmp)
         if final.exists():
             # Same step saved before (a run resumed and stopped again): replace it.
-            _remove_tree(final)
+            remove_folder(final)
         os.rename(tmp, final)
         _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if keep is not None:
-        prune_checkpoints(root, keep)
+    if retention is not None:
+        prune_checkpoints(root, retention)
     return final
 
 

@@ -1,21 +1,77 @@
-"""The file names of a checkpoint folder that are the trainer's own resume state, torch-free.
+"""The file names of a checkpoint folder that are the trainer's own resume state, and deleting
+and measuring checkpoint folders: torch-free.
 
 A checkpoint folder (``trainer.checkpoint``) holds a loadable model (or LoRA adapters) and
 tokenizer, plus these files, which only the trainer reads back. Everything that hands a
 checkpoint's model to someone else leaves them out: ``grpo export`` (``trainer.export``) and the
 API's checkpoint download (``app.services.checkpoint_download``), which must not import torch.
+
+Deleting a checkpoint (or a job's whole folder) goes through :func:`remove_folder` here too, in
+the trainer's own pruning and in the service's retention and purge alike: the folder is first
+renamed to a hidden ``.trash-`` name, so a crash mid-delete never leaves a partial folder that
+still looks like a checkpoint (``trainer.checkpoint.sweep_temp_dirs`` removes leftovers).
 """
 
 from __future__ import annotations
 
-__all__ = ["MANIFEST", "OPTIMIZER_FILE", "RNG_FILE", "TRAINER_FILES", "is_model_file"]
+import os
+import shutil
+import stat
+import uuid
+from pathlib import Path
+
+__all__ = [
+    "MANIFEST",
+    "OPTIMIZER_FILE",
+    "RNG_FILE",
+    "TRAINER_FILES",
+    "TRASH_PREFIX",
+    "folder_bytes",
+    "is_model_file",
+    "remove_folder",
+]
 
 MANIFEST = "manifest.json"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
 TRAINER_FILES = frozenset({MANIFEST, OPTIMIZER_FILE, RNG_FILE})
+TRASH_PREFIX = ".trash-"
 
 
 def is_model_file(name: str) -> bool:
     """Whether a file of a checkpoint folder belongs to the model export (not resume state)."""
     return name not in TRAINER_FILES
+
+
+def remove_folder(path: Path) -> bool:
+    """Delete the folder ``path``: rename it to a hidden trash name beside it, then remove that.
+    False when there was nothing to delete (already gone, or not a real folder: a link is left
+    alone). A crash (or an error) after the rename leaves only the trash folder."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return False
+    trash = path.parent / f"{TRASH_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:  # another process deleted it first
+        return False
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
+def folder_bytes(path: Path) -> int:
+    """The total size in bytes of the regular files under the folder ``path`` (links are not
+    followed or counted); 0 when ``path`` is not a real folder."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return 0
+    total = 0
+    for current, _dirs, files in os.walk(path, followlinks=False):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(current, name))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+    return total

@@ -6,8 +6,9 @@ such as ``learnin_rate`` is a 422 naming the field, not a silently ignored setti
 field is bounded, floats are finite and text is storable (``trainer.spec.base``).
 
 The sections live in :mod:`trainer.spec` (``base``, ``dataset``, ``graders``, ``grpo``,
-``adaptation``, ``integrations``); this module assembles them into :class:`JobSpec` and
-re-exports their names, so ``from trainer.config import X`` is the one import path.
+``adaptation``, ``integrations``, ``checkpoint``); this module assembles them into
+:class:`JobSpec` and re-exports their names, so ``from trainer.config import X`` is the one
+import path.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from trainer.spec.base import (
     literal_tag,
     text_problem,
 )
+from trainer.spec.checkpoint import METRIC_NAME_PATTERN, BestMode, CheckpointSpec
 from trainer.spec.dataset import (
     ArithmeticGenerator,
     ChatMessage,
@@ -100,11 +102,14 @@ __all__ = [
     "MAX_STEPS",
     "MAX_TEXT_CHARS",
     "MAX_TOKENS",
+    "METRIC_NAME_PATTERN",
     "PACKAGED_MODELS",
     "REGEX_MAX_MEM",
     "AdvantageScale",
     "ArithmeticGenerator",
+    "BestMode",
     "ChatMessage",
+    "CheckpointSpec",
     "DatasetSpec",
     "DynamicSamplingSpec",
     "EvalSpec",
@@ -211,6 +216,10 @@ class JobSpec(StrictModel):
         ge=0,
         le=MAX_STEPS,
         description="Save a checkpoint every N steps (0: only at the end).",
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Which checkpoints are kept (the newest N and the best by a metric).",
     )
     metadata: dict[str, str] = Field(
         default_factory=dict,

@@ -23,7 +23,12 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from trainer.callbacks import Callbacks, RunInfo
-from trainer.checkpoint import load_checkpoint, save_checkpoint, sweep_temp_dirs
+from trainer.checkpoint import (
+    RETENTION_METRIC,
+    load_checkpoint,
+    save_checkpoint,
+    sweep_temp_dirs,
+)
 from trainer.collect import Collected, collect_groups
 from trainer.config import JobSpec
 from trainer.data import PromptSampler, SamplerState, dataset_rows, prompts_for_run, split_holdout
@@ -59,7 +64,6 @@ from trainer.update import NonFiniteGuard, run_updates
 __all__ = ["NonFiniteLossError", "TrainResult", "TrainerError", "train"]
 
 DEFAULT_SAMPLE_GROUPS = 2  # rollout groups handed to on_samples each step
-KEEP_CHECKPOINTS = 3
 _EVAL_SEED_SALT = 99_991
 
 
@@ -151,6 +155,8 @@ class _Run:
         self.sample_groups = given.sample_groups
         self.started: StartedEngine | None = None
         self.engine: RolloutEngine | None = None
+        # checkpoint.keep_best_by's latest value so far (what the retention rule ranks by).
+        self.best_by_value: float | None = None
         output_dir.mkdir(parents=True, exist_ok=True)
         for swept in sweep_temp_dirs(output_dir):
             self.cb.on_event("checkpoint", f"removed an interrupted checkpoint write: {swept.name}")
@@ -261,6 +267,7 @@ class _Run:
         for step in range(start_step + 1, total + 1):
             metrics, stop_requested = self._step(step, final=step == total)
             self.cb.on_step(step, metrics)
+            self._track_best_by(metrics)
             result.final_step = step
             result.last_metrics = metrics
             saved = False
@@ -280,6 +287,10 @@ class _Run:
         state = load_checkpoint(Path(path), self.model, self.optimizer, self.scheduler)
         self.sampler.restore(SamplerState.from_dict(state.sampler))
         self.guard.streak = int(state.extra.get("nonfinite_streak", 0))
+        best_by = state.extra.get(RETENTION_METRIC)
+        if isinstance(best_by, dict) and best_by.get("name") == self.config.checkpoint.keep_best_by:
+            value = best_by.get("value")
+            self.best_by_value = float(value) if isinstance(value, int | float) else None
         metrics = dict(state.extra.get("metrics", {}))
         return TrainResult(state.step, last_metrics=metrics, checkpoint_path=Path(path))
 
@@ -329,7 +340,19 @@ class _Run:
                 data={"step": start_step, "checkpoint": resumed.name},
             )
 
+    def _track_best_by(self, metrics: dict[str, float]) -> None:
+        name = self.config.checkpoint.keep_best_by
+        if name is not None and name in metrics and math.isfinite(metrics[name]):
+            self.best_by_value = float(metrics[name])
+
     def _save(self, step: int, metrics: dict[str, float]) -> Path:
+        """Write the checkpoint of ``step``, then apply the spec's checkpoint retention, unless
+        the callbacks apply it themselves (the service's worker: its records must agree with
+        the disk, so it alone deletes)."""
+        retention = self.config.checkpoint
+        extra: dict[str, object] = {"nonfinite_streak": self.guard.streak, "metrics": metrics}
+        if retention.keep_best_by is not None:
+            extra[RETENTION_METRIC] = {"name": retention.keep_best_by, "value": self.best_by_value}
         path = save_checkpoint(
             self.output_dir,
             step,
@@ -338,8 +361,8 @@ class _Run:
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             sampler=self.sampler.state().to_dict(),
-            extra={"nonfinite_streak": self.guard.streak, "metrics": metrics},
-            keep=KEEP_CHECKPOINTS,
+            extra=extra,
+            retention=None if self.cb.applies_retention else retention,
         )
         self.cb.on_checkpoint(step, path)
         return path

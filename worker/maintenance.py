@@ -5,8 +5,12 @@
 - the sweep re-sends queued jobs whose message is older than a threshold (the broker may have
   lost it; a duplicate message is harmless because claiming takes the lease), and sends jobs
   waiting for a dispatch slot into the free slots, round-robin across projects
-  (app.services.dispatch: fair dispatch).
-Every worker runs them; compare-and-set transitions make concurrent runs safe.
+  (app.services.dispatch: fair dispatch);
+- the purge removes what deleted jobs produced once their grace period is over: their
+  checkpoint folders first, then their samples, metrics, rollups, events and checkpoint rows
+  (app.services.deletion says how a job is deleted).
+Every worker runs them; compare-and-set transitions make concurrent runs safe, and the purge's
+steps are idempotent.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from app import transitions
 from app.clock import utcnow
 from app.db import session_scope
 from app.errors import IllegalTransition
+from app.repositories import deletion as deletion_repo
 from app.repositories import jobs as jobs_repo
 from app.services.dispatch import fill_slots, send_after_commit, send_job
 from app.transitions import JobStatus
 from worker.context import WorkerContext
+from worker.retention import remove_job_folder
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +149,23 @@ def fill_round_robin(ctx: WorkerContext) -> list[str]:
     return sent
 
 
+def purge_deleted_jobs(ctx: WorkerContext) -> list[str]:
+    """Purge the jobs deleted more than `delete_grace_seconds` ago: their checkpoint folder,
+    then their rows (a crash in between leaves the job to the next pass); returns their ids."""
+    cutoff = utcnow() - timedelta(seconds=ctx.settings.delete_grace_seconds)
+    with session_scope(ctx.sessions) as session:
+        due = [row[0] for row in deletion_repo.purgeable(session, deleted_before=cutoff, limit=100)]
+    purged: list[str] = []
+    for job_id in due:
+        remove_job_folder(ctx.settings.resolved_checkpoint_dir, job_id)
+        with session_scope(ctx.sessions) as session:
+            deletion_repo.purge_rows(session, job_id=job_id, now=utcnow())
+        purged.append(job_id)
+    return purged
+
+
 class MaintenanceThread:
-    """Runs the reaper and the sweep every `maintenance_seconds` until stopped."""
+    """Runs the reaper, the sweep and the purge every `maintenance_seconds` until stopped."""
 
     def __init__(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
@@ -162,6 +183,7 @@ class MaintenanceThread:
             try:
                 reap_stale_jobs(self._ctx)
                 redispatch_queued(self._ctx)
+                purge_deleted_jobs(self._ctx)
             except SQLAlchemyError as exc:
                 log.warning("maintenance skipped: database unavailable (%s)", exc)
             except Exception:  # never let the thread die

@@ -9,6 +9,8 @@ unique (job, step) keys.
 Each step the database stored (once) also goes to the job's experiment trackers
 (:class:`worker.trackers.Exports`: queued, never waited on), and what a tracker export could
 not deliver comes back as an ``export_failed`` job event at the next step.
+Checkpoint retention (the job spec's ``checkpoint`` section) is applied here, not by the
+trainer: ``worker.retention`` says how.
 """
 
 from __future__ import annotations
@@ -23,16 +25,25 @@ from sqlalchemy.orm import Session
 
 from app.clock import utcnow
 from app.db import session_scope
+from app.repositories import checkpoints as checkpoints_repo
 from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo
 from app.transitions import add_event
 from app.webhook_outbox import record_job_event
 from app.webhooks import CHECKPOINT_EVENT
 from trainer.callbacks import Callbacks, RolloutSample, RunInfo
+from trainer.checkpoint_files import folder_bytes
+from trainer.config import CheckpointSpec
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
+from worker.retention import record_checkpoint, remove_folders
 from worker.retry import with_db_retry
 from worker.trackers import Exports, Report
+
+
+def _steps(steps: list[int], shown: int = 10) -> str:
+    head = ", ".join(str(s) for s in steps[:shown])
+    return head + (f" and {len(steps) - shown} more" if len(steps) > shown else "")
 
 
 class LeaseLost(Exception):
@@ -45,6 +56,10 @@ def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
 
 
 class DatabaseCallbacks(Callbacks):
+    # The worker deletes the checkpoints the job's retention does not keep (worker.retention),
+    # so the trainer deletes none.
+    applies_retention = True
+
     def __init__(
         self,
         ctx: WorkerContext,
@@ -52,12 +67,16 @@ class DatabaseCallbacks(Callbacks):
         attempt: int,
         lease: LeaseKeeper,
         exports: Exports | None = None,
+        retention: CheckpointSpec | None = None,
     ) -> None:
         self._ctx = ctx
         self.job_id = job_id
         self.attempt = attempt
         self.lease = lease
         self.exports = exports or Exports()
+        # The job spec's checkpoint section (None: every checkpoint is kept); the runner sets
+        # it once the spec is loaded.
+        self.retention = retention
         self.stop_reason: str | None = None
         self.last_checkpoint_step: int | None = None
 
@@ -106,6 +125,18 @@ class DatabaseCallbacks(Callbacks):
             },
             write,
         )
+        self._remove_deleted_folders()
+
+    def _remove_deleted_folders(self) -> None:
+        """Remove the folders of checkpoints marked deleted that are still on disk: a worker
+        that died between marking and removing them left them behind."""
+
+        def read() -> list[str]:
+            with session_scope(self._ctx.sessions) as session:
+                return checkpoints_repo.deleted_paths(session, job_id=self.job_id)
+
+        paths = with_db_retry(read, budget_s=self._ctx.settings.db_retry_seconds, what="cleanup")
+        remove_folders(self._ctx.settings.resolved_checkpoint_dir, self.job_id, paths)
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
         values = _finite(metrics)
@@ -169,29 +200,43 @@ class DatabaseCallbacks(Callbacks):
         self._fenced("on_samples", {}, write)
 
     def on_checkpoint(self, step: int, path: Path) -> None:
+        size = folder_bytes(path)
+        doomed: list[tuple[int, str]] = []
+
         def write(session: Session) -> None:
-            recorded = progress_repo.add_checkpoint_once(
+            new = progress_repo.checkpoint_at(session, job_id=self.job_id, step=step) is None
+            doomed[:] = record_checkpoint(
                 session,
                 job_id=self.job_id,
                 step=step,
                 attempt=self.attempt,
                 path=path,
+                size_bytes=size,
+                retention=self.retention,
                 now=utcnow(),
             )
-            if recorded:  # the webhook outbox row commits with the checkpoint row
+            if new:  # the webhook outbox row commits with the checkpoint row
                 record_job_event(session, self.job_id, CHECKPOINT_EVENT, step=step)
+            deleted = sorted(s for s, _ in doomed)
+            gone = f"; deleted the checkpoints of steps {_steps(deleted)}" if deleted else ""
             add_event(
                 session,
                 self.job_id,
                 "checkpoint",
-                f"checkpoint of step {step} saved",
+                f"checkpoint of step {step} saved{gone}",
                 attempt=self.attempt,
                 # No path: events are shown to the job's owner, paths are the server's.
-                data={"step": step},
+                data={"step": step, "bytes": size}
+                | ({"deleted_steps": deleted[:100]} if deleted else {}),
             )
 
         self._fenced("on_checkpoint", {}, write)
         self.last_checkpoint_step = step
+        # Committed: the rows say deleted, so their folders go now (a crash here leaves them
+        # to the next attempt's start or the job's purge, invisible to the API meanwhile).
+        remove_folders(
+            self._ctx.settings.resolved_checkpoint_dir, self.job_id, [p for _, p in doomed]
+        )
 
     def should_stop(self) -> bool:
         # The heartbeat process's reports first (it may have seen a SIGTERM this process's own

@@ -142,7 +142,8 @@ def _with_training_rows(ctx: WorkerContext, spec: JobSpec) -> JobSpec:
 
 
 def latest_checkpoint(ctx: WorkerContext, job_id: str) -> Path | None:
-    """The newest checkpoint recorded for the job whose folder still exists."""
+    """The newest checkpoint recorded for the job (and not deleted by its retention) whose
+    folder still exists."""
     with session_scope(ctx.sessions) as session:
         rows = progress_repo.checkpoints(session, job_id=job_id, newest_first=True)
     for row in rows:
@@ -250,6 +251,7 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
                 budget_s=settings.db_retry_seconds,
                 what=f"job {job_id}: reading its spec and checkpoints",
             )
+            callbacks.retention = spec.checkpoint  # the worker applies it, not the trainer
             run = train or load_trainer()
             result = run(
                 spec,

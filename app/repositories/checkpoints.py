@@ -1,23 +1,123 @@
-"""Checkpoint lookups for admission (a job may start from one of its own project's checkpoints).
+"""Checkpoint queries beyond recording and listing them (`app.repositories.progress`):
 
-The writes and the per-job listing live in `app.repositories.progress`; this module only answers
-"does this project's job have a checkpoint at this step", scoped to the project in one query so
-another project's job and a missing one look the same."""
+- admission's lookup (a job may start from one of its own project's checkpoints);
+- the retention pass of a running job (the metric value a checkpoint ranks by, marking the
+  checkpoints it does not keep as deleted);
+- usage: the bytes of a project's kept checkpoints, from the sizes recorded with them.
+
+A checkpoint row marked deleted stays (its download answers 410) until its job is purged.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import Row, Select, func, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Checkpoint, Job
+from app.models import Checkpoint, Job, JobMetric
 
 
 def checkpoint_of_project_job(
     session: Session, *, project_id: str, job_id: str, step: int
 ) -> Checkpoint | None:
-    """The checkpoint of `job_id` at `step`, when that job belongs to `project_id`; else None."""
+    """The kept checkpoint of `job_id` at `step`, when that job belongs to `project_id` and was
+    not deleted; else None (another project's job, a deleted one and a missing one look the
+    same)."""
     return session.scalars(
         select(Checkpoint)
         .join(Job, Job.id == Checkpoint.job_id)
-        .where(Checkpoint.job_id == job_id, Checkpoint.step == step, Job.project_id == project_id)
+        .where(
+            Checkpoint.job_id == job_id,
+            Checkpoint.step == step,
+            Checkpoint.deleted_at.is_(None),
+            Job.project_id == project_id,
+            Job.deleted_at.is_(None),
+        )
     ).one_or_none()
+
+
+def metric_at_or_before(session: Session, *, job_id: str, name: str, step: int) -> float | None:
+    """The job's latest recorded value of metric `name` at a step <= `step` (steps that did not
+    report it, or reported a non-finite value, stored as null, are skipped); None if none."""
+    value = JobMetric.values[name].as_float()
+    return session.scalar(
+        select(value)
+        .where(JobMetric.job_id == job_id, JobMetric.step <= step, value.is_not(None))
+        .order_by(JobMetric.step.desc())
+        .limit(1)
+    )
+
+
+def mark_deleted(session: Session, *, job_id: str, steps: Sequence[int], now: datetime) -> None:
+    """Mark the job's checkpoints at `steps` deleted (their folders are removed after commit)."""
+    if not steps:
+        return
+    session.execute(
+        update(Checkpoint)
+        .where(
+            Checkpoint.job_id == job_id,
+            Checkpoint.step.in_(list(steps)),
+            Checkpoint.deleted_at.is_(None),
+        )
+        .values(deleted_at=now)
+        .execution_options(synchronize_session=False)
+    )
+
+
+def deleted_paths(session: Session, *, job_id: str) -> list[str]:
+    """The recorded folders of the job's deleted checkpoints (some may be gone already)."""
+    return list(
+        session.scalars(
+            select(Checkpoint.path).where(
+                Checkpoint.job_id == job_id, Checkpoint.deleted_at.is_not(None)
+            )
+        )
+    )
+
+
+def _kept_of_project(project_id: str) -> Select[tuple[str, int | None, int]]:
+    """Per job of the project not deleted: (job_id, bytes, count) of its kept checkpoints."""
+    return (
+        select(
+            Checkpoint.job_id,
+            func.coalesce(func.sum(Checkpoint.size_bytes), 0).label("bytes"),
+            func.count().label("checkpoints"),
+        )
+        .join(Job, Job.id == Checkpoint.job_id)
+        .where(
+            Job.project_id == project_id,
+            Job.deleted_at.is_(None),
+            Checkpoint.deleted_at.is_(None),
+        )
+        .group_by(Checkpoint.job_id)
+    )
+
+
+def usage_totals(session: Session, *, project_id: str) -> tuple[int, int, int]:
+    """(bytes, checkpoints, jobs) of the project's kept checkpoints of jobs not deleted."""
+    per_job = _kept_of_project(project_id).subquery()
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(per_job.c.bytes), 0),
+            func.coalesce(func.sum(per_job.c.checkpoints), 0),
+            func.count(),
+        ).select_from(per_job)
+    ).one()
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def usage_by_job(
+    session: Session, *, project_id: str, limit: int
+) -> list[Row[tuple[str, int, int]]]:
+    """(job_id, bytes, checkpoints) of the project's jobs holding kept checkpoints, the largest
+    first (then the newest job), at most `limit`."""
+    per_job = _kept_of_project(project_id).subquery()
+    return list(
+        session.execute(
+            select(per_job.c.job_id, per_job.c.bytes, per_job.c.checkpoints)
+            .order_by(per_job.c.bytes.desc(), per_job.c.job_id.desc())
+            .limit(limit)
+        )
+    )

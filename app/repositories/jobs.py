@@ -42,8 +42,9 @@ def get(session: Session, *, job_id: str) -> Job | None:
 
 
 def get_for_project(session: Session, *, project_id: str, job_id: str) -> Job | None:
+    """The project's job, unless its owner deleted it (a deleted job is not found)."""
     return session.scalars(
-        select(Job).where(Job.id == job_id, Job.project_id == project_id)
+        select(Job).where(Job.id == job_id, Job.project_id == project_id, Job.deleted_at.is_(None))
     ).one_or_none()
 
 
@@ -62,9 +63,9 @@ def list_page(
     statuses: list[str] | None,
     metadata: dict[str, str] | None = None,
 ) -> tuple[list[Job], bool]:
-    """Newest first. `after` is the last id of the previous page; ids are time-ordered.
-    `metadata`: only jobs whose spec's metadata has each key with that value."""
-    query = select(Job).where(Job.project_id == project_id)
+    """Newest first, deleted jobs left out. `after` is the last id of the previous page; ids
+    are time-ordered. `metadata`: only jobs whose spec's metadata has each key with that value."""
+    query = select(Job).where(Job.project_id == project_id, Job.deleted_at.is_(None))
     if statuses:
         query = query.where(Job.status.in_(statuses))
     for key, value in (metadata or {}).items():

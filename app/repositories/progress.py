@@ -1,7 +1,9 @@
 """What a running job produces: metrics, samples, checkpoints.
 
 Each is unique per (job, step) and inserted with ON CONFLICT DO NOTHING, so a resumed attempt
-that repeats a step writes nothing twice. Metric reads are in app.repositories.metrics."""
+that repeats a step writes nothing twice; a checkpoint saved again replaced its folder, so its
+row takes the new folder's facts instead. Metric reads are in app.repositories.metrics; the
+checkpoint retention and usage queries in app.repositories.checkpoints."""
 
 from __future__ import annotations
 
@@ -17,16 +19,22 @@ from app.models import Checkpoint, JobMetric, JobSample
 from app.repositories import metrics as metrics_repo
 
 
-def _insert_once(session: Session, model: type[Any], row: dict[str, Any]) -> bool:
-    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key; True if inserted.
+def _insert_once(
+    session: Session, model: type[Any], row: dict[str, Any], *, replace: bool = False
+) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING on the unique (job_id, step) key (with `replace`: DO
+    UPDATE, the row takes `row`'s values); True if a row was written.
 
     Told by the row RETURNING gives back: the driver's rowcount is -1 for this statement on
     Postgres (psycopg), which read as "inserted" for a step that was already there."""
     dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        stmt: Any = postgresql.insert(model).values(**row).on_conflict_do_nothing()
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(model).values(**row).on_conflict_do_nothing()
+    if dialect in ("postgresql", "sqlite"):
+        base = (postgresql if dialect == "postgresql" else sqlite).insert(model).values(**row)
+        if replace:
+            updates = {k: v for k, v in row.items() if k not in ("job_id", "step")}
+            stmt: Any = base.on_conflict_do_update(index_elements=["job_id", "step"], set_=updates)
+        else:
+            stmt = base.on_conflict_do_nothing()
     else:  # pragma: no cover - other databases are not supported
         stmt = insert(model).values(**row)
     return session.execute(stmt.returning(model.id)).first() is not None
@@ -57,11 +65,29 @@ def add_samples_once(
 
 
 def add_checkpoint_once(
-    session: Session, *, job_id: str, step: int, attempt: int, path: Path, now: datetime
-) -> bool:
-    """True when the row is new (a repeated step records nothing)."""
-    row = {"job_id": job_id, "step": step, "attempt": attempt, "path": str(path), "created_at": now}
-    return _insert_once(session, Checkpoint, row)
+    session: Session,
+    *,
+    job_id: str,
+    step: int,
+    attempt: int,
+    path: Path,
+    now: datetime,
+    size_bytes: int | None = None,
+    metrics: dict[str, float | None] | None = None,
+) -> None:
+    """Record the checkpoint of (job, step). A step saved again (a resumed run repeating it)
+    replaced the folder: the row then takes the new folder's facts and is live again."""
+    row = {
+        "job_id": job_id,
+        "step": step,
+        "attempt": attempt,
+        "path": str(path),
+        "created_at": now,
+        "size_bytes": size_bytes,
+        "metrics": metrics,
+        "deleted_at": None,
+    }
+    _insert_once(session, Checkpoint, row, replace=True)
 
 
 def metrics_after(session: Session, *, job_id: str, after_step: int, limit: int) -> list[JobMetric]:
@@ -87,13 +113,14 @@ def samples_page(
 
 
 def checkpoints(session: Session, *, job_id: str, newest_first: bool = False) -> list[Checkpoint]:
+    """The job's checkpoints that are kept (not deleted by its retention)."""
     order = Checkpoint.step.desc() if newest_first else Checkpoint.step
-    return list(
-        session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(order))
-    )
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.deleted_at.is_(None))
+    return list(session.scalars(query.order_by(order)))
 
 
 def checkpoint_at(session: Session, *, job_id: str, step: int) -> Checkpoint | None:
+    """The job's checkpoint row at `step`, deleted or not (a deleted one answers 410)."""
     return session.scalars(
         select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
     ).one_or_none()
@@ -102,8 +129,8 @@ def checkpoint_at(session: Session, *, job_id: str, step: int) -> Checkpoint | N
 def checkpoints_before(
     session: Session, *, job_id: str, before_step: int | None, limit: int
 ) -> tuple[list[Checkpoint], bool]:
-    """A page of the job's checkpoints, newest first, below `before_step` when given."""
-    query = select(Checkpoint).where(Checkpoint.job_id == job_id)
+    """A page of the job's kept checkpoints, newest first, below `before_step` when given."""
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.deleted_at.is_(None))
     if before_step is not None:
         query = query.where(Checkpoint.step < before_step)
     rows = list(session.scalars(query.order_by(Checkpoint.step.desc()).limit(limit + 1)))

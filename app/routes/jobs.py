@@ -1,4 +1,4 @@
-"""/v1/jobs: create, validate, list, read, cancel, pause, resume, events."""
+"""/v1/jobs: create, validate, list, read, cancel, pause, resume, delete, events."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
 from app.routes.common import CONFLICT, ERRORS
 from app.routes.presenters import event_out, job_out, job_summary
-from app.schemas import EventList, JobList, JobOut, ValidationResult
-from app.services import admission, pausing
+from app.schemas import EventList, JobDeleted, JobList, JobOut, ValidationResult
+from app.services import admission, deletion, pausing
 from app.services import jobs as jobs_service
 from app.transitions import JobStatus
 from trainer.config import JobSpec, text_problem
@@ -175,6 +175,18 @@ def resume_job(job: JobDep, session: SessionDep, state: StateDep) -> JobOut:
         max_active=state.settings.max_active_jobs_per_project,
     )
     return job_out(resumed)
+
+
+@router.delete(
+    "/{job_id}",
+    response_model=JobDeleted,
+    summary="Delete an ended job: hidden at once, its data purged after a grace period",
+    responses={409: CONFLICT | {"description": "The job has not ended (cancel it first)."}},
+)
+def delete_job(job: JobDep, session: SessionDep, state: StateDep) -> JobDeleted:
+    grace = timedelta(seconds=state.settings.delete_grace_seconds)
+    purge_after = deletion.delete_job(session, job=job, grace=grace)
+    return JobDeleted(id=job.id, purge_after=purge_after)
 
 
 @router.get("/{job_id}/events", response_model=EventList, summary="A job's events, oldest first")

@@ -107,10 +107,18 @@ def locate(session: Session, *, checkpoint_dir: Path, job_id: str, step: int) ->
     """The archive of `job_id`'s checkpoint at `step` (the caller checked the job is theirs).
 
     404 (param `step`) when the job has no checkpoint at that step or its recorded folder is not
-    that job's folder in the checkpoint store; 410 when the folder was deleted."""
+    that job's folder in the checkpoint store; 410 when the checkpoint was deleted (by the job's
+    retention: the row says so; or its folder is gone)."""
     row = progress_repo.checkpoint_at(session, job_id=job_id, step=step)
     if row is None:
         raise NotFound(f"job {job_id} has no checkpoint at step {step}", param="step")
+    gone = Gone(
+        f"the checkpoint of step {step} was deleted (the job's checkpoint retention keeps its "
+        "latest checkpoints and the best one: see GET /v1/jobs/{id}/checkpoints)",
+        param="step",
+    )
+    if row.deleted_at is not None:
+        raise gone
     root = checkpoint_dir.resolve()
     expected = root / job_id / f"checkpoint-{step:06d}"
     stored = Path(row.path)
@@ -124,11 +132,6 @@ def locate(session: Session, *, checkpoint_dir: Path, job_id: str, step: int) ->
     if folder != expected:
         log.warning("checkpoint %s/%s: %r is not %s", job_id, step, row.path, expected)
         raise refused
-    gone = Gone(
-        f"the checkpoint of step {step} was deleted (a job keeps its latest checkpoints only); "
-        "download a later one",
-        param="step",
-    )
     top = f"{safe_name(job_id)}-step{step}"
     try:
         members = tuple(_members(folder, top, job_id, step)) if folder.is_dir() else ()

@@ -14,6 +14,7 @@ from trainer.checkpoint import (
     save_checkpoint,
     sweep_temp_dirs,
 )
+from trainer.config import CheckpointSpec
 from trainer.models import load_policy, resolve_model
 
 
@@ -115,8 +116,9 @@ def test_interrupted_writes_are_ignored_and_swept(tmp_path: Path, model_dir: Pat
 
 def test_keeps_only_the_last_checkpoints(tmp_path: Path, model_dir: Path) -> None:
     model, tokenizer, optimizer, scheduler = _setup(model_dir)
+    keep = CheckpointSpec(keep_last=3)
     for step in (1, 2, 5, 10, 12):
-        _save(tmp_path, step, model, tokenizer, optimizer, scheduler, keep=3)
+        _save(tmp_path, step, model, tokenizer, optimizer, scheduler, retention=keep)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [5, 10, 12]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "checkpoint-000005",
@@ -125,7 +127,9 @@ def test_keeps_only_the_last_checkpoints(tmp_path: Path, model_dir: Path) -> Non
     ]
     assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-000012"
     # Saving the same step again replaces it atomically.
-    _save(tmp_path, 12, model, tokenizer, optimizer, scheduler, keep=3, extra={"again": True})
+    _save(
+        tmp_path, 12, model, tokenizer, optimizer, scheduler, retention=keep, extra={"again": True}
+    )
     state = load_checkpoint(tmp_path / "checkpoint-000012", model, optimizer, scheduler)
     assert state.extra == {"again": True}
     assert [s for s, _ in list_checkpoints(tmp_path)] == [5, 10, 12]

@@ -6,6 +6,7 @@ writes one in ~30% of its 16-character completions; GRPO drives that to ~100% in
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 import trainer.rollout.startup as startup_module
 from trainer import losses
 from trainer.callbacks import Callbacks, RolloutSample, RunInfo
+from trainer.checkpoint import RETENTION_METRIC
 from trainer.config import JobSpec
 from trainer.data import PromptsTooLong
 from trainer.errors import NonFiniteLossError, TrainerError
@@ -285,6 +287,57 @@ def test_resume_reproduces_the_straight_run(
             if key.startswith(("time/", "tokens_per_s")):
                 continue
             assert resumed_metrics[step][key] == pytest.approx(value, abs=1e-5), (step, key)
+
+
+def test_library_runs_keep_the_checkpoints_the_spec_keeps_across_a_resume(tmp_path: Path) -> None:
+    """`grpo train` (no service) prunes its own folder by the spec's checkpoint section; the
+    value a checkpoint ranks by is the metric's latest at or before its step, carried over a
+    resume (step 5's value is the evaluation of step 3, made before the stop)."""
+    spec = tiny_spec(
+        steps=7,
+        grpo={"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8},
+        dataset={"rows": [{"prompt": f"say {w}"} for w in "abcdefghijkl"], "holdout": 4},
+        eval={"interval": 3, "max_rows": 4},
+        checkpoint_interval=1,
+        checkpoint={"keep_last": 2, "keep_best_by": "eval/accuracy"},
+    )
+    recorded: dict[int, object] = {}
+
+    class ManifestRecorder(Recorder):
+        def on_checkpoint(self, step: int, path: Path) -> None:
+            super().on_checkpoint(step, path)
+            manifest = json.loads((path / "manifest.json").read_text())
+            recorded[step] = manifest["extra"][RETENTION_METRIC]
+
+    first = ManifestRecorder(stop_after=4)
+    half = train(spec, first, output_dir=tmp_path)
+    assert half.final_step == 4 and half.checkpoint_path == tmp_path / "checkpoint-000004"
+    second = ManifestRecorder()
+    train(spec, second, output_dir=tmp_path, resume_from=half.checkpoint_path)
+    metrics = {**first.metrics, **second.metrics}
+    assert sorted(s for s, m in metrics.items() if "eval/accuracy" in m) == [3, 6, 7]
+    seen: list[tuple[int, float | None]] = []
+    latest: float | None = None
+    for step in range(1, 8):
+        latest = metrics[step].get("eval/accuracy", latest)
+        seen.append((step, latest))
+    assert recorded == {s: {"name": "eval/accuracy", "value": v} for s, v in seen}
+    assert recorded[5] == recorded[3] and recorded[1] == {"name": "eval/accuracy", "value": None}
+    expected = spec.checkpoint.kept_steps(seen)
+    assert {6, 7} <= expected and len(expected) <= 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"checkpoint-{s:06d}" for s in sorted(expected)
+    ]
+    # A receiver that applies the retention itself (the service's worker): nothing is deleted.
+    service = Recorder()
+    service.applies_retention = True
+    train(
+        spec.model_copy(update={"grpo": spec.grpo.model_copy(update={"steps": 3})}),
+        service,
+        output_dir=tmp_path / "service",
+    )
+    assert [s for s, _ in service.checkpoints] == [1, 2, 3]
+    assert len(list((tmp_path / "service").glob("checkpoint-*"))) == 3
 
 
 # --------------------------------------------------------------------------- failures, cancel

@@ -1,0 +1,39 @@
+"""/v1/usage: what the caller's project stores (checkpoint bytes, in total and per job)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.deps import PrincipalDep, SessionDep
+from app.repositories import checkpoints as checkpoints_repo
+from app.routes.common import ERRORS
+from app.schemas import JobUsage, UsageOut
+
+router = APIRouter(prefix="/v1/usage", tags=["usage"], responses=ERRORS)
+
+
+@router.get(
+    "",
+    response_model=UsageOut,
+    summary="Storage used by this project",
+    description="Checkpoint bytes of the project's jobs (deleted jobs and checkpoints deleted "
+    "by retention not counted), from the sizes recorded as each checkpoint was saved.",
+)
+def get_usage(
+    principal: PrincipalDep,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=100, description="Jobs listed, largest first.")] = 20,
+) -> UsageOut:
+    total, count, jobs = checkpoints_repo.usage_totals(session, project_id=principal.project_id)
+    rows = checkpoints_repo.usage_by_job(session, project_id=principal.project_id, limit=limit)
+    return UsageOut(
+        checkpoint_bytes=total,
+        checkpoints=count,
+        jobs_with_checkpoints=jobs,
+        jobs=[
+            JobUsage(job_id=r[0], checkpoint_bytes=int(r[1]), checkpoints=int(r[2])) for r in rows
+        ],
+        has_more=jobs > len(rows),
+    )
