@@ -71,6 +71,12 @@ class GrpoExtension(StrictModel):
     rollout: dict[str, Any] | None = Field(default=None, description="The spec's rollout section.")
     eval: dict[str, Any] | None = Field(default=None, description="The spec's eval section.")
     checkpoint_interval: int | None = Field(default=None, ge=0, le=MAX_STEPS)
+    checkpoint: dict[str, Any] | None = Field(
+        default=None, description="The spec's checkpoint section (retention)."
+    )
+    integrations: list[dict[str, Any]] | None = Field(
+        default=None, max_length=4, description="Native integrations (MLflow, W&B)."
+    )
     system_prompt: str | None = Field(default=None, max_length=20_000)
     use_chat_template: bool | None = None
     name: str | None = Field(default=None, max_length=120)

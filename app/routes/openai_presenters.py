@@ -76,7 +76,11 @@ def openai_job(job: Job, *, trained_tokens: float | None) -> FineTuningJobOut:
         training_file=dataset.get("file_id"),
         validation_file=dataset.get("validation_file_id"),
         estimated_finish=unix(utcnow() + timedelta(seconds=eta)) if eta is not None else None,
-        integrations=[],
+        integrations=[
+            {"type": "wandb", "wandb": {k: v for k, v in i.items() if k != "type"}}
+            for i in spec.get("integrations") or []
+            if i.get("type") == "wandb"
+        ],
         metadata=dict(spec.get("metadata") or {}) or None,
         method={
             "type": "reinforcement",

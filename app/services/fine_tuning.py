@@ -16,6 +16,7 @@ The mapping (docs/openai-compat.md has the table):
 - eval_interval -> eval.interval (auto: every ceil(steps / 10) steps with a validation file,
   else only at the end); eval_samples -> eval.max_rows (auto: 64);
 - reasoning_effort -> grpo.max_new_tokens = 128 x (low 0.5, default and medium 1, high 2);
+- integrations ({type: wandb, wandb: {...}}) -> the native wandb integration;
 - seed, metadata as they are (a missing seed is drawn and kept); suffix -> the job's name and
   the fine-tuned model's name;
 - grpo_service (the SDK's extra_body) -> the native sections it names. An explicit OpenAI
@@ -100,8 +101,13 @@ def refuse_methods(request: FineTuningJobCreate) -> None:
             "method.reinforcement.hyperparameters",
             param="hyperparameters",
         )
-    if request.integrations:
-        raise InvalidRequest("integrations are not supported yet", param="integrations")
+    for i, integration in enumerate(request.integrations or []):
+        if integration.get("type") != "wandb" or not isinstance(integration.get("wandb"), dict):
+            raise InvalidRequest(
+                "an integration is {type: wandb, wandb: {project, entity, name, tags}} (MLflow "
+                "export: grpo_service.integrations)",
+                param=f"integrations[{i}]",
+            )
 
 
 def training_rows(session: Session, *, project_id: str, file_id: str) -> int:
@@ -132,6 +138,7 @@ def translate(
         "graders": "method.reinforcement.grader",
         "seed": "seed",
         "metadata": "metadata",
+        "integrations": "integrations",
         "name": "suffix",
     }
 
@@ -204,7 +211,11 @@ def translate(
         "eval": {**ext_eval, "interval": interval, "max_rows": samples},
         "seed": seed,
         "metadata": dict(request.metadata or {}),
+        # OpenAI's {type: wandb, wandb: {...}} is the native {type: wandb, ...}.
+        "integrations": [{"type": "wandb", **i["wandb"]} for i in request.integrations or []],
     }
+    for i in range(len(request.integrations or [])):
+        sources[f"integrations[{i}]"] = f"integrations[{i}].wandb"
     if ext is not None:
         if ext.name:
             sources["name"] = "grpo_service.name"
@@ -212,7 +223,12 @@ def translate(
             if getattr(ext, key) is not None:
                 dataset[key] = getattr(ext, key)
                 sources[f"dataset.{key}"] = f"grpo_service.{key}"
-        for key in ("lora", "rollout", "checkpoint_interval"):
+        if ext.integrations:  # MLflow (and W&B) in the native form, after OpenAI's
+            native["integrations"] = [*native["integrations"], *ext.integrations]
+            offset = len(request.integrations or [])
+            for j in range(len(ext.integrations)):
+                sources[f"integrations[{offset + j}]"] = f"grpo_service.integrations[{j}]"
+        for key in ("lora", "rollout", "checkpoint_interval", "checkpoint"):
             if getattr(ext, key) is not None:
                 native[key] = getattr(ext, key)
     resolved = {

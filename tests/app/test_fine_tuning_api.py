@@ -203,6 +203,25 @@ def test_operator_limits_name_the_hyperparameter_that_decided(make_api: Any) -> 
     assert "100000" in refused["message"]
 
 
+def test_wandb_integrations_map_to_the_native_ones(make_api: Any) -> None:
+    off = make_api()  # W&B export disabled (the default): refused, naming OpenAI's field
+    file = upload(off, ROWS)
+    wandb = [{"type": "wandb", "wandb": {"project": "rft", "tags": ["a"]}}]
+    assert error(create(off, request(file["id"], integrations=wandb)))["param"] == (
+        "integrations[0].wandb"
+    )
+    bad = [{"type": "mlflow"}]
+    assert error(create(off, request(file["id"], integrations=bad)))["param"] == "integrations[0]"
+    on = make_api(wandb_mode="offline")
+    file = upload(on, ROWS)
+    job = create(on, request(file["id"], integrations=wandb)).json()
+    assert job["integrations"] == [
+        {"type": "wandb", "wandb": {"project": "rft", "entity": None, "name": None, "tags": ["a"]}}
+    ]
+    native = on.client.get(f"/v1/jobs/{job['id']}", headers=on.headers).json()["spec"]
+    assert native["integrations"][0]["project"] == "rft"
+
+
 def test_retries_with_an_idempotency_key_create_one_job(api: Api) -> None:
     file = upload(api, ROWS)
     headers = {**api.headers, "Idempotency-Key": "ft-1"}
@@ -374,3 +393,79 @@ def test_job_rows_keep_the_request_words(api: Api) -> None:
             assert stored.openai["requested"]["n_epochs"] == "auto"
     finally:
         engine.dispose()
+
+
+# Request bodies in the shape of OpenAI's RFT guide and API reference: accepted as written.
+GUIDE_GRADERS: list[dict[str, Any]] = [
+    {
+        "type": "score_model",
+        "name": "gpt-4.1 grader",
+        "model": "gpt-4.1-2025-04-14",
+        "input": [
+            {
+                "role": "user",
+                "type": "message",
+                "content": "Score the answer {{ sample.output_text }} against "
+                "{{ item.answer }} from 0 to 10. Reply with the number.",
+            }
+        ],
+        "range": [0, 10],
+        "sampling_params": {"temperature": 0, "max_completions_tokens": 16, "seed": 42},
+    },
+    {
+        "type": "python",
+        "name": "python grader",
+        "image_tag": "2025-05-08",
+        "source": "def grade(sample, item):\n    return 1.0 if sample['output_text'] == item['answer'] else 0.0\n",
+    },
+    {
+        "type": "multi",
+        "name": "combined",
+        "graders": {
+            "exact": {**STRING_CHECK, "name": "exact"},
+            "similar": {
+                "type": "text_similarity",
+                "name": "similar",
+                "input": "{{ sample.output_text }}",
+                "reference": "{{ item.answer }}",
+                "evaluation_metric": "fuzzy_match",
+                "pass_threshold": 0.8,
+            },
+        },
+        "calculate_output": "0.5 * exact + 0.5 * similar",
+    },
+]
+
+
+def test_the_rft_guides_bodies_are_accepted_as_written(api: Api, monkeypatch: Any) -> None:
+    # The operator's judge: graders naming OpenAI's models run on it (its served model).
+    judge = {"default": {"base_url": "http://127.0.0.1:9/v1", "model": "local-judge"}}
+    monkeypatch.setenv("GRPO_JUDGE_ENDPOINTS", json.dumps(judge))
+    train, validation = upload(api, ROWS), upload(api, ROWS[:3])
+    hyperparameters: list[dict[str, Any]] = [
+        {"reasoning_effort": "medium"},
+        {"n_epochs": 1, "batch_size": 4, "eval_interval": 2, "eval_samples": 3,
+         "compute_multiplier": 1.0, "learning_rate_multiplier": "auto"},
+    ]  # fmt: skip
+    for grader in GUIDE_GRADERS:
+        for hyper in hyperparameters:
+            body = {
+                "training_file": train["id"],
+                "validation_file": validation["id"],
+                "model": "o4-mini-2025-04-16",
+                "method": {
+                    "type": "reinforcement",
+                    "reinforcement": {
+                        "grader": grader,
+                        "response_format": {
+                            "type": "json_schema",
+                            "json_schema": {"name": "answer", "schema": {"type": "object"}},
+                        },
+                        "hyperparameters": hyper,
+                    },
+                },
+            }
+            response = create(api, body)
+            assert response.status_code == 200, (grader["type"], hyper, response.text)
+            shown = response.json()["method"]["reinforcement"]
+            assert shown["grader"]["type"] == grader["type"]

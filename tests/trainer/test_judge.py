@@ -111,6 +111,22 @@ def test_scores_are_mapped_from_the_range_and_the_request_is_rendered(
     assert script.headers[0]["Authorization"] == "Bearer sk-test"  # from the worker's env
 
 
+def test_an_endpoint_that_names_its_model_serves_graders_written_for_openai(
+    judge: tuple[Scripted, str],
+) -> None:
+    script, url = judge
+    script.replies = [(200, "7")]
+    built = build_grader(
+        spec(model="gpt-4o-2024-08-06", sampling_params={"reasoning_effort": "low"})
+    )
+    assert isinstance(built, JudgeScore)
+    endpoints = {"local": {"base_url": url, "model": "served-judge"}}
+    built.settings = build_judge_settings(endpoints=endpoints)
+    GraderSet([built]).score_batch(["4"], [{"question": "2+2?"}])
+    assert script.requests[0]["model"] == "served-judge"
+    assert script.requests[0]["reasoning_effort"] == "low"
+
+
 def test_busy_judges_are_retried_and_bad_replies_counted(judge: tuple[Scripted, str]) -> None:
     script, url = judge
     script.replies = [(429, "busy"), (503, "down"), (200, "10")]
