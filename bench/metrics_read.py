@@ -200,11 +200,16 @@ def before_read(database_url: str, job_id: str, points: int) -> dict[str, float]
 # --- MLflow ---------------------------------------------------------------------------------
 
 
-def start_mlflow(backend_url: str, port: int, folder: Path) -> subprocess.Popen[bytes]:
+def start_mlflow(
+    backend_url: str, port: int, folder: Path, executable: Path = MLFLOW
+) -> subprocess.Popen[bytes]:
+    """`mlflow server` on 127.0.0.1:`port` with `backend_url` as its store, its log and artifacts
+    in `folder`; returns once its /health answers (killed, and an error raised, if it never
+    does). The tests start theirs with this too."""
     log = open(folder / "mlflow.log", "ab")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(
         [
-            str(MLFLOW),
+            str(executable),
             "server",
             "--host",
             "127.0.0.1",
@@ -233,7 +238,12 @@ def start_mlflow(backend_url: str, port: int, folder: Path) -> subprocess.Popen[
         except httpx.HTTPError:
             return False
 
-    wait_for(healthy, 180, "mlflow server /health")
+    try:
+        wait_for(healthy, 180, "mlflow server /health")
+    except (AssertionError, RuntimeError, TimeoutError):
+        proc.kill()
+        proc.wait()
+        raise
     return proc
 
 

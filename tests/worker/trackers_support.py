@@ -24,7 +24,8 @@ from app.db import make_engine, make_session_factory, session_scope
 from app.ids import new_id
 from app.models import Job, JobEvent, JobMetric
 from app.settings import Settings
-from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec, wait_until
+from bench.metrics_read import start_mlflow as bench_start_mlflow
+from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
 from trainer.callbacks import Callbacks, RunInfo
 from trainer.config import JobSpec
 from worker.context import WorkerContext
@@ -71,45 +72,9 @@ CATALOG = [
 
 
 def start_mlflow(folder: Path, port: int) -> subprocess.Popen[bytes]:
-    """`mlflow server` on 127.0.0.1:`port` with a SQLite store in `folder`; returns once its
-    /health answers."""
-    log = open(folder / "mlflow.log", "ab")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(
-        [
-            str(MLFLOW),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{folder / 'mlflow.db'}",
-            "--default-artifact-root",
-            (folder / "artifacts").as_uri(),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "MLFLOW_TRACKING_URI": ""},
-    )
-
-    def healthy() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"mlflow server exited: {(folder / 'mlflow.log').read_text()}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(healthy, 180, "the mlflow server's /health")
-    except AssertionError:
-        proc.kill()
-        proc.wait()
-        raise
-    return proc
+    """`mlflow server` on 127.0.0.1:`port` with a SQLite store in `folder` (the benchmark's
+    launcher); returns once its /health answers."""
+    return bench_start_mlflow(f"sqlite:///{folder / 'mlflow.db'}", port, folder, executable=MLFLOW)
 
 
 def mlflow_run(url: str, experiment: str, job_id: str) -> dict[str, Any]:
