@@ -266,7 +266,11 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "     --retry-for)",
         formatter_class=raw,
     )
-    download.add_argument("job_id")
+    download.add_argument(
+        "job_id",
+        help="A job id, or a fine-tuned model or checkpoint name of the OpenAI-compatible API "
+        "(ft:<model>:<suffix>:<job id>[:ckpt-step-<N>]).",
+    )
     download.add_argument(
         "--step", type=int, default=None, help="The checkpoint's step (default: the latest)."
     )

@@ -123,7 +123,37 @@ def _merge(adapter: Path, out: Path) -> None:
     merge_adapter_folder(adapter, out)
 
 
+# A fine-tuned model's name in the OpenAI-compatible API: ft:<model>:<suffix>:<job id>, and
+# a checkpoint's: that plus :ckpt-step-<step> (app/routes/openai_presenters.py writes them; a
+# test checks the two agree).
+CHECKPOINT_SUFFIX = "ckpt-step-"
+
+
+def parse_model_name(name: str) -> tuple[str, int | None] | None:
+    """(job id, step or None) of a fine-tuned model or checkpoint name, or None for a name
+    that is not one (a plain job id)."""
+    if not name.startswith("ft:"):
+        return None
+    parts = name.split(":")
+    step = None
+    if parts[-1].startswith(CHECKPOINT_SUFFIX):
+        number = parts.pop().removeprefix(CHECKPOINT_SUFFIX)
+        if not number.isdigit():
+            raise UsageError(f"{name!r} ends in an invalid checkpoint step")
+        step = int(number)
+    if len(parts) < 4 or not parts[-1].startswith("job_"):
+        raise UsageError(f"{name!r} is not a fine-tuned model name (ft:<model>:<suffix>:<job id>)")
+    return parts[-1], step
+
+
 def download(args: argparse.Namespace, out: Output, client: Client) -> int:
+    named = parse_model_name(args.job_id)
+    if named is not None:
+        job_id, named_step = named
+        if named_step is not None and args.step is not None and args.step != named_step:
+            raise UsageError(f"--step {args.step} contradicts the checkpoint name's step")
+        args.job_id = job_id
+        args.step = args.step if named_step is None else named_step
     if args.step is not None and args.step < 0:
         raise UsageError("--step must be >= 0")
     if args.merge and (why := _merge_unavailable()):

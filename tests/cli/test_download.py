@@ -14,9 +14,9 @@ from app.main import create_app
 from app.settings import Settings
 from tests.app.test_checkpoint_download import ADAPTER, FULL, write_checkpoint
 from tests.app.test_progress_api import running_job
-from tests.app.test_streams import serve
 from tests.cli.helpers import cli
 from tests.conftest import Api, new_project_key, settings_for
+from tests.live_server import serve
 
 
 @pytest.fixture
@@ -50,6 +50,26 @@ def test_download_saves_the_latest_checkpoint_by_default(
     assert {p.name: p.read_bytes() for p in out.iterdir()} == FULL
     again = cli("download", job_id, "--step", "1", "--out", str(out))
     assert again.code == 2 and "exists" in again.err
+
+
+def test_download_takes_the_openai_apis_checkpoint_name(
+    served: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id, callbacks, _ = running_job(served)
+    callbacks.on_checkpoint(1, write_checkpoint(served, job_id, 1, FULL))
+    callbacks.on_checkpoint(2, write_checkpoint(served, job_id, 2, ADAPTER))
+    listed = served.client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints", headers=served.headers)
+    names = {c["step_number"]: c["fine_tuned_model_checkpoint"] for c in listed.json()["data"]}
+    monkeypatch.chdir(tmp_path)
+    result = cli("download", names[1], "--json")
+    assert result.code == 0, result.err
+    assert result.json()["job_id"] == job_id and result.json()["step"] == 1
+    assert {p.name: p.read_bytes() for p in Path(result.json()["path"]).iterdir()} == FULL
+    model = names[1].rsplit(":", 1)[0]  # the job's fine-tuned model name: its latest checkpoint
+    latest = cli("download", model, "--out", str(tmp_path / "latest"), "--json")
+    assert latest.code == 0 and latest.json()["step"] == 2, latest.err
+    clash = cli("download", names[1], "--step", "2", "--out", str(tmp_path / "x"))
+    assert clash.code == 2 and "contradicts" in clash.err
 
 
 def test_download_errors_map_to_exit_codes(served: Api, tmp_path: Path) -> None:
