@@ -161,6 +161,29 @@ class Settings(BaseSettings):
         ),
     )
 
+    # ---- the dashboard's sign-in (app.routes.session)
+    session_secret: str | None = Field(
+        default=None,
+        min_length=32,
+        description=(
+            "Secret that signs the dashboard's session cookies (32+ characters). Unset: a "
+            "random one kept in data_dir/session-secret, created on first start. Set it when "
+            "API processes do not share one data folder; changing it signs everybody out."
+        ),
+    )
+    session_ttl_hours: float = Field(
+        default=12.0,
+        gt=0,
+        le=24 * 30,
+        description="How long a dashboard sign-in lasts; then the key is asked for again.",
+    )
+    session_cookie_secure: bool | None = Field(
+        default=None,
+        description=(
+            "Mark the session cookie Secure (sent over https only). Unset: when the sign-in "
+            "request came over https (behind a TLS proxy, run uvicorn with --proxy-headers)."
+        ),
+    )
     # ---- fair use: one tenant must never starve another
     rate_limit_per_minute: int = Field(
         default=600, ge=1, description="Requests per API key per minute (429 beyond)."
