@@ -1,16 +1,18 @@
 // grpo-service dashboard: jobs list, job page, compare page. Plain DOM, no framework.
-// Every data call goes to /v1 with `Authorization: Bearer <key>`; the key is typed into the
-// sign-in form and lives in localStorage. It is never read from the URL: a key in an address
-// ends up in browser history, proxy and server logs and Referer headers. Pages poll
-// every 2 s while something runs (EventSource cannot send the Authorization header).
+// Sign-in and every data call go through api.js (a session cookie; the page keeps no key).
+// The job page follows the job's server-sent event stream and polls only while the stream is
+// down; the jobs list and the compare page poll every 2 s. Text from the API (job names,
+// prompts, completions) only ever enters the DOM as text nodes (h() below), and the page's
+// Content-Security-Policy allows no inline script or style.
 
+import {
+  AuthError, POLL_MS, api, follow, loadSession, onSessionEnd, poller, qs, session, setConn, signIn, signOut,
+} from "/dashboard/api.js";
 import { StepChart, alignSeries, fmtNum } from "/dashboard/charts.js";
 
-const KEY_STORE = "grpo.apiKey";
-const POLL_MS = 2000;
 const STATUSES = ["queued", "running", "pausing", "paused", "cancelling", "succeeded", "failed", "cancelled"];
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-const MAX_CACHED_POINTS = 6000; // per series; past this the job page refetches downsampled
+const MAX_CACHED_POINTS = 6000; // per series; past this the job page keeps every other point
 const compareSelection = new Set();
 
 // ------------------------------------------------------------------ DOM and formatting
@@ -62,89 +64,6 @@ function graderNames(spec) {
   return (spec?.graders || []).map((g) => g.name || g.type);
 }
 
-// ------------------------------------------------------------------ API access
-
-class AuthError extends Error {}
-let apiKey = null;
-
-/** The stored key; returns a message when an old `?key=` link was used. Such a key is not
- * used, only scrubbed from the address bar so it goes no further into history. */
-function loadKey() {
-  apiKey = localStorage.getItem(KEY_STORE);
-  const url = new URL(location.href);
-  if (!url.searchParams.has("key")) return "";
-  url.searchParams.delete("key");
-  history.replaceState(null, "", url.pathname + url.search + url.hash);
-  return "Keys in the address (?key=) are not accepted; paste the key here instead.";
-}
-
-function forgetKey(message) {
-  localStorage.removeItem(KEY_STORE);
-  apiKey = null;
-  route(message);
-}
-
-function qs(params) {
-  const q = new URLSearchParams();
-  for (const [k, v] of Object.entries(params)) {
-    if (v == null || v === "") continue;
-    for (const item of Array.isArray(v) ? v : [v]) q.append(k, item);
-  }
-  return q.toString();
-}
-
-async function api(path, { method = "GET", body, signal } = {}) {
-  const headers = { Authorization: `Bearer ${apiKey}` };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
-  const res = await fetch(path, {
-    method, headers, signal, cache: "no-store",
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  if (res.status === 401) {
-    forgetKey("The API key was rejected; enter a valid key.");
-    throw new AuthError("unauthorized");
-  }
-  const data = await res.json().catch(() => null);
-  if (!res.ok) throw new Error(data?.error?.message || `${res.status} ${res.statusText}`);
-  return data;
-}
-
-function setConn(ok, message) {
-  const el = document.getElementById("conn");
-  el.className = `conn ${ok ? "ok" : "down"}`;
-  el.textContent = ok ? "live" : "offline";
-  el.title = ok ? "Polling the API every 2 s" : message || "The API did not answer";
-}
-
-/** Run fn every POLL_MS until it returns false or stop() is called; never two runs at once. */
-function poller(fn) {
-  const ctrl = new AbortController();
-  let timer = null, busy = false, again = false, stopped = false;
-  async function tick() {
-    clearTimeout(timer);
-    if (stopped) return;
-    if (busy) { again = true; return; }
-    busy = true;
-    let keepGoing = true;
-    try {
-      keepGoing = (await fn(ctrl.signal)) !== false;
-      setConn(true);
-    } catch (err) {
-      if (stopped || err.name === "AbortError" || err instanceof AuthError) return;
-      setConn(false, err.message);
-    } finally {
-      busy = false;
-    }
-    if (stopped) return;
-    if (again) { again = false; tick(); } else if (keepGoing) timer = setTimeout(tick, POLL_MS);
-  }
-  tick();
-  return {
-    now: tick,
-    stop() { stopped = true; clearTimeout(timer); ctrl.abort(); },
-  };
-}
-
 // ------------------------------------------------------------------ routing
 
 let current = null;
@@ -154,8 +73,9 @@ function route(message) {
   current = null;
   const root = document.getElementById("view");
   root.replaceChildren();
-  document.getElementById("forget-key").hidden = !apiKey;
-  if (!apiKey) { current = keyView(root, typeof message === "string" ? message : ""); return; }
+  document.getElementById("sign-out").hidden = !session;
+  document.getElementById("project").textContent = session ? session.project_name : "";
+  if (!session) { current = keyView(root, typeof message === "string" ? message : ""); return; }
   const [path, query] = location.hash.replace(/^#/, "").split("?");
   const params = new URLSearchParams(query || "");
   const job = path.match(/^\/jobs\/([^/]+)$/);
@@ -170,18 +90,27 @@ function route(message) {
 
 function keyView(root, message) {
   const input = h("input", { id: "api-key", type: "password", placeholder: "API key", autocomplete: "off", required: true });
-  const form = h("form", { class: "card key-form", onsubmit: (e) => {
+  const error = h("p", { class: "error", hidden: !message }, message);
+  const button = h("button", { class: "primary", type: "submit" }, "Open dashboard");
+  const form = h("form", { class: "card key-form", onsubmit: async (e) => {
     e.preventDefault();
-    localStorage.setItem(KEY_STORE, input.value.trim());
-    apiKey = input.value.trim();
-    route();
+    button.disabled = true;
+    try {
+      await signIn(input.value.trim());
+      input.value = "";
+      route();
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+      button.disabled = false;
+    }
   } },
   h("h2", {}, "Sign in with an API key"),
-  h("p", { class: "muted" }, "The key is kept in this browser (localStorage) and sent as ",
-    h("code", {}, "Authorization: Bearer …"), " on every API call. ",
+  h("p", { class: "muted" }, "The key is sent once and exchanged for a session cookie that ",
+    "scripts cannot read and that expires; this page does not keep the key. ",
     "Create one with ", h("code", {}, "grpo keys create"), "."),
-  message ? h("p", { class: "error" }, message) : null,
-  h("div", { class: "row" }, input, h("button", { class: "primary", type: "submit" }, "Open dashboard")));
+  error,
+  h("div", { class: "row" }, input, button));
   root.append(form);
   input.focus();
   return { stop() {} };
@@ -334,7 +263,7 @@ function jobView(root, id) {
     cancel.disabled = true;
     try {
       renderJob(await api(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" }));
-      poll.now();
+      refreshSoon();
     } catch (err) {
       if (!(err instanceof AuthError)) alert(`Cancel failed: ${err.message}`);
       cancel.disabled = false;
@@ -345,7 +274,7 @@ function jobView(root, id) {
     pauseBtn.disabled = resumeBtn.disabled = true;
     try {
       renderJob(await api(`/v1/jobs/${encodeURIComponent(id)}/${action}`, { method: "POST" }));
-      poll.now();
+      refreshSoon();
     } catch (err) {
       if (!(err instanceof AuthError)) alert(`${action} failed: ${err.message}`);
       if (st.job) renderJob(st.job);
@@ -394,8 +323,36 @@ function jobView(root, id) {
     }
     if (first && st.metricStep == null) st.metricStep = 0;
     st.available = [...new Set([...st.available, ...body.available])].sort();
-    if (Object.values(st.series).some((s) => s.length > MAX_CACHED_POINTS)) st.metricStep = null;
+    thinSeries();
     drawCharts();
+  }
+
+  /** One step's metrics from the stream (`values` may hold null for a non-finite value). */
+  function addStepMetrics({ step, values }) {
+    if (st.metricStep != null && step <= st.metricStep) return; // already have it
+    for (const [name, value] of Object.entries(values)) {
+      if (value != null) (st.series[name] ||= []).push({ step, value });
+    }
+    st.metricStep = step;
+    const names = Object.keys(values).filter((n) => !st.available.includes(n));
+    if (names.length) st.available = [...st.available, ...names].sort();
+    thinSeries();
+    drawCharts();
+    if (st.job && step > st.job.progress.step) {
+      st.job.progress.step = step;
+      st.job.progress.last_metrics = values;
+      renderJob(st.job);
+    }
+  }
+
+  /** A long job's series stay bounded in the page: past MAX_CACHED_POINTS, every other point
+   * goes (the latest stays). */
+  function thinSeries() {
+    for (const [name, points] of Object.entries(st.series)) {
+      if (points.length > MAX_CACHED_POINTS) {
+        st.series[name] = points.filter((_, i) => i % 2 === 1 || i === points.length - 1);
+      }
+    }
   }
 
   function drawCharts() {
@@ -420,17 +377,21 @@ function jobView(root, id) {
     extra.update(steps, name ? [{ label: name, values: columns[0] }] : []);
   }
 
+  /** One job event as a row at the top of the table; an event already shown is skipped. */
+  function addEvent(e) {
+    if (st.eventsAfter != null && e.id <= st.eventsAfter) return;
+    events.prepend(h("tr", { class: `lvl-${e.level}` },
+      h("td", { class: "small nowrap", title: fmtTime(e.created_at) }, new Date(e.created_at).toLocaleTimeString()),
+      h("td", {}, h("span", { class: "tag" }, e.type)),
+      h("td", {}, e.message)));
+    st.eventCount += 1;
+    st.eventsAfter = e.id;
+  }
+
   async function loadEvents(signal) {
     for (;;) {
       const body = await api(`/v1/jobs/${encodeURIComponent(id)}/events?${qs({ after: st.eventsAfter, limit: 1000 })}`, { signal });
-      for (const e of body.data) {
-        events.prepend(h("tr", { class: `lvl-${e.level}` },
-          h("td", { class: "small nowrap", title: fmtTime(e.created_at) }, new Date(e.created_at).toLocaleTimeString()),
-          h("td", {}, h("span", { class: "tag" }, e.type)),
-          h("td", {}, e.message)));
-        st.eventCount += 1;
-      }
-      st.eventsAfter = body.next_after ?? st.eventsAfter;
+      for (const e of body.data) addEvent(e);
       if (!body.has_more) break;
     }
   }
@@ -484,7 +445,9 @@ function jobView(root, id) {
           h("td", {}, h("pre", { class: "completion" }, c.text)))))));
   }
 
-  const poll = poller(async (signal) => {
+  /** Everything over plain requests: the first load, and each poll while the stream is down.
+   * Returns false once a pass after the job ended has picked up its final rows. */
+  async function loadAll(signal) {
     const before = st.job?.progress.step;
     const job = await api(`/v1/jobs/${encodeURIComponent(id)}`, { signal });
     const firstLoad = !st.job;
@@ -497,15 +460,70 @@ function jobView(root, id) {
       await loadCheckpoints(signal);
       if (st.follow) await loadSamples(job.progress.step, signal);
     }
-    // One last pass after the job ends picks up its final rows; then stop polling.
     if (TERMINAL.has(job.status)) {
       if (st.final) return false;
       st.final = true;
     }
     return true;
-  });
+  }
 
-  return { stop() { poll.stop(); resize.disconnect(); } };
+  /** What the stream does not carry (progress, ETA, checkpoints, rollouts): fetched when the
+   * stream says something happened, at most once per POLL_MS. */
+  let refreshing = null, refreshTimer = null, lastRefresh = 0;
+  function refreshSoon() {
+    if (refreshTimer || stopped) return;
+    refreshTimer = setTimeout(async () => {
+      await refreshing;
+      refreshTimer = null;
+      lastRefresh = Date.now();
+      refreshing = refreshParts().catch((err) => {
+        if (err.name !== "AbortError" && !(err instanceof AuthError)) setConn(false, err.message);
+      });
+    }, Math.max(0, lastRefresh + POLL_MS - Date.now()));
+  }
+
+  async function refreshParts() {
+    const before = st.job?.progress.step;
+    const job = await api(`/v1/jobs/${encodeURIComponent(id)}`, { signal: ctrl.signal });
+    renderJob(job);
+    if (job.progress.step !== before || TERMINAL.has(job.status)) {
+      await loadCheckpoints(ctrl.signal);
+      if (st.follow) await loadSamples(job.progress.step, ctrl.signal);
+    }
+  }
+
+  // Load once, then follow the stream from where that load ended (`<event id>.<step>`).
+  const ctrl = new AbortController();
+  let stopped = false, live = null;
+  (async () => {
+    try {
+      await loadAll(ctrl.signal);
+      setConn(true);
+    } catch (err) {
+      if (err.name === "AbortError" || err instanceof AuthError) return;
+      setConn(false, err.message);
+    }
+    if (stopped || (st.job && TERMINAL.has(st.job.status))) return;
+    live = follow({
+      url: () => `/v1/jobs/${encodeURIComponent(id)}/stream?${qs({ after: `${st.eventsAfter ?? 0}.${st.metricStep ?? 0}` })}`,
+      on: {
+        metrics: (m) => { addStepMetrics(m); refreshSoon(); },
+        event: (e) => addEvent(e),
+        status: (e) => { addEvent(e); refreshSoon(); },
+        end: () => { refreshSoon(); },
+      },
+      poll: loadAll,
+    });
+  })();
+  return {
+    stop() {
+      stopped = true;
+      ctrl.abort();
+      clearTimeout(refreshTimer);
+      live?.stop();
+      resize.disconnect();
+    },
+  };
 }
 
 // ------------------------------------------------------------------ spec (from the OpenAPI schema)
@@ -638,6 +656,7 @@ function compareView(root, params) {
 
 // ------------------------------------------------------------------ start
 
-document.getElementById("forget-key").addEventListener("click", () => forgetKey(""));
+onSessionEnd((message) => route(message));
+document.getElementById("sign-out").addEventListener("click", async () => { await signOut(); route(""); });
 window.addEventListener("hashchange", () => route());
-route(loadKey());
+loadSession().then(route, (err) => route(`The API did not answer: ${err.message}`));
