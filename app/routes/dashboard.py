@@ -28,6 +28,9 @@ DASHBOARD_DIR = Path(
 ASSETS: dict[str, tuple[str, str]] = {
     "app.js": ("app.js", "text/javascript"),
     "api.js": ("api.js", "text/javascript"),
+    "dom.js": ("dom.js", "text/javascript"),
+    "job.js": ("job.js", "text/javascript"),
+    "spec.js": ("spec.js", "text/javascript"),
     "charts.js": ("charts.js", "text/javascript"),
     "style.css": ("style.css", "text/css"),
     "uPlot.esm.js": ("node_modules/uplot/dist/uPlot.esm.js", "text/javascript"),

@@ -20,6 +20,7 @@ from app import transitions
 from app.clock import utcnow
 from app.db import make_engine, make_session_factory, session_scope
 from app.job_status import JobStatus
+from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo
 from tests.conftest import tiny_spec
 from tests.dashboard.conftest import Served
@@ -48,14 +49,17 @@ class JobWriter:
             transitions.transition(session, self.job_id, target, attempt=None)
 
     def step(self, step: int) -> None:
+        """One finished step: the job row's progress (fenced by the attempt, as the worker's
+        update is) and the step's metrics, in one transaction."""
+        values = {"reward/mean": step / 10, "kl": 0.01 * step, "entropy": 1.0}
+        now = utcnow()
         with session_scope(self.sessions) as session:
+            progress = {"current_step": step, "last_metrics": values, "heartbeat_at": now}
+            assert jobs_repo.update_progress(
+                session, job_id=self.job_id, attempt=0, values={**progress, "updated_at": now}
+            )
             progress_repo.add_metrics_once(
-                session,
-                job_id=self.job_id,
-                step=step,
-                attempt=0,
-                values={"reward/mean": step / 10, "kl": 0.01 * step, "entropy": 1.0},
-                now=utcnow(),
+                session, job_id=self.job_id, step=step, attempt=0, values=values, now=now
             )
 
 
@@ -203,3 +207,36 @@ def test_the_key_stays_out_of_urls_and_storage(served: Served, page: Any) -> Non
     assert "grpo_session" not in {c["name"] for c in page.context.cookies()}
     page.reload()
     expect(page.locator("form.key-form")).to_be_visible()
+
+
+def test_the_job_page_polls_while_the_stream_is_down_and_goes_back_to_it(
+    served: Served, page: Any, writer: JobWriter
+) -> None:
+    from playwright.sync_api import Route
+
+    writer.status(JobStatus.RUNNING)
+    writer.step(1)
+    refused: list[str] = []
+
+    def refuse(route: Route) -> None:
+        refused.append(route.request.url)
+        route.abort()
+
+    stream_url = re.compile(r"/v1/jobs/[^/]+/stream")
+    page.route(stream_url, refuse)
+    _sign_in(page, served.url, served.key)
+    page.goto(f"{served.url}/#/jobs/{writer.job_id}")
+    page.wait_for_function(f"() => {_points('reward')} === 1")
+    page.wait_for_function("() => document.getElementById('conn').title.startsWith('Polling')")
+    # The stream is down: the page polls, and the chart still grows.
+    writer.step(2)
+    page.wait_for_function(f"() => {_points('reward')} === 2")
+    assert refused
+
+    # The stream comes back: the page follows it again (it retries every 10 s).
+    page.unroute(stream_url, refuse)
+    page.wait_for_function(
+        "() => document.getElementById('conn').title.includes('event stream')", timeout=25_000
+    )
+    writer.step(3)
+    page.wait_for_function(f"() => {_points('reward')} === 3")
