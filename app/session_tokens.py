@@ -4,8 +4,8 @@ rest with a server secret, carried in an HttpOnly cookie (app.routes.session).
 The token holds no key material, only the key's id and when it stops being accepted; every use
 still looks the key up (app.services.keys.authenticate_session), so revoking the key ends its
 sessions. The secret comes from the settings (GRPO_SESSION_SECRET) or, when unset, from a 0600
-file in the data folder that the first API process creates, so every process sharing the folder
-signs alike and a restart signs nobody out.
+file (GRPO_SESSION_SECRET_FILE, by default in the data folder) that the first API process
+creates, so every process sharing the file signs alike and a restart signs nobody out.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-SECRET_FILE = "session-secret"
 VERSION = "v1"
 # Longest token this module ever issues (a key id is 40 characters at most): longer is refused
 # before any work is done on it.
@@ -33,16 +32,20 @@ class SessionClaims:
     expires_at: int  # unix seconds
 
 
-def load_or_create_secret(data_dir: Path, configured: str | None) -> bytes:
-    """The configured secret, else the one in `data_dir/session-secret` (created, 0600, with
-    256 random bits if missing; a process that loses the race to create it reads the winner's)."""
+def load_or_create_secret(path: Path, configured: str | None) -> bytes:
+    """The configured secret, else the one in the file at `path` (created, 0600, with 256
+    random bits if missing; a process that loses the race to create it reads the winner's)."""
     if configured:
         return configured.encode()
-    path = data_dir / SECRET_FILE
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return _read_secret(path)
+    except OSError as exc:  # a read-only data folder, say
+        raise RuntimeError(
+            f"cannot create the session secret {path} ({exc.strerror}): set GRPO_SESSION_SECRET, "
+            "or GRPO_SESSION_SECRET_FILE to a writable path"
+        ) from exc
     with os.fdopen(fd, "w") as fh:
         fh.write(secrets.token_hex(32) + "\n")
         fh.flush()

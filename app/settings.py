@@ -167,8 +167,15 @@ class Settings(BaseSettings):
         min_length=32,
         description=(
             "Secret that signs the dashboard's session cookies (32+ characters). Unset: a "
-            "random one kept in data_dir/session-secret, created on first start. Set it when "
-            "API processes do not share one data folder; changing it signs everybody out."
+            "random one kept in session_secret_file, created on first start. Set it when API "
+            "processes do not share that file; changing it signs everybody out."
+        ),
+    )
+    session_secret_file: Path | None = Field(
+        default=None,
+        description=(
+            "Where the generated session secret is kept (created 0600 on first start); "
+            "default: data_dir/session-secret. For an API whose data folder is read-only."
         ),
     )
     session_ttl_hours: float = Field(
@@ -231,6 +238,10 @@ class Settings(BaseSettings):
     @property
     def resolved_checkpoint_dir(self) -> Path:
         return (self.checkpoint_dir or self.data_dir / "checkpoints").resolve()
+
+    @property
+    def resolved_session_secret_file(self) -> Path:
+        return self.session_secret_file or self.data_dir / "session-secret"
 
     @property
     def resolved_model_roots(self) -> list[Path]:

@@ -89,7 +89,7 @@ def build_state(settings: Settings, dispatcher: Dispatcher | None = None) -> App
         # and close overflow connections (a new Postgres backend each time).
         slots=RequestSlots(max(1, int(getattr(engine.pool, "size", lambda: 10)()))),
         session_tokens=SessionTokens(
-            load_or_create_secret(settings.data_dir, settings.session_secret),
+            load_or_create_secret(settings.resolved_session_secret_file, settings.session_secret),
             ttl_s=settings.session_ttl_hours * 3600,
         ),
     )

@@ -18,7 +18,7 @@ from app.db import make_engine, make_session_factory, session_scope
 from app.main import create_app
 from app.models import ApiKey
 from app.services.keys import KEY_CACHE_TTL_S
-from app.session_tokens import SECRET_FILE, SessionTokens, load_or_create_secret
+from app.session_tokens import SessionTokens, load_or_create_secret
 from app.settings import build_settings
 from tests.conftest import Api, tiny_spec, wait_until
 
@@ -144,7 +144,9 @@ def test_a_cookie_sees_only_its_own_project(api: Api) -> None:
 def test_an_expired_or_forged_token_is_refused(api: Api) -> None:
     key_id = _sign_in(api.client, api.key)["key_id"]
     assert isinstance(key_id, str)
-    secret = load_or_create_secret(api.settings.data_dir, api.settings.session_secret)
+    secret = load_or_create_secret(
+        api.settings.resolved_session_secret_file, api.settings.session_secret
+    )
     client = TestClient(api.client.app)
 
     expired, _ = SessionTokens(secret, ttl_s=60, clock=lambda: time.time() - 61).issue(key_id)
@@ -190,10 +192,27 @@ def test_sign_out_clears_the_cookie(api: Api) -> None:
 
 def test_the_secret_persists_in_the_data_folder(tmp_path: Path) -> None:
     """Every API process on one data folder signs alike, and a restart signs nobody out."""
-    first = load_or_create_secret(tmp_path, None)
-    assert (tmp_path / SECRET_FILE).stat().st_mode & 0o777 == 0o600
-    assert load_or_create_secret(tmp_path, None) == first and len(first) == 64
-    assert load_or_create_secret(tmp_path, "y" * 40) == b"y" * 40
+    settings = build_settings(data_dir=tmp_path)
+    path = settings.resolved_session_secret_file
+    assert path == tmp_path / "session-secret"
+    first = load_or_create_secret(path, None)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert load_or_create_secret(path, None) == first and len(first) == 64
+    assert load_or_create_secret(path, "y" * 40) == b"y" * 40
+
+
+def test_an_unwritable_secret_file_stops_the_start_with_what_to_set(tmp_path: Path) -> None:
+    """A read-only data folder (the compose file mounts the API's read-only): the API says to
+    set GRPO_SESSION_SECRET or GRPO_SESSION_SECRET_FILE rather than start without a secret."""
+    unwritable = tmp_path / "no-such-folder" / "session-secret"
+    with pytest.raises(RuntimeError, match="GRPO_SESSION_SECRET"):
+        create_app(build_settings(data_dir=tmp_path, session_secret_file=unwritable))
+    configured = build_settings(
+        data_dir=tmp_path, session_secret_file=unwritable, session_secret="z" * 32
+    )
+    with TestClient(create_app(configured)) as client:
+        assert client.get("/v1/session").status_code == 401
+    assert not unwritable.parent.exists()
 
 
 def test_a_restarted_api_accepts_the_cookie_and_secure_can_be_forced(api: Api) -> None:
