@@ -35,6 +35,7 @@ export function jobView(root, id) {
   const st = {
     job: null, series: {}, available: [], metricStep: null, eventsAfter: null,
     eventCount: 0, ckptKey: "", sampleStep: null, follow: true, final: false,
+    partsStep: null, // the job step checkpoints and rollouts were last loaded at
   };
   const title = h("h2", { id: "job-title" }, id);
   const status = h("span", { id: "job-status" });
@@ -285,13 +286,9 @@ export function jobView(root, id) {
     const firstLoad = !st.job;
     renderJob(job);
     if (firstLoad) renderSpec(specBox, job.spec);
-    const moved = firstLoad || job.progress.step !== before || TERMINAL.has(job.status);
     await loadEvents(signal);
-    if (moved) {
-      await loadMetrics(signal);
-      await loadCheckpoints(signal);
-      if (st.follow) await loadSamples(job.progress.step, signal);
-    }
+    if (firstLoad || job.progress.step !== before || TERMINAL.has(job.status)) await loadMetrics(signal);
+    await loadParts(job, signal);
     if (TERMINAL.has(job.status)) {
       if (st.final) return false;
       st.final = true;
@@ -315,13 +312,18 @@ export function jobView(root, id) {
   }
 
   async function refreshParts() {
-    const before = st.job?.progress.step;
     const job = await api(`/v1/jobs/${encodeURIComponent(id)}`, { signal: ctrl.signal });
     renderJob(job);
-    if (job.progress.step !== before || TERMINAL.has(job.status)) {
-      await loadCheckpoints(ctrl.signal);
-      if (st.follow) await loadSamples(job.progress.step, ctrl.signal);
-    }
+    await loadParts(job, ctrl.signal);
+  }
+
+  /** Checkpoints and the latest rollouts, when the job moved since they were last loaded (the
+   * stream moves st.job's step ahead of them, so they keep a step of their own). */
+  async function loadParts(job, signal) {
+    if (job.progress.step === st.partsStep && !TERMINAL.has(job.status)) return;
+    await loadCheckpoints(signal);
+    if (st.follow) await loadSamples(job.progress.step, signal);
+    st.partsStep = job.progress.step;
   }
 
   // Load once, then follow the stream from where that load ended (`<event id>.<step>`).
@@ -340,7 +342,8 @@ export function jobView(root, id) {
       url: () => `/v1/jobs/${encodeURIComponent(id)}/stream?${qs({ after: `${st.eventsAfter ?? 0}.${st.metricStep ?? 0}` })}`,
       on: {
         metrics: (m) => { addStepMetrics(m); refreshSoon(); },
-        event: (e) => addEvent(e),
+        // A job event (a checkpoint saved, say) can change the checkpoints at the same step.
+        event: (e) => { addEvent(e); st.partsStep = null; refreshSoon(); },
         status: (e) => { addEvent(e); refreshSoon(); },
         end: () => { refreshSoon(); },
       },

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,6 +44,19 @@ class JobWriter:
         self.job_id = job_id
         self.engine = make_engine(served.settings.resolved_database_url)
         self.sessions = make_session_factory(self.engine)
+
+    def checkpoint(self, step: int) -> None:
+        """A checkpoint saved after the step: its row and its event (no step moves)."""
+        with session_scope(self.sessions) as session:
+            progress_repo.add_checkpoint_once(
+                session,
+                job_id=self.job_id,
+                step=step,
+                attempt=0,
+                path=Path(f"/nonexistent/checkpoint-{step:06d}"),
+                now=utcnow(),
+            )
+            transitions.add_event(session, self.job_id, "checkpoint", f"checkpoint {step} saved")
 
     def status(self, target: JobStatus) -> None:
         with session_scope(self.sessions) as session:
@@ -125,12 +139,21 @@ def test_the_job_chart_grows_from_the_stream_alone(
     page.goto(f"{served.url}/#/jobs/{writer.job_id}")
     page.wait_for_function(f"() => {_points('reward')} === 2")
     page.wait_for_function("() => document.getElementById('conn').title.includes('event stream')")
-    for step in range(3, 7):
+    for step in range(3, 6):
         writer.step(step)
         page.wait_for_function(f"() => {_points('reward')} === {step}")
+    # Step 6 also brings the page's follow-up load of that step's checkpoints and rollouts.
+    with page.expect_response(lambda r: "/samples?" in r.url and "step=6" in r.url):
+        writer.step(6)
+    page.wait_for_function(f"() => {_points('reward')} === 6")
     assert page.evaluate(_points("kl")) == 6
     expect(page.locator('[data-chart="reward"] .latest')).to_have_text("0.6 at step 6")
     expect(page.locator("#job-step")).to_have_text("step 6 of 50")
+    # A job event on the stream (a checkpoint saved at the same step) refreshes the checkpoints.
+    writer.checkpoint(6)
+    expect(page.locator("#events")).to_contain_text("checkpoint 6 saved")
+    expect(page.locator("#checkpoints tbody tr")).to_have_count(1)
+    expect(page.locator("#checkpoints tbody td.path")).to_have_text("checkpoint-000006")
 
     # A status change arrives on the stream too.
     writer.status(JobStatus.CANCELLING)
