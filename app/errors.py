@@ -31,6 +31,15 @@ class Unauthorized(ApiError):
     error_type = "authentication_error"
 
 
+class CrossSiteRefused(ApiError):
+    """A state-changing request authenticated by the session cookie without the header that
+    only a same-origin script can add (app.deps.get_principal says why)."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "csrf_header_required"
+
+
 class NotFound(ApiError):
     status_code = 404
     error_type = "not_found"

@@ -16,6 +16,7 @@ from app.routes import (
     health,
     jobs,
     progress,
+    session,
     usage,
     webhooks,
 )
@@ -24,7 +25,8 @@ from app.state import build_state
 
 API_DESCRIPTION = """\
 GRPO fine-tuning as a service. Submit a job spec (model, prompts, graders, GRPO settings),
-then follow its status, events and metrics. Every request needs `Authorization: Bearer <key>`.
+then follow its status, events and metrics. Every request needs `Authorization: Bearer <key>`
+(the dashboard signs in once with POST /v1/session and then sends its session cookie).
 Errors always look like `{"error": {"type", "message", "param"}}`.
 """
 
@@ -45,5 +47,6 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(fine_tuning.router)
     app.include_router(webhooks.router)
     app.include_router(usage.router)
+    app.include_router(session.router)
     app.include_router(dashboard.router)
     return app

@@ -281,3 +281,20 @@ class GraderRunOut(BaseModel):
 
 class GraderValidateOut(BaseModel):
     grader: dict[str, Any] = Field(description="The grader with every default filled in.")
+
+
+class SessionIn(BaseModel):
+    """POST /v1/session: the API key to sign in with (or send it as Authorization: Bearer)."""
+
+    model_config = {"extra": "forbid"}
+    key: str | None = Field(default=None, max_length=200, description="An API key.")
+
+
+class SessionOut(BaseModel):
+    project_id: str
+    project_name: str
+    key_id: str = Field(description="The key this session acts as.")
+    via: Literal["cookie", "bearer"] = Field(description="How this request was authenticated.")
+    expires_at: datetime | None = Field(
+        default=None, description="When the session cookie stops working; null for Bearer."
+    )

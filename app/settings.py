@@ -161,6 +161,36 @@ class Settings(BaseSettings):
         ),
     )
 
+    # ---- the dashboard's sign-in (app.routes.session)
+    session_secret: str | None = Field(
+        default=None,
+        min_length=32,
+        description=(
+            "Secret that signs the dashboard's session cookies (32+ characters). Unset: a "
+            "random one kept in session_secret_file, created on first start. Set it when API "
+            "processes do not share that file; changing it signs everybody out."
+        ),
+    )
+    session_secret_file: Path | None = Field(
+        default=None,
+        description=(
+            "Where the generated session secret is kept (created 0600 on first start); "
+            "default: data_dir/session-secret. For an API whose data folder is read-only."
+        ),
+    )
+    session_ttl_hours: float = Field(
+        default=12.0,
+        gt=0,
+        le=24 * 30,
+        description="How long a dashboard sign-in lasts; then the key is asked for again.",
+    )
+    session_cookie_secure: bool | None = Field(
+        default=None,
+        description=(
+            "Mark the session cookie Secure (sent over https only). Unset: when the sign-in "
+            "request came over https (behind a TLS proxy, run uvicorn with --proxy-headers)."
+        ),
+    )
     # ---- fair use: one tenant must never starve another
     rate_limit_per_minute: int = Field(
         default=600, ge=1, description="Requests per API key per minute (429 beyond)."
@@ -208,6 +238,10 @@ class Settings(BaseSettings):
     @property
     def resolved_checkpoint_dir(self) -> Path:
         return (self.checkpoint_dir or self.data_dir / "checkpoints").resolve()
+
+    @property
+    def resolved_session_secret_file(self) -> Path:
+        return self.session_secret_file or self.data_dir / "session-secret"
 
     @property
     def resolved_model_roots(self) -> list[Path]:

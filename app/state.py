@@ -13,6 +13,7 @@ from app.db import make_engine, make_session_factory
 from app.queue import CeleryDispatcher, Dispatcher
 from app.ratelimit import Limits, build_limits
 from app.services import dispatch
+from app.session_tokens import SessionTokens, load_or_create_secret
 from app.settings import Settings
 
 
@@ -53,6 +54,8 @@ class AppState:
     # bench/load_create.py found it).
     claims: sessionmaker[Session]
     slots: RequestSlots
+    # Signs and checks the dashboard's session cookies (app.routes.session).
+    session_tokens: SessionTokens
 
 
 # A pooled connection unused this long is pinged before a request gets it (app.db
@@ -85,4 +88,8 @@ def build_state(settings: Settings, dispatcher: Dispatcher | None = None) -> App
         # As many as the pool keeps open: more in flight would only wait on the pool, or open
         # and close overflow connections (a new Postgres backend each time).
         slots=RequestSlots(max(1, int(getattr(engine.pool, "size", lambda: 10)()))),
+        session_tokens=SessionTokens(
+            load_or_create_secret(settings.resolved_session_secret_file, settings.session_secret),
+            ttl_s=settings.session_ttl_hours * 3600,
+        ),
     )

@@ -1,149 +1,15 @@
-// grpo-service dashboard: jobs list, job page, compare page. Plain DOM, no framework.
-// Every data call goes to /v1 with `Authorization: Bearer <key>`; the key is typed into the
-// sign-in form and lives in localStorage. It is never read from the URL: a key in an address
-// ends up in browser history, proxy and server logs and Referer headers. Pages poll
-// every 2 s while something runs (EventSource cannot send the Authorization header).
+// grpo-service dashboard: routing, sign-in, jobs list and compare page; the job page is job.js.
+// Plain DOM, no framework. Sign-in and every data call go through api.js (a session cookie;
+// the page keeps no key). The jobs list and the compare page poll every 2 s; the job page
+// follows the job's event stream. Text from the API only ever enters the DOM as text nodes
+// (dom.js h()), and the page's Content-Security-Policy allows no inline script or style.
 
+import { api, loadSession, onSessionEnd, poller, qs, session, signIn, signOut } from "/dashboard/api.js";
 import { StepChart, alignSeries, fmtNum } from "/dashboard/charts.js";
+import { STATUSES, TERMINAL, ageOf, badge, fmtDuration, fmtTime, h, klText, progressBar } from "/dashboard/dom.js";
+import { jobView } from "/dashboard/job.js";
 
-const KEY_STORE = "grpo.apiKey";
-const POLL_MS = 2000;
-const STATUSES = ["queued", "running", "pausing", "paused", "cancelling", "succeeded", "failed", "cancelled"];
-const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-const MAX_CACHED_POINTS = 6000; // per series; past this the job page refetches downsampled
 const compareSelection = new Set();
-
-// ------------------------------------------------------------------ DOM and formatting
-
-/** h("div", {class: "x", onclick: f}, child, "text") -> element; text is never parsed as HTML. */
-function h(tag, props, ...children) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(props || {})) {
-    if (v == null || v === false) continue;
-    if (k === "class") el.className = v;
-    else if (k === "dataset") Object.assign(el.dataset, v);
-    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else if (k in el) el[k] = v;
-    else el.setAttribute(k, v === true ? "" : v);
-  }
-  for (const c of children.flat()) {
-    if (c != null && c !== false) el.append(c instanceof Node ? c : String(c));
-  }
-  return el;
-}
-
-function fmtDuration(seconds) {
-  if (seconds == null || !Number.isFinite(seconds)) return "–";
-  const s = Math.max(0, Math.round(seconds));
-  if (s < 60) return `${s}s`;
-  if (s < 3600) return `${Math.floor(s / 60)}m ${String(s % 60).padStart(2, "0")}s`;
-  if (s < 86400) return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
-  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
-}
-
-const ageOf = (iso) => (Date.now() - Date.parse(iso)) / 1000;
-const fmtTime = (iso) => (iso ? new Date(iso).toLocaleString() : "–");
-const badge = (status) => h("span", { class: `badge s-${status}`, dataset: { status } }, status);
-
-function progressBar(step, total) {
-  const pct = total ? Math.min(100, (100 * step) / total) : 0;
-  return h("div", { class: "bar", title: `${pct.toFixed(0)}%` },
-    h("div", { class: "fill", style: `width:${pct}%` }));
-}
-
-function klText(spec) {
-  const kl = spec?.grpo?.kl;
-  if (!kl) return "–";
-  const off = kl.estimator === "none" || !(kl.beta > 0);
-  return off ? `off (${kl.estimator})` : `${kl.estimator} · β ${fmtNum(kl.beta)}`;
-}
-
-function graderNames(spec) {
-  return (spec?.graders || []).map((g) => g.name || g.type);
-}
-
-// ------------------------------------------------------------------ API access
-
-class AuthError extends Error {}
-let apiKey = null;
-
-/** The stored key; returns a message when an old `?key=` link was used. Such a key is not
- * used, only scrubbed from the address bar so it goes no further into history. */
-function loadKey() {
-  apiKey = localStorage.getItem(KEY_STORE);
-  const url = new URL(location.href);
-  if (!url.searchParams.has("key")) return "";
-  url.searchParams.delete("key");
-  history.replaceState(null, "", url.pathname + url.search + url.hash);
-  return "Keys in the address (?key=) are not accepted; paste the key here instead.";
-}
-
-function forgetKey(message) {
-  localStorage.removeItem(KEY_STORE);
-  apiKey = null;
-  route(message);
-}
-
-function qs(params) {
-  const q = new URLSearchParams();
-  for (const [k, v] of Object.entries(params)) {
-    if (v == null || v === "") continue;
-    for (const item of Array.isArray(v) ? v : [v]) q.append(k, item);
-  }
-  return q.toString();
-}
-
-async function api(path, { method = "GET", body, signal } = {}) {
-  const headers = { Authorization: `Bearer ${apiKey}` };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
-  const res = await fetch(path, {
-    method, headers, signal, cache: "no-store",
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  if (res.status === 401) {
-    forgetKey("The API key was rejected; enter a valid key.");
-    throw new AuthError("unauthorized");
-  }
-  const data = await res.json().catch(() => null);
-  if (!res.ok) throw new Error(data?.error?.message || `${res.status} ${res.statusText}`);
-  return data;
-}
-
-function setConn(ok, message) {
-  const el = document.getElementById("conn");
-  el.className = `conn ${ok ? "ok" : "down"}`;
-  el.textContent = ok ? "live" : "offline";
-  el.title = ok ? "Polling the API every 2 s" : message || "The API did not answer";
-}
-
-/** Run fn every POLL_MS until it returns false or stop() is called; never two runs at once. */
-function poller(fn) {
-  const ctrl = new AbortController();
-  let timer = null, busy = false, again = false, stopped = false;
-  async function tick() {
-    clearTimeout(timer);
-    if (stopped) return;
-    if (busy) { again = true; return; }
-    busy = true;
-    let keepGoing = true;
-    try {
-      keepGoing = (await fn(ctrl.signal)) !== false;
-      setConn(true);
-    } catch (err) {
-      if (stopped || err.name === "AbortError" || err instanceof AuthError) return;
-      setConn(false, err.message);
-    } finally {
-      busy = false;
-    }
-    if (stopped) return;
-    if (again) { again = false; tick(); } else if (keepGoing) timer = setTimeout(tick, POLL_MS);
-  }
-  tick();
-  return {
-    now: tick,
-    stop() { stopped = true; clearTimeout(timer); ctrl.abort(); },
-  };
-}
 
 // ------------------------------------------------------------------ routing
 
@@ -154,8 +20,9 @@ function route(message) {
   current = null;
   const root = document.getElementById("view");
   root.replaceChildren();
-  document.getElementById("forget-key").hidden = !apiKey;
-  if (!apiKey) { current = keyView(root, typeof message === "string" ? message : ""); return; }
+  document.getElementById("sign-out").hidden = !session;
+  document.getElementById("project").textContent = session ? session.project_name : "";
+  if (!session) { current = keyView(root, typeof message === "string" ? message : ""); return; }
   const [path, query] = location.hash.replace(/^#/, "").split("?");
   const params = new URLSearchParams(query || "");
   const job = path.match(/^\/jobs\/([^/]+)$/);
@@ -170,18 +37,27 @@ function route(message) {
 
 function keyView(root, message) {
   const input = h("input", { id: "api-key", type: "password", placeholder: "API key", autocomplete: "off", required: true });
-  const form = h("form", { class: "card key-form", onsubmit: (e) => {
+  const error = h("p", { class: "error", hidden: !message }, message);
+  const button = h("button", { class: "primary", type: "submit" }, "Open dashboard");
+  const form = h("form", { class: "card key-form", onsubmit: async (e) => {
     e.preventDefault();
-    localStorage.setItem(KEY_STORE, input.value.trim());
-    apiKey = input.value.trim();
-    route();
+    button.disabled = true;
+    try {
+      await signIn(input.value.trim());
+      input.value = "";
+      route();
+    } catch (err) {
+      error.textContent = err.message;
+      error.hidden = false;
+      button.disabled = false;
+    }
   } },
   h("h2", {}, "Sign in with an API key"),
-  h("p", { class: "muted" }, "The key is kept in this browser (localStorage) and sent as ",
-    h("code", {}, "Authorization: Bearer …"), " on every API call. ",
+  h("p", { class: "muted" }, "The key is sent once and exchanged for a session cookie that ",
+    "scripts cannot read and that expires; this page does not keep the key. ",
     "Create one with ", h("code", {}, "grpo keys create"), "."),
-  message ? h("p", { class: "error" }, message) : null,
-  h("div", { class: "row" }, input, h("button", { class: "primary", type: "submit" }, "Open dashboard")));
+  error,
+  h("div", { class: "row" }, input, button));
   root.append(form);
   input.focus();
   return { stop() {} };
@@ -248,335 +124,6 @@ function listView(root, params) {
   });
 }
 
-// ------------------------------------------------------------------ job page
-
-const CHARTS = [
-  { key: "reward", title: "Reward", names: (spec) => ["reward/mean", ...graderNames(spec).map((g) => `reward/${g}/mean`)],
-    label: (n) => (n === "reward/mean" ? "total" : n.split("/")[1]) },
-  { key: "grader_errors", title: "Grader errors (samples scored 0)",
-    names: (spec) => graderNames(spec).map((g) => `reward/${g}/errors`),
-    label: (n) => n.split("/")[1] },
-  { key: "kl", title: "KL to the reference", names: () => ["kl", "kl_k3"] },
-  { key: "entropy", title: "Entropy", names: () => ["entropy"] },
-  { key: "mismatch", title: "Sampler vs trainer", names: () => ["mismatch/kl", "mismatch/capped_frac"],
-    label: (n) => n.split("/")[1] },
-  { key: "clip", title: "Clip fraction", names: () => ["clip_frac/low", "clip_frac/high", "clip_frac/dual", "clip_frac/clamped"],
-    label: (n) => n.split("/")[1] },
-  { key: "length", title: "Completion length (tokens)", names: () => ["completion_len/mean", "completion_len/max"],
-    label: (n) => n.split("/")[1] },
-  { key: "truncated", title: "Truncated fraction", names: () => ["truncated_frac"] },
-  { key: "time", title: "Step time breakdown (s, stacked)", stacked: true,
-    names: () => ["time/rollout", "time/reward", "time/logprobs", "time/update", "time/weight_sync"],
-    label: (n) => n.split("/")[1] },
-];
-
-function jobView(root, id) {
-  const st = {
-    job: null, series: {}, available: [], metricStep: null, eventsAfter: null,
-    eventCount: 0, ckptKey: "", sampleStep: null, follow: true, final: false,
-  };
-  const title = h("h2", { id: "job-title" }, id);
-  const status = h("span", { id: "job-status" });
-  const cancel = h("button", { id: "cancel-job", class: "danger", onclick: onCancel }, "Cancel job");
-  const pauseBtn = h("button", { id: "pause-job", onclick: () => onControl("pause") }, "Pause");
-  const resumeBtn = h("button", { id: "resume-job", onclick: () => onControl("resume") }, "Resume");
-  const meta = h("div", { class: "meta muted small" });
-  const prog = h("div", { class: "card progress", id: "job-progress" });
-  const grid = h("div", { class: "charts", id: "charts" });
-  const charts = CHARTS.map((c) => ({ def: c, chart: new StepChart(grid, { key: c.key, title: c.title, stacked: c.stacked }) }));
-  const extraSelect = h("select", { id: "extra-metric", onchange: drawCharts });
-  const extra = new StepChart(grid, { key: "extra", title: "Any metric" });
-  extra.title.after(" ", extraSelect);
-  const events = h("tbody");
-  const ckpts = h("tbody");
-  const samples = h("div", { id: "samples" });
-  const stepInput = h("input", { type: "number", id: "sample-step", min: 1, value: "", onchange: () => {
-    st.follow = false; followBox.checked = false; loadSamples(Number(stepInput.value));
-  } });
-  const followBox = h("input", { type: "checkbox", id: "sample-follow", checked: true, onchange: () => {
-    st.follow = followBox.checked;
-    if (st.follow && st.job) loadSamples(st.job.progress.step);
-  } });
-  const stepBy = (d) => () => {
-    st.follow = false; followBox.checked = false;
-    loadSamples(Math.max(1, (st.sampleStep || 1) + d));
-  };
-  const specBox = h("div", { id: "spec" });
-
-  root.append(
-    h("div", { class: "job-head" }, h("div", {}, h("a", { href: "#/", class: "small" }, "← Jobs"), title, meta),
-      h("span", { class: "spacer" }), status, pauseBtn, resumeBtn, cancel),
-    prog, grid,
-    h("section", { class: "card", id: "rollouts" },
-      h("div", { class: "section-head" }, h("h3", {}, "Rollouts"),
-        h("span", { class: "spacer" }),
-        h("button", { type: "button", onclick: stepBy(-1), title: "Previous step" }, "◀"),
-        h("label", {}, "Step ", stepInput),
-        h("button", { type: "button", onclick: stepBy(1), title: "Next step" }, "▶"),
-        h("label", {}, followBox, " follow latest")),
-      samples),
-    h("div", { class: "two-col" },
-      h("section", { class: "card" }, h("h3", {}, "Events"),
-        h("div", { class: "scroll" }, h("table", { class: "events", id: "events" },
-          h("thead", {}, h("tr", {}, ["Time", "Type", "Message"].map((t) => h("th", {}, t)))), events))),
-      h("section", { class: "card" }, h("h3", {}, "Checkpoints"),
-        h("div", { class: "scroll" }, h("table", { id: "checkpoints" },
-          h("thead", {}, h("tr", {}, ["Step", "Attempt", "Path", "Saved"].map((t) => h("th", {}, t)))),
-          ckpts)))),
-    h("section", { class: "card" }, h("h3", {}, "Spec", h("span", { class: "muted small" },
-      "bold: set differently from the default · grey: default · hover a row for its meaning")), specBox));
-
-  const resize = new ResizeObserver(() => { for (const c of charts) c.chart.resize(); extra.resize(); });
-  resize.observe(grid);
-
-  async function onCancel() {
-    if (!confirm(`Cancel job ${id}? A running job stops within one step and keeps its last checkpoint.`)) return;
-    cancel.disabled = true;
-    try {
-      renderJob(await api(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST" }));
-      poll.now();
-    } catch (err) {
-      if (!(err instanceof AuthError)) alert(`Cancel failed: ${err.message}`);
-      cancel.disabled = false;
-    }
-  }
-
-  async function onControl(action) {
-    pauseBtn.disabled = resumeBtn.disabled = true;
-    try {
-      renderJob(await api(`/v1/jobs/${encodeURIComponent(id)}/${action}`, { method: "POST" }));
-      poll.now();
-    } catch (err) {
-      if (!(err instanceof AuthError)) alert(`${action} failed: ${err.message}`);
-      if (st.job) renderJob(st.job);
-    }
-  }
-
-  function renderJob(job) {
-    st.job = job;
-    const p = job.progress;
-    title.textContent = job.name || job.id;
-    document.title = `${job.name || job.id} · grpo-service`;
-    status.replaceChildren(badge(job.status));
-    cancel.disabled = TERMINAL.has(job.status) || job.status === "cancelling";
-    // Pause while it queues or runs; resume once paused (or to take back a pause under way).
-    pauseBtn.disabled = !["queued", "running"].includes(job.status);
-    resumeBtn.disabled = !["paused", "pausing"].includes(job.status);
-    meta.replaceChildren(
-      h("span", { class: "mono" }, job.id), " · ", h("span", { class: "mono" }, job.model),
-      " · KL ", klText(job.spec), " · created ", fmtTime(job.created_at));
-    const elapsed = job.started_at ? ((job.finished_at ? Date.parse(job.finished_at) : Date.now()) - Date.parse(job.started_at)) / 1000 : null;
-    const stat = (label, value, idAttr) => h("div", { class: "stat" }, h("div", { class: "muted small" }, label), h("div", { class: "value", id: idAttr }, value));
-    prog.replaceChildren(
-      h("div", { class: "progress-line" }, progressBar(p.step, p.total_steps),
-        h("span", { id: "job-step" }, `step ${p.step} of ${p.total_steps}`)),
-      h("div", { class: "stats" },
-        stat("ETA", TERMINAL.has(job.status) ? "done" : fmtDuration(p.eta_s), "job-eta"),
-        stat("Elapsed", fmtDuration(elapsed)),
-        stat("Reward (last step)", fmtNum(p.last_metrics?.["reward/mean"])),
-        stat("Heartbeat", p.heartbeat_age_s == null ? "–" : `${fmtDuration(p.heartbeat_age_s)} ago`),
-        stat("Attempt", `${job.attempt} of ${job.max_attempts}`),
-        stat("Finished", fmtTime(job.finished_at))),
-      job.error ? h("p", { class: "error" }, `${job.error.code}: ${job.error.message || ""}`) : "");
-  }
-
-  async function loadMetrics(signal) {
-    const enc = encodeURIComponent(id);
-    const first = st.metricStep == null;
-    const url = first
-      ? `/v1/jobs/${enc}/metrics?max_points=2000`
-      : `/v1/jobs/${enc}/metrics?step_from=${st.metricStep + 1}`;
-    const body = await api(url, { signal });
-    if (first) st.series = {};
-    for (const [name, points] of Object.entries(body.series)) {
-      (st.series[name] ||= []).push(...points.map((pt) => ({ step: pt.step, value: pt.value })));
-      for (const pt of points) st.metricStep = Math.max(st.metricStep ?? 0, pt.step);
-    }
-    if (first && st.metricStep == null) st.metricStep = 0;
-    st.available = [...new Set([...st.available, ...body.available])].sort();
-    if (Object.values(st.series).some((s) => s.length > MAX_CACHED_POINTS)) st.metricStep = null;
-    drawCharts();
-  }
-
-  function drawCharts() {
-    const spec = st.job?.spec;
-    const emptyText = st.metricStep ? "Not recorded for this job." : "No data yet.";
-    for (const { def, chart } of charts) {
-      const names = def.names(spec);
-      const { steps, columns } = alignSeries(st.series, names);
-      const series = names.map((n, i) => ({ label: def.label ? def.label(n) : n, values: columns[i] }));
-      chart.update(steps, series, emptyText);
-    }
-    const shown = new Set(CHARTS.flatMap((c) => c.names(spec)));
-    const others = st.available.filter((n) => !shown.has(n));
-    if (others.join() !== [...extraSelect.options].map((o) => o.value).join()) {
-      const keep = extraSelect.value;
-      extraSelect.replaceChildren(...others.map((n) => h("option", { value: n }, n)));
-      if (others.includes(keep)) extraSelect.value = keep;
-      else if (others.includes("grad_norm")) extraSelect.value = "grad_norm";
-    }
-    const name = extraSelect.value;
-    const { steps, columns } = alignSeries(st.series, name ? [name] : []);
-    extra.update(steps, name ? [{ label: name, values: columns[0] }] : []);
-  }
-
-  async function loadEvents(signal) {
-    for (;;) {
-      const body = await api(`/v1/jobs/${encodeURIComponent(id)}/events?${qs({ after: st.eventsAfter, limit: 1000 })}`, { signal });
-      for (const e of body.data) {
-        events.prepend(h("tr", { class: `lvl-${e.level}` },
-          h("td", { class: "small nowrap", title: fmtTime(e.created_at) }, new Date(e.created_at).toLocaleTimeString()),
-          h("td", {}, h("span", { class: "tag" }, e.type)),
-          h("td", {}, e.message)));
-        st.eventCount += 1;
-      }
-      st.eventsAfter = body.next_after ?? st.eventsAfter;
-      if (!body.has_more) break;
-    }
-  }
-
-  async function loadCheckpoints(signal) {
-    const body = await api(`/v1/jobs/${encodeURIComponent(id)}/checkpoints`, { signal });
-    const key = body.data.map((c) => `${c.step}/${c.attempt}`).join();
-    if (key === st.ckptKey && ckpts.childElementCount) return;
-    st.ckptKey = key;
-    ckpts.replaceChildren(...body.data.map((c) => h("tr", {},
-      h("td", { class: "num" }, c.step), h("td", { class: "num" }, c.attempt),
-      h("td", { class: "mono small path" }, c.path), h("td", { class: "small" }, fmtTime(c.created_at)))));
-    if (!body.data.length) ckpts.append(h("tr", {}, h("td", { colSpan: 4, class: "muted" }, "None yet.")));
-  }
-
-  async function loadSamples(step, signal) {
-    if (!step) {
-      samples.replaceChildren(h("p", { class: "muted" }, "No steps finished yet."));
-      return;
-    }
-    st.sampleStep = step;
-    stepInput.value = String(step);
-    stepInput.max = String(st.job?.progress.step || step);
-    const body = await api(`/v1/jobs/${encodeURIComponent(id)}/samples?${qs({ step, limit: 1 })}`, { signal });
-    if (st.sampleStep !== step) return; // a newer selection won the race
-    const found = body.data[0];
-    if (!found) {
-      samples.replaceChildren(h("p", { class: "muted" }, `No samples recorded for step ${step}.`));
-      return;
-    }
-    samples.replaceChildren(...found.groups.map((g, gi) => renderGroup(g, gi, found)));
-  }
-
-  function renderGroup(group, gi, found) {
-    const graders = Object.keys(group.completions[0]?.rewards || {});
-    return h("div", { class: "group" },
-      h("div", { class: "group-head" }, h("span", { class: "tag" }, `group ${gi + 1}`),
-        h("span", { class: "muted small" }, ` step ${found.step} · attempt ${found.attempt} · answer `),
-        h("code", {}, group.answer ?? "–")),
-      h("pre", { class: "prompt" }, group.prompt),
-      h("table", { class: "completions" },
-        h("thead", {}, h("tr", {}, ["#", "Reward", ...graders, "Advantage", "Tokens", "Finish", "Completion"]
-          .map((t) => h("th", {}, t)))),
-        h("tbody", {}, group.completions.map((c, i) => h("tr", {},
-          h("td", { class: "num" }, i + 1),
-          h("td", { class: "num strong" }, fmtNum(c.reward)),
-          graders.map((g) => h("td", { class: "num" }, fmtNum(c.rewards[g]))),
-          h("td", { class: `num ${c.advantage > 0 ? "pos" : c.advantage < 0 ? "neg" : ""}` }, fmtNum(c.advantage)),
-          h("td", { class: "num" }, c.num_tokens),
-          h("td", { class: "small" }, c.finish_reason),
-          h("td", {}, h("pre", { class: "completion" }, c.text)))))));
-  }
-
-  const poll = poller(async (signal) => {
-    const before = st.job?.progress.step;
-    const job = await api(`/v1/jobs/${encodeURIComponent(id)}`, { signal });
-    const firstLoad = !st.job;
-    renderJob(job);
-    if (firstLoad) renderSpec(specBox, job.spec);
-    const moved = firstLoad || job.progress.step !== before || TERMINAL.has(job.status);
-    await loadEvents(signal);
-    if (moved) {
-      await loadMetrics(signal);
-      await loadCheckpoints(signal);
-      if (st.follow) await loadSamples(job.progress.step, signal);
-    }
-    // One last pass after the job ends picks up its final rows; then stop polling.
-    if (TERMINAL.has(job.status)) {
-      if (st.final) return false;
-      st.final = true;
-    }
-    return true;
-  });
-
-  return { stop() { poll.stop(); resize.disconnect(); } };
-}
-
-// ------------------------------------------------------------------ spec (from the OpenAPI schema)
-
-let schemaPromise = null;
-const loadSchema = () => (schemaPromise ||= fetch("/openapi.json").then((r) => r.json()).catch(() => null));
-
-function resolve(schema, defs, value) {
-  if (!schema) return null;
-  if (schema.$ref) return defs[schema.$ref.split("/").pop()];
-  const options = schema.anyOf || schema.oneOf;
-  if (options) {
-    if (schema.discriminator && value && typeof value === "object") {
-      const ref = schema.discriminator.mapping?.[value[schema.discriminator.propertyName]];
-      if (ref) return defs[ref.split("/").pop()];
-    }
-    const ref = options.find((o) => o.$ref);
-    if (ref) return defs[ref.$ref.split("/").pop()];
-  }
-  return schema;
-}
-
-const SPEC_GROUPS = ["job", "dataset", "graders", "grpo", "rollout", "eval"];
-
-/** The default a property schema declares; pydantic leaves out `default: null` of optional fields. */
-function schemaDefault(schema) {
-  if (!schema) return undefined;
-  if ("default" in schema) return schema.default;
-  if ((schema.anyOf || []).some((o) => o.type === "null")) return null;
-  return undefined;
-}
-
-function specValue(value) {
-  if (typeof value === "string") return value === "" ? '""' : value;
-  return JSON.stringify(value);
-}
-
-/** The resolved spec as one small table per section; each leaf says whether it is the default. */
-async function renderSpec(box, spec) {
-  const openapi = await loadSchema();
-  const defs = openapi?.components?.schemas || {};
-  const groups = new Map(SPEC_GROUPS.map((g) => [g, []]));
-  const add = (path, value, schema) => {
-    const top = path.split(/[.[]/)[0];
-    const group = groups.has(top) ? top : "job";
-    const key = group === "job" ? path : path.slice(top.length).replace(/^\./, "");
-    const dflt = schemaDefault(schema);
-    const empty = value && typeof value === "object" && !Object.keys(value).length;
-    const isDefault = dflt === undefined ? empty : JSON.stringify(dflt) === JSON.stringify(value);
-    groups.get(group).push({ key, value, desc: schema?.description, isDefault });
-  };
-  const walk = (value, schema, path) => {
-    const resolved = resolve(schema, defs, value);
-    if (Array.isArray(value) && path === "dataset.rows") {
-      add(path, `${value.length} inline rows`, schema);
-    } else if (Array.isArray(value) && value.length && typeof value[0] === "object") {
-      value.forEach((item, i) => walk(item, resolved?.items, `${path}[${i}]`));
-    } else if (value && typeof value === "object" && !Array.isArray(value) && resolved?.properties) {
-      for (const [k, v] of Object.entries(value)) walk(v, resolved.properties[k], path ? `${path}.${k}` : k);
-    } else {
-      add(path, value, schema);
-    }
-  };
-  walk(spec, defs.JobSpec || { properties: {} }, "");
-  const tables = [...groups].filter(([, rows]) => rows.length).map(([group, rows]) =>
-    h("table", { class: "spec" }, h("thead", {}, h("tr", {}, h("th", { colSpan: 2 }, group))),
-      h("tbody", {}, rows.map((r) => h("tr", { class: r.isDefault ? "is-default" : "is-set", title: r.desc || "" },
-        h("td", { class: "mono small key" }, r.key), h("td", { class: "mono small" }, specValue(r.value)))))));
-  box.replaceChildren(h("div", { class: "spec-columns" }, tables));
-}
-
 // ------------------------------------------------------------------ compare page
 
 function compareView(root, params) {
@@ -638,6 +185,7 @@ function compareView(root, params) {
 
 // ------------------------------------------------------------------ start
 
-document.getElementById("forget-key").addEventListener("click", () => forgetKey(""));
+onSessionEnd((message) => route(message));
+document.getElementById("sign-out").addEventListener("click", async () => { await signOut(); route(""); });
 window.addEventListener("hashchange", () => route());
-route(loadKey());
+loadSession().then(route, (err) => route(`The API did not answer: ${err.message}`));

@@ -5,7 +5,8 @@ FROM node:22-slim AS dashboard
 WORKDIR /build/dashboard
 COPY dashboard/package.json dashboard/package-lock.json ./
 RUN npm ci --no-audit --no-fund --omit=dev
-COPY dashboard/index.html dashboard/app.js dashboard/charts.js dashboard/style.css ./
+COPY dashboard/index.html dashboard/style.css dashboard/app.js dashboard/api.js dashboard/dom.js \
+     dashboard/job.js dashboard/spec.js dashboard/charts.js ./
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1

@@ -24,6 +24,14 @@ def find_key_by_prefix(session: Session, *, prefix: str) -> ApiKey | None:
     return session.scalars(select(ApiKey).where(ApiKey.prefix == prefix)).one_or_none()
 
 
+def find_key_by_id(session: Session, *, key_id: str) -> ApiKey | None:
+    return session.get(ApiKey, key_id)
+
+
+def get_project(session: Session, *, project_id: str) -> Project | None:
+    return session.get(Project, project_id)
+
+
 def find_project_by_name(session: Session, *, name: str) -> Project | None:
     return session.scalars(select(Project).where(Project.name == name)).one_or_none()
 

@@ -1,8 +1,10 @@
 """The web dashboard: static HTML/JS served at `/`, plus the chart library from npm.
 
-The page and its scripts are public; they hold no data. Every data call the page makes goes to
-/v1 with the project's key in the Authorization header, so the dashboard sees exactly what the
-key's project may see. Files are served from a fixed allow-list (no user-supplied paths), and
+The page and its scripts are public; they hold no data. The page signs in once with the key
+(POST /v1/session, app.routes.session) and then calls /v1 with the session cookie, so the
+dashboard sees exactly what the key's project may see. Every file is served with a strict
+Content-Security-Policy: scripts and styles from this origin only, no inline code, no framing,
+so a job name or completion text that slipped into the DOM as markup still could not run. Files are served from a fixed allow-list (no user-supplied paths), and
 the chart library comes from dashboard/node_modules, installed by `npm ci` in scripts/setup.sh.
 """
 
@@ -25,6 +27,10 @@ DASHBOARD_DIR = Path(
 # name in the URL -> (path under DASHBOARD_DIR, media type)
 ASSETS: dict[str, tuple[str, str]] = {
     "app.js": ("app.js", "text/javascript"),
+    "api.js": ("api.js", "text/javascript"),
+    "dom.js": ("dom.js", "text/javascript"),
+    "job.js": ("job.js", "text/javascript"),
+    "spec.js": ("spec.js", "text/javascript"),
     "charts.js": ("charts.js", "text/javascript"),
     "style.css": ("style.css", "text/css"),
     "uPlot.esm.js": ("node_modules/uplot/dist/uPlot.esm.js", "text/javascript"),
@@ -36,8 +42,28 @@ MISSING = """<!doctype html><meta charset="utf-8"><title>grpo-service</title>
 (it runs <code>npm ci</code> in <code>dashboard/</code>). The API is at <a href="/docs">/docs</a>.</p>
 """
 
-# Revalidate on every load: the files change with the deployment and are tiny.
-NO_CACHE = {"Cache-Control": "no-cache"}
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+# Revalidate on every load (the files change with the deployment and are tiny); never framed,
+# never sniffed into another type, no Referer to other sites.
+HEADERS = {
+    "Cache-Control": "no-cache",
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
 
 router = APIRouter(include_in_schema=False)
 
@@ -46,8 +72,8 @@ router = APIRouter(include_in_schema=False)
 def index() -> Response:
     page = DASHBOARD_DIR / "index.html"
     if not page.is_file():
-        return HTMLResponse(MISSING.format(what="index.html"), status_code=503)
-    return FileResponse(page, media_type="text/html", headers=NO_CACHE)
+        return HTMLResponse(MISSING.format(what="index.html"), status_code=503, headers=HEADERS)
+    return FileResponse(page, media_type="text/html", headers=HEADERS)
 
 
 @router.get("/dashboard")
@@ -63,5 +89,5 @@ def asset(name: Annotated[str, PathParam(max_length=64)]) -> Response:
     relative, media_type = entry
     path = DASHBOARD_DIR / relative
     if not path.is_file():
-        return HTMLResponse(MISSING.format(what=relative), status_code=503)
-    return FileResponse(path, media_type=media_type, headers=NO_CACHE)
+        return HTMLResponse(MISSING.format(what=relative), status_code=503, headers=HEADERS)
+    return FileResponse(path, media_type=media_type, headers=HEADERS)

@@ -86,6 +86,31 @@ def authenticate(session: Session, *, authorization: str | None) -> Principal:
     return principal
 
 
+# Keys that signed-in sessions named, verified in the last KEY_CACHE_TTL_S (by key id; the
+# token's signature and expiry are checked on every request before this is consulted).
+_session_keys: VerifiedKeys[Principal] = VerifiedKeys(KEY_CACHE_TTL_S, KEY_CACHE_MAX_ENTRIES)
+
+
+def authenticate_session(session: Session, *, key_id: str) -> Principal:
+    """The project of the key a verified session token names, while that key exists and is not
+    revoked: a session is a second way to the same Principal as `authenticate`, and ends with
+    its key (within KEY_CACHE_TTL_S, as for Bearer keys)."""
+    cached = _session_keys.get(key_id)
+    if cached is not None:
+        return cached
+    key = keys_repo.find_key_by_id(session, key_id=key_id)
+    if key is None or key.revoked_at is not None:
+        raise Unauthorized("the session has ended (its key was revoked); sign in again")
+    principal = Principal(project_id=key.project_id, key_id=key.id)
+    _session_keys.put(key_id, principal)
+    return principal
+
+
+def project_name(session: Session, *, project_id: str) -> str:
+    project = keys_repo.get_project(session, project_id=project_id)
+    return project.name if project is not None else project_id
+
+
 def bootstrap_local_key(session: Session) -> CreatedKey | None:
     """On the first start of an empty database, create the default project and one key."""
     if keys_repo.count_keys(session) > 0:

@@ -92,7 +92,7 @@ def test_dashboard_follows_a_live_job_and_cancels_it(
     queued = _create(served, _spec("queued-k2", 5, "k2", 0.02))
 
     try:
-        # ---- jobs list: the key is typed into the sign-in form and lives in localStorage.
+        # ---- jobs list: the key is typed into the sign-in form, exchanged for a cookie.
         _sign_in(page, served.url, served.key)
         main_row = page.locator(f'tr[data-job-id="{main}"]')
         expect(main_row).to_have_attribute("data-status", "running", timeout=150_000)
@@ -107,9 +107,9 @@ def test_dashboard_follows_a_live_job_and_cancels_it(
         row_step = (
             f"parseInt(document.querySelector('tr[data-job-id=\"{main}\"] .step').textContent)"
         )
-        page.wait_for_function(f"{row_step} >= 1")
+        page.wait_for_function(f"() => {row_step} >= 1")
         before = int(page.evaluate(row_step))
-        page.wait_for_function(f"{row_step} > Math.max({before}, 2)")
+        page.wait_for_function(f"() => {row_step} > Math.max({before}, 2)")
         assert main_row.locator("td.num").inner_text() != "–"  # latest reward
         page.screenshot(path=str(SHOTS / "jobs-list.png"))
 
@@ -119,14 +119,16 @@ def test_dashboard_follows_a_live_job_and_cancels_it(
         page.select_option("#status-filter", "")
         expect(page.locator("#jobs-table tbody tr")).to_have_count(3)
 
-        # ---- job page: charts gain points as the worker reports steps.
+        # ---- job page: charts gain points as the worker reports steps (over the SSE stream).
         main_row.locator("a").first.click()
         assert page.url.endswith(f"#/jobs/{main}")
         expect(page.locator("#job-status .badge")).to_have_text("running")
-        page.wait_for_function("document.querySelector('[data-chart=reward]').dataset.points >= 3")
+        page.wait_for_function(
+            "() => document.querySelector('[data-chart=reward]').dataset.points >= 3"
+        )
         seen = _points(page, "reward")
         page.wait_for_function(
-            f"document.querySelector('[data-chart=reward]').dataset.points > {seen}"
+            f"() => document.querySelector('[data-chart=reward]').dataset.points > {seen}"
         )
         assert _points(page, "reward") > seen
         for chart in (
@@ -150,7 +152,9 @@ def test_dashboard_follows_a_live_job_and_cancels_it(
         expect(page.locator("#samples .completions tbody tr")).to_have_count(8)  # 2 groups x 4
         expect(page.locator("#spec")).to_contain_text("k3_unbiased")
         expect(page.locator("#spec tr.is-default").first).to_be_visible()
-        page.wait_for_function("document.querySelector('[data-chart=reward]').dataset.points >= 6")
+        page.wait_for_function(
+            "() => document.querySelector('[data-chart=reward]').dataset.points >= 6"
+        )
         page.screenshot(path=str(SHOTS / "job-page.png"), full_page=True)
 
         # The rollout viewer steps back to an earlier step.
@@ -160,7 +164,9 @@ def test_dashboard_follows_a_live_job_and_cancels_it(
 
         # ---- compare: one metric of two jobs on one chart.
         page.goto(f"{served.url}/#/compare?jobs={short},{main}&metric=reward/mean")
-        page.wait_for_function("document.querySelector('[data-chart=compare]').dataset.points >= 3")
+        page.wait_for_function(
+            "() => document.querySelector('[data-chart=compare]').dataset.points >= 3"
+        )
         compare_legend = page.locator('[data-chart="compare"] .u-legend').inner_text()
         assert "baseline-k3" in compare_legend and "arith-k3-unbiased" in compare_legend
         page.screenshot(path=str(SHOTS / "compare.png"))
@@ -189,12 +195,14 @@ def test_a_bad_key_gets_the_key_form(served: Served, browser_page: Any) -> None:
     page = browser_page
     _sign_in(page, served.url, "not-a-key")
     expect(page.locator("form.key-form .error")).to_contain_text("rejected")
-    assert page.evaluate("localStorage.getItem('grpo.apiKey')") is None
+    assert "grpo_session" not in {c["name"] for c in page.context.cookies()}
     page.fill("#api-key", served.key)
     page.click("form.key-form button")
     expect(page.locator("#jobs-table")).to_be_visible()
     expect(page.locator("#conn")).to_have_text("live")
-    assert page.evaluate("localStorage.getItem('grpo.apiKey')") == served.key
+    # Signed in by the session cookie; the page keeps no key.
+    assert page.evaluate("localStorage.getItem('grpo.apiKey')") is None
+    assert "grpo_session" in {c["name"] for c in page.context.cookies()}
 
 
 def test_a_key_in_the_url_is_never_used(served: Served, browser_page: Any) -> None:

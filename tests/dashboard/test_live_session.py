@@ -1,0 +1,265 @@
+"""The dashboard's sign-in, stream and page hardening in headless Chromium against the real API:
+the job page's charts grow from the job's SSE stream alone (every metrics request after the
+first load is refused), a job name that is HTML renders as text, the key ends up in no URL and
+no web storage while the session cookie is HttpOnly, and nothing the page does trips its
+Content-Security-Policy.
+
+The job's progress is written as a worker writes it (a status transition, then one metrics row
+per step through the same repository) so the test controls when each step appears."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app import transitions
+from app.clock import utcnow
+from app.db import make_engine, make_session_factory, session_scope
+from app.job_status import JobStatus
+from app.repositories import jobs as jobs_repo
+from app.repositories import progress as progress_repo
+from tests.conftest import tiny_spec
+from tests.dashboard.conftest import Served
+
+pytestmark = pytest.mark.browser
+
+TIMEOUT_MS = 30_000
+# Every CSP violation the page meets is recorded where the test can read it.
+RECORD_CSP = """
+window.__csp = [];
+document.addEventListener("securitypolicyviolation",
+  (e) => window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`));
+"""
+
+
+class JobWriter:
+    """Writes a job's progress the way the worker's callbacks do."""
+
+    def __init__(self, served: Served, job_id: str) -> None:
+        self.job_id = job_id
+        self.engine = make_engine(served.settings.resolved_database_url)
+        self.sessions = make_session_factory(self.engine)
+
+    def checkpoint(self, step: int) -> None:
+        """A checkpoint saved after the step: its row and its event (no step moves)."""
+        with session_scope(self.sessions) as session:
+            progress_repo.add_checkpoint_once(
+                session,
+                job_id=self.job_id,
+                step=step,
+                attempt=0,
+                path=Path(f"/nonexistent/checkpoint-{step:06d}"),
+                now=utcnow(),
+            )
+            transitions.add_event(session, self.job_id, "checkpoint", f"checkpoint {step} saved")
+
+    def status(self, target: JobStatus) -> None:
+        with session_scope(self.sessions) as session:
+            transitions.transition(session, self.job_id, target, attempt=None)
+
+    def step(self, step: int) -> None:
+        """One finished step: the job row's progress (fenced by the attempt, as the worker's
+        update is) and the step's metrics, in one transaction."""
+        values = {"reward/mean": step / 10, "kl": 0.01 * step, "entropy": 1.0}
+        now = utcnow()
+        with session_scope(self.sessions) as session:
+            progress = {"current_step": step, "last_metrics": values, "heartbeat_at": now}
+            assert jobs_repo.update_progress(
+                session, job_id=self.job_id, attempt=0, values={**progress, "updated_at": now}
+            )
+            progress_repo.add_metrics_once(
+                session, job_id=self.job_id, step=step, attempt=0, values=values, now=now
+            )
+
+
+@pytest.fixture
+def page(browser_page: Any) -> Iterator[Any]:
+    from playwright.sync_api import expect
+
+    browser_page.set_default_timeout(TIMEOUT_MS)
+    expect.set_options(timeout=TIMEOUT_MS)
+    browser_page.add_init_script(RECORD_CSP)
+    errors: list[str] = []
+    browser_page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield browser_page
+    assert not errors, errors
+    assert browser_page.evaluate("window.__csp") == []
+
+
+@pytest.fixture
+def writer(served: Served) -> Iterator[JobWriter]:
+    spec = {**tiny_spec(steps=50), "name": "streamed"}
+    response = httpx.post(f"{served.url}/v1/jobs", json=spec, headers=served.headers, timeout=30)
+    assert response.status_code == 201, response.text
+    job = JobWriter(served, response.json()["id"])
+    yield job
+    job.engine.dispose()
+
+
+def _sign_in(page: Any, url: str, key: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/#/")
+    page.fill("#api-key", key)
+    page.click("form.key-form button")
+    expect(page.locator("#jobs-table")).to_be_visible()
+
+
+def _points(chart: str) -> str:
+    return f"Number(document.querySelector('[data-chart={chart}]').dataset.points)"
+
+
+def test_the_job_chart_grows_from_the_stream_alone(
+    served: Served, page: Any, writer: JobWriter
+) -> None:
+    from playwright.sync_api import Route, expect
+
+    writer.status(JobStatus.RUNNING)
+    writer.step(1)
+    writer.step(2)
+    metrics_calls: list[str] = []
+
+    def first_metrics_load_only(route: Route) -> None:
+        metrics_calls.append(route.request.url)
+        if len(metrics_calls) == 1:
+            route.continue_()
+        else:
+            route.abort()
+
+    page.route(re.compile(r"/v1/jobs/[^/]+/metrics"), first_metrics_load_only)
+    streams: list[str] = []
+    page.on("request", lambda r: streams.append(r.url) if "/stream" in r.url else None)
+
+    _sign_in(page, served.url, served.key)
+    page.goto(f"{served.url}/#/jobs/{writer.job_id}")
+    page.wait_for_function(f"() => {_points('reward')} === 2")
+    page.wait_for_function("() => document.getElementById('conn').title.includes('event stream')")
+    for step in range(3, 6):
+        writer.step(step)
+        page.wait_for_function(f"() => {_points('reward')} === {step}")
+    # Step 6 also brings the page's follow-up load of that step's checkpoints and rollouts.
+    with page.expect_response(lambda r: "/samples?" in r.url and "step=6" in r.url):
+        writer.step(6)
+    page.wait_for_function(f"() => {_points('reward')} === 6")
+    assert page.evaluate(_points("kl")) == 6
+    expect(page.locator('[data-chart="reward"] .latest')).to_have_text("0.6 at step 6")
+    expect(page.locator("#job-step")).to_have_text("step 6 of 50")
+    # A job event on the stream (a checkpoint saved at the same step) refreshes the checkpoints.
+    writer.checkpoint(6)
+    expect(page.locator("#events")).to_contain_text("checkpoint 6 saved")
+    expect(page.locator("#checkpoints tbody tr")).to_have_count(1)
+    expect(page.locator("#checkpoints tbody td.path")).to_have_text("checkpoint-000006")
+
+    # A status change arrives on the stream too.
+    writer.status(JobStatus.CANCELLING)
+    expect(page.locator("#job-status .badge")).to_have_text("cancelling")
+    writer.status(JobStatus.CANCELLED)
+    expect(page.locator("#job-status .badge")).to_have_text("cancelled")
+
+    assert len(metrics_calls) == 1, metrics_calls  # the first load; never a poll
+    assert "max_points" in metrics_calls[0]
+    assert len(streams) == 1 and f"/v1/jobs/{writer.job_id}/stream" in streams[0]
+
+
+def test_a_job_name_that_is_html_renders_as_text(served: Served, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    name = "<img src=x onerror=alert(1)>"
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    response = httpx.post(
+        f"{served.url}/v1/jobs",
+        json={**tiny_spec(), "name": name},
+        headers=served.headers,
+        timeout=30,
+    )
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+
+    _sign_in(page, served.url, served.key)
+    link = page.locator(f'tr[data-job-id="{job_id}"] a')
+    expect(link).to_have_text(name)
+    assert page.locator("#jobs-table img").count() == 0
+
+    link.click()
+    expect(page.locator("#job-title")).to_have_text(name)
+    assert page.locator("#view img").count() == 0
+    assert page.title() == f"{name} · grpo-service"
+    assert dialogs == []
+
+
+def test_the_key_stays_out_of_urls_and_storage(served: Served, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    # An earlier version kept the key in localStorage: it is removed on the next visit.
+    page.goto(f"{served.url}/#/")
+    page.evaluate("(k) => localStorage.setItem('grpo.apiKey', k)", served.key)
+    page.reload()
+    page.fill("#api-key", served.key)
+    page.click("form.key-form button")
+    expect(page.locator("#project")).not_to_be_empty()
+    expect(page.locator("#conn")).to_have_text("live")
+    storage = page.evaluate(
+        "JSON.stringify([Object.entries(localStorage), Object.entries(sessionStorage)])"
+    )
+    assert storage == "[[],[]]"
+    assert served.key not in page.url
+    assert not [url for url in requests if served.key in url]
+    assert served.key not in page.content()  # the form field was cleared
+
+    cookies = {c["name"]: c for c in page.context.cookies()}
+    session = cookies["grpo_session"]
+    assert session["httpOnly"] is True and session["sameSite"] == "Strict"
+    assert session["path"] == "/v1"
+    assert served.key not in session["value"]
+    assert "grpo_session" not in page.evaluate("document.cookie")
+
+    # A reload keeps the session (the cookie), with still nothing in storage.
+    page.reload()
+    expect(page.locator("#jobs-table")).to_be_visible()
+    # Signing out clears the cookie and shows the form again.
+    page.click("#sign-out")
+    expect(page.locator("form.key-form")).to_be_visible()
+    assert "grpo_session" not in {c["name"] for c in page.context.cookies()}
+    page.reload()
+    expect(page.locator("form.key-form")).to_be_visible()
+
+
+def test_the_job_page_polls_while_the_stream_is_down_and_goes_back_to_it(
+    served: Served, page: Any, writer: JobWriter
+) -> None:
+    from playwright.sync_api import Route
+
+    writer.status(JobStatus.RUNNING)
+    writer.step(1)
+    refused: list[str] = []
+
+    def refuse(route: Route) -> None:
+        refused.append(route.request.url)
+        route.abort()
+
+    stream_url = re.compile(r"/v1/jobs/[^/]+/stream")
+    page.route(stream_url, refuse)
+    _sign_in(page, served.url, served.key)
+    page.goto(f"{served.url}/#/jobs/{writer.job_id}")
+    page.wait_for_function(f"() => {_points('reward')} === 1")
+    page.wait_for_function("() => document.getElementById('conn').title.startsWith('Polling')")
+    # The stream is down: the page polls, and the chart still grows.
+    writer.step(2)
+    page.wait_for_function(f"() => {_points('reward')} === 2")
+    assert refused
+
+    # The stream comes back: the page follows it again (it retries every 10 s).
+    page.unroute(stream_url, refuse)
+    page.wait_for_function(
+        "() => document.getElementById('conn').title.includes('event stream')", timeout=25_000
+    )
+    writer.step(3)
+    page.wait_for_function(f"() => {_points('reward')} === 3")
