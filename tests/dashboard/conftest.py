@@ -5,17 +5,15 @@ downloaded build)."""
 from __future__ import annotations
 
 import shutil
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from app.main import create_app
 from app.settings import Settings, build_settings
-from tests.conftest import REDIS_URL, free_port, new_project_key, wait_until
+from tests.conftest import REDIS_URL, new_project_key
+from tests.live_server import serve
 from tests.worker.conftest import start_worker  # noqa: F401  (fixture used by the tests here)
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -53,22 +51,8 @@ def served(pg_url: str, queue_name: str, tmp_path: Path) -> Iterator[Served]:
         queue_name=f"{queue_name}-dashboard",
     )
     key, _ = new_project_key(settings)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, name="dashboard-api", daemon=True)
-    thread.start()
-
-    def started() -> bool:
-        if not thread.is_alive():
-            raise RuntimeError("the API server thread died")
-        return bool(server.started)
-
-    wait_until(started, 20, "the API server to start", interval=0.05)
-    yield Served(f"http://127.0.0.1:{port}", settings, key)
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve(settings) as server:
+        yield Served(server.url, settings, key)
 
 
 @pytest.fixture
