@@ -16,6 +16,7 @@ from app.routes import (
     health,
     jobs,
     progress,
+    project_stream,
     session,
     usage,
     webhooks,
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(progress.router)
+    app.include_router(project_stream.router)
     app.include_router(files.router)
     app.include_router(graders.router)
     app.include_router(fine_tuning.router)

@@ -129,7 +129,7 @@ export function follow({ url, on, poll }) {
     fallback?.stop();
     fallback = null;
     source = new EventSource(url());
-    source.onopen = () => setConn(true, "Following the job's event stream");
+    source.onopen = () => setConn(true, "Following the live event stream");
     for (const [name, handler] of Object.entries(on)) {
       source.addEventListener(name, (e) => {
         if (name === "end") { source.close(); source = null; }

@@ -1,10 +1,11 @@
 // grpo-service dashboard: routing, sign-in, jobs list and compare page; the job page is job.js.
 // Plain DOM, no framework. Sign-in and every data call go through api.js (a session cookie;
-// the page keeps no key). The jobs list and the compare page poll every 2 s; the job page
-// follows the job's event stream. Text from the API only ever enters the DOM as text nodes
+// the page keeps no key). The jobs list follows the project's change stream (/v1/stream) and
+// reads the list again when it says a job changed; the compare page polls every 2 s; the job
+// page follows the job's event stream. Text from the API only ever enters the DOM as text nodes
 // (dom.js h()), and the page's Content-Security-Policy allows no inline script or style.
 
-import { api, loadSession, onSessionEnd, poller, qs, session, signIn, signOut } from "/dashboard/api.js";
+import { api, follow, loadSession, onSessionEnd, poller, qs, session, signIn, signOut } from "/dashboard/api.js";
 import { StepChart, alignSeries, fmtNum } from "/dashboard/charts.js";
 import { STATUSES, TERMINAL, ageOf, badge, fmtDuration, fmtTime, h, klText, progressBar } from "/dashboard/dom.js";
 import { jobView } from "/dashboard/job.js";
@@ -112,7 +113,7 @@ function listView(root, params) {
       h("td", { class: "small", title: fmtTime(job.created_at) }, fmtDuration(ageOf(job.created_at))));
   }
 
-  return poller(async (signal) => {
+  async function load(signal) {
     const body = await api(`/v1/jobs?${qs({ limit: 100, status })}`, { signal });
     tbody.replaceChildren(...body.data.map(row));
     if (!body.data.length) {
@@ -121,7 +122,12 @@ function listView(root, params) {
     }
     const running = body.data.filter((j) => !TERMINAL.has(j.status)).length;
     summary.textContent = `${body.data.length}${body.has_more ? "+" : ""} jobs, ${running} active`;
-  });
+  }
+  // The project's stream says when a job changed; only then is the list read again (one read
+  // at a time: a change during a read asks for one more). Polling only while it is down.
+  const reload = poller(async (signal) => { await load(signal); return false; });
+  const live = follow({ url: () => "/v1/stream", on: { jobs: () => reload.now() }, poll: load });
+  return { stop() { live.stop(); reload.stop(); } };
 }
 
 // ------------------------------------------------------------------ compare page

@@ -303,3 +303,15 @@ def live_job_using_file(
         .limit(1)
     )
     return session.scalars(query).first()
+
+
+def project_activity(session: Session, *, project_id: str) -> tuple[Any, ...]:
+    """A fingerprint of the project's jobs that changes whenever one is created, deleted,
+    changes status or finishes a step (`updated_at` moves on each of those): their count, the
+    latest `updated_at` and the sum of their steps. One aggregate over the project's index."""
+    row = session.execute(
+        select(func.count(), func.max(Job.updated_at), func.sum(Job.current_step)).where(
+            Job.project_id == project_id, Job.deleted_at.is_(None)
+        )
+    ).one()
+    return tuple(row)

@@ -91,7 +91,7 @@ def _read(sessions: sessionmaker[Session], job_id: str, cursor: Cursor) -> Batch
     return Batch(messages, status, drained)
 
 
-def _format(name: str, data: dict[str, Any], cursor: Cursor | None) -> str:
+def sse_message(name: str, data: dict[str, Any], cursor: Cursor | None) -> str:
     """One SSE message; `cursor` None for control messages that must not move Last-Event-ID."""
     head = f"id: {cursor}\n" if cursor is not None else ""
     return f"{head}event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
@@ -117,10 +117,10 @@ async def job_events(
                     cursor.step = max(cursor.step, int(data["step"]))
                 else:
                     cursor.event_id = max(cursor.event_id, int(data["id"]))
-                yield _format(name, data, cursor)
+                yield sse_message(name, data, cursor)
                 last_sent = time.monotonic()
             if batch.status in TERMINAL and batch.drained:
-                yield _format("end", {"status": batch.status, "at": utcnow().isoformat()}, None)
+                yield sse_message("end", {"status": batch.status, "at": utcnow().isoformat()}, None)
                 return
             if batch.messages and not batch.drained:
                 continue

@@ -263,3 +263,31 @@ def test_the_job_page_polls_while_the_stream_is_down_and_goes_back_to_it(
     )
     writer.step(3)
     page.wait_for_function(f"() => {_points('reward')} === 3")
+
+
+def test_the_job_list_reloads_when_the_project_stream_says_so(
+    served: Served, page: Any, writer: JobWriter
+) -> None:
+    """The list reads /v1/jobs once, then again only when /v1/stream reports a change: no
+    polling while nothing happens, and a step or a new job shows within seconds."""
+    from playwright.sync_api import expect
+
+    lists: list[str] = []
+    page.on("request", lambda r: lists.append(r.url) if "/v1/jobs?" in r.url else None)
+    _sign_in(page, served.url, served.key)
+    row = page.locator(f"tr[data-job-id='{writer.job_id}']")
+    expect(row).to_be_visible()
+    # Quiet: the stream's first message and the first load settle, then nothing is read.
+    page.wait_for_timeout(1500)
+    settled = len(lists)
+    page.wait_for_timeout(5000)  # > 2 polling periods of the old list
+    assert len(lists) == settled, lists
+    writer.status(JobStatus.RUNNING)
+    writer.step(7)
+    expect(row.locator(".step")).to_have_text("7 / 50")
+    response = httpx.post(
+        f"{served.url}/v1/jobs", json={**tiny_spec(), "name": "second"}, headers=served.headers
+    )
+    assert response.status_code == 201
+    expect(page.locator(f"tr[data-job-id='{response.json()['id']}']")).to_be_visible()
+    assert len(lists) <= settled + 4, lists  # a read per change, not per period
