@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.responses import StreamingResponse
 
 from app.clock import utcnow
 from app.db import session_scope
@@ -23,6 +24,7 @@ from app.deps import PrincipalDep, StateDep
 from app.repositories import jobs as jobs_repo
 from app.routes.common import ERRORS
 from app.routes.stream import EventStreamResponse, sse_message
+from app.schemas import ErrorResponse
 
 router = APIRouter(prefix="/v1", tags=["jobs"], responses=ERRORS)
 
@@ -53,10 +55,13 @@ async def project_changes(
 @router.get(
     "/stream",
     summary="The project's change stream (SSE): `jobs` whenever one of its jobs changes",
-    response_class=EventStreamResponse,
+    response_class=StreamingResponse,
     responses={
         200: {"content": {"text/event-stream": {}}, "description": "An SSE stream."},
-        429: {"description": "Too many open streams for this key or server (see Retry-After)."},
+        429: {
+            "model": ErrorResponse,
+            "description": "Too many open streams for this key or server (see Retry-After).",
+        },
     },
 )
 def stream(principal: PrincipalDep, state: StateDep) -> EventStreamResponse:

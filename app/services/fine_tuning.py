@@ -237,7 +237,7 @@ def translate(
         "eval_interval": interval,
         "eval_samples": samples,
         "learning_rate_multiplier": rate / base_rate,
-        "n_epochs": epochs,
+        "n_epochs": None if "steps" in ext_grpo else epochs,  # the extension chose steps
         "reasoning_effort": hp.reasoning_effort,
     }
     stored = {

@@ -133,7 +133,10 @@ def test_the_job_chart_grows_from_the_stream_alone(
 
     page.route(re.compile(r"/v1/jobs/[^/]+/metrics"), first_metrics_load_only)
     streams: list[str] = []
-    page.on("request", lambda r: streams.append(r.url) if "/stream" in r.url else None)
+    page.on(
+        "request",
+        lambda r: streams.append(r.url) if "/v1/jobs/" in r.url and "/stream" in r.url else None,
+    )
 
     _sign_in(page, served.url, served.key)
     page.goto(f"{served.url}/#/jobs/{writer.job_id}")
