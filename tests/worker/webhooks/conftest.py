@@ -32,7 +32,7 @@ ALL_EVENTS = ["job.running", "job.succeeded", "job.failed", "job.cancelled", "jo
 def make_ctx(settings: Settings, **extra: object) -> WorkerContext:
     options: dict[str, object] = {
         "webhook_allow_private": True,
-        "webhook_timeout_seconds": 5,
+        "webhook_timeout_seconds": 20,  # generous: a loaded CI machine answered late once
         "webhook_retry_base_seconds": 2,
         "webhook_retry_max_delay_seconds": 3600,
         **extra,
