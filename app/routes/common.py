@@ -27,3 +27,12 @@ OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request; `param` names the field."},
     **{status: doc for status, doc in ERRORS.items() if status != 422},
 }
+
+# The answers of a server-sent event stream route (the job's and the project's).
+SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "An SSE stream."},
+    429: {
+        "model": ErrorResponse,
+        "description": "Too many open streams for this key or server (see Retry-After).",
+    },
+}

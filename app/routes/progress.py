@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 from app.deps import JobDep, PrincipalDep, SessionDep, StateDep
 from app.errors import InvalidRequest
 from app.repositories import progress as progress_repo
-from app.routes.common import ERRORS
+from app.routes.common import ERRORS, SSE_RESPONSES
 from app.routes.stream import Cursor, EventStreamResponse, job_events
 from app.schemas import (
     CheckpointList,
@@ -149,13 +149,7 @@ def download_checkpoint(
     "/{job_id}/stream",
     summary="Server-sent events: status, events and metrics as they happen",
     response_class=StreamingResponse,
-    responses={
-        200: {"content": {"text/event-stream": {}}, "description": "An SSE stream."},
-        429: {
-            "model": ErrorResponse,
-            "description": "Too many open streams for this key or server (see Retry-After).",
-        },
-    },
+    responses=SSE_RESPONSES,
 )
 def stream(
     job: JobDep,

@@ -22,9 +22,8 @@ from app.clock import utcnow
 from app.db import session_scope
 from app.deps import PrincipalDep, StateDep
 from app.repositories import jobs as jobs_repo
-from app.routes.common import ERRORS
+from app.routes.common import ERRORS, SSE_RESPONSES
 from app.routes.stream import EventStreamResponse, sse_message
-from app.schemas import ErrorResponse
 
 router = APIRouter(prefix="/v1", tags=["jobs"], responses=ERRORS)
 
@@ -56,13 +55,7 @@ async def project_changes(
     "/stream",
     summary="The project's change stream (SSE): `jobs` whenever one of its jobs changes",
     response_class=StreamingResponse,
-    responses={
-        200: {"content": {"text/event-stream": {}}, "description": "An SSE stream."},
-        429: {
-            "model": ErrorResponse,
-            "description": "Too many open streams for this key or server (see Retry-After).",
-        },
-    },
+    responses=SSE_RESPONSES,
 )
 def stream(principal: PrincipalDep, state: StateDep) -> EventStreamResponse:
     body = project_changes(

@@ -122,7 +122,8 @@ def translate(
 ) -> Translation:
     """The native spec of an (already method-checked) request; InvalidRequest naming the
     request's field when the result is not a valid spec."""
-    refuse_methods(request)
+    # The caller has run refuse_methods (before reading the training file, so a wrong method
+    # is reported first).
     assert request.method is not None and request.method.reinforcement is not None
     hp = request.method.reinforcement.hyperparameters
     ext = request.grpo_service
