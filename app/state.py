@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import make_engine, make_session_factory
+from app.db import make_engine, make_session_factory, warm_pool
+from app.models import Base
 from app.queue import CeleryDispatcher, Dispatcher
 from app.ratelimit import Limits, build_limits
 from app.services import dispatch
@@ -56,6 +57,14 @@ class AppState:
     slots: RequestSlots
     # Signs and checks the dashboard's session cookies (app.routes.session).
     session_tokens: SessionTokens
+
+
+def warm_pools(state: AppState) -> int:
+    """Open both pools' kept connections with the tables in their backends' caches
+    (`app.db.warm_pool`); returns how many connections were opened."""
+    tables = [table.name for table in Base.metadata.sorted_tables]
+    claims_engine = state.claims.kw["bind"]
+    return warm_pool(state.engine, tables) + warm_pool(claims_engine, tables)
 
 
 # A pooled connection unused this long is pinged before a request gets it (app.db

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.orm import Session
 
+from app import db
 from app.models import IdempotencyRecord
 
 _TIMESTAMP = IdempotencyRecord.__table__.c.created_at.type
@@ -60,7 +61,7 @@ def claim(
         "now": now,
         "expired_before": expired_before,
     }
-    return session.execute(_CLAIM, params).first() is not None
+    return db.execute_core(session, _CLAIM, params).first() is not None
 
 
 def get(session: Session, *, project_id: str, key: str) -> IdempotencyRecord | None:
@@ -90,7 +91,8 @@ _COMPLETE = (
 def complete(
     session: Session, *, project_id: str, key: str, status: int, body: dict[str, Any]
 ) -> None:
-    session.execute(
+    db.execute_core(
+        session,
         _COMPLETE,
         {
             "record_project_id": project_id,

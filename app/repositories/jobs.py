@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Row, and_, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
+from app import db
 from app.clock import utcnow
 from app.models import Job
 from app.repositories.new_rows import insert_row
@@ -252,7 +253,7 @@ _COUNT_ACTIVE_AND_DISPATCHED = select(func.count(), func.count().filter(_holds_s
 def count_active_and_dispatched(session: Session, *, project_id: str) -> tuple[int, int]:
     """`count_active` and `count_dispatched` in one pass over the project's active jobs (the
     jobs holding a dispatch slot are some of them)."""
-    row = session.execute(_COUNT_ACTIVE_AND_DISPATCHED, {"project_id": project_id}).one()
+    row = db.execute_core(session, _COUNT_ACTIVE_AND_DISPATCHED, {"project_id": project_id}).one()
     return int(row[0]), int(row[1])
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
+from app import db
 from app.models import Project
 
 # Built once (see app.repositories.jobs): every job creation runs it.
@@ -26,7 +27,7 @@ def lock(session: Session, *, project_id: str) -> None:
     (before the count is read), which serialises the same way; SQLite allows one writer at a
     time anyway."""
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(_LOCK, {"project_id": project_id})
+        db.execute_core(session, _LOCK, {"project_id": project_id})
     else:
         session.execute(
             update(Project)
