@@ -109,7 +109,9 @@ def get_principal(
         claims = state.session_tokens.verify(session_cookie)
         if claims is None:
             raise Unauthorized("the session has expired or is not valid; sign in again")
-        principal = authenticate_session(session, key_id=claims.key_id)
+        principal = authenticate_session(
+            session, key_id=claims.key_id, issued_at_ms=claims.issued_at_ms
+        )
     state.limits.requests.check(principal.key_id)
     return principal
 

@@ -54,6 +54,8 @@ class ApiKey(Timestamped, Base):
     name: Mapped[str | None] = mapped_column(String(120))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Dashboard sign-out: session tokens of this key issued at or before it are refused.
+    sessions_valid_after: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class File(Timestamped, Base):

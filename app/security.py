@@ -94,6 +94,11 @@ class VerifiedKeys(Generic[T]):
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
 
+    def forget(self, presented: str) -> None:
+        """Drop the entry of `presented`, so its next use is looked up again."""
+        with self._lock:
+            self._entries.pop(self._fingerprint(presented), None)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

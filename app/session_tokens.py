@@ -1,9 +1,11 @@
-"""The dashboard's sign-in token: `v1.<key id>.<expiry>.<signature>`, an HMAC-SHA256 over the
-rest with a server secret, carried in an HttpOnly cookie (app.routes.session).
+"""The dashboard's sign-in token: `v2.<key id>.<issued, unix ms>.<expiry, unix s>.<signature>`,
+an HMAC-SHA256 over the rest with a server secret, carried in an HttpOnly cookie
+(app.routes.session). Tokens of the first version, `v1.<key id>.<expiry>.<signature>`, are still
+accepted until they expire, as issued before any sign-out.
 
-The token holds no key material, only the key's id and when it stops being accepted; every use
-still looks the key up (app.services.keys.authenticate_session), so revoking the key ends its
-sessions. The secret comes from the settings (GRPO_SESSION_SECRET) or, when unset, from a 0600
+The token holds no key material, only the key's id, when it was issued and when it stops being
+accepted; every use still looks the key up (app.services.keys.authenticate_session), so revoking
+the key ends its sessions, and signing out ends those issued before. The secret comes from the settings (GRPO_SESSION_SECRET) or, when unset, from a 0600
 file (GRPO_SESSION_SECRET_FILE, by default in the data folder) that the first API process
 creates, so every process sharing the file signs alike and a restart signs nobody out.
 """
@@ -20,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-VERSION = "v1"
+VERSION = "v2"
+_FIRST_VERSION = "v1"  # no issue time: counts as issued before any sign-out
 # Longest token this module ever issues (a key id is 40 characters at most): longer is refused
 # before any work is done on it.
 MAX_TOKEN_CHARS = 200
@@ -30,6 +33,7 @@ MAX_TOKEN_CHARS = 200
 class SessionClaims:
     key_id: str
     expires_at: int  # unix seconds
+    issued_at_ms: int = 0  # unix milliseconds; 0 for a first-version token
 
 
 def load_or_create_secret(path: Path, configured: str | None) -> bytes:
@@ -78,8 +82,9 @@ class SessionTokens:
     def issue(self, key_id: str) -> tuple[str, SessionClaims]:
         if "." in key_id:
             raise ValueError(f"key id {key_id!r} must not contain '.'")
-        claims = SessionClaims(key_id, int(self._clock() + self.ttl_s))
-        payload = f"{VERSION}.{claims.key_id}.{claims.expires_at}"
+        now = self._clock()
+        claims = SessionClaims(key_id, int(now + self.ttl_s), int(now * 1000))
+        payload = f"{VERSION}.{claims.key_id}.{claims.issued_at_ms}.{claims.expires_at}"
         return f"{payload}.{self._sign(payload)}", claims
 
     def verify(self, token: str) -> SessionClaims | None:
@@ -88,14 +93,20 @@ class SessionTokens:
             return None
         payload, _, signature = token.rpartition(".")
         parts = payload.split(".")
-        if len(parts) != 3 or parts[0] != VERSION or not parts[1]:
+        if parts[0] == VERSION and len(parts) == 4:
+            key_id, issued, expires = parts[1], parts[2], parts[3]
+        elif parts[0] == _FIRST_VERSION and len(parts) == 3:
+            key_id, issued, expires = parts[1], "0", parts[2]
+        else:
+            return None
+        if not key_id:
             return None
         if not hmac.compare_digest(self._sign(payload).encode(), signature.encode()):
             return None
         try:
-            expires_at = int(parts[2])
+            issued_at_ms, expires_at = int(issued), int(expires)
         except ValueError:
             return None
         if expires_at <= self._clock():
             return None
-        return SessionClaims(parts[1], expires_at)
+        return SessionClaims(key_id, expires_at, issued_at_ms)

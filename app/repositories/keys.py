@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from datetime import datetime
+
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.models import ApiKey, Project
@@ -26,6 +28,16 @@ def find_key_by_prefix(session: Session, *, prefix: str) -> ApiKey | None:
 
 def find_key_by_id(session: Session, *, key_id: str) -> ApiKey | None:
     return session.get(ApiKey, key_id)
+
+
+def end_sessions(session: Session, *, key_id: str, until: datetime) -> None:
+    """Refuse the key's session tokens issued at or before `until` from now on."""
+    session.execute(
+        update(ApiKey)
+        .where(ApiKey.id == key_id)
+        .values(sessions_valid_after=until)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def get_project(session: Session, *, project_id: str) -> Project | None:

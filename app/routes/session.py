@@ -24,7 +24,7 @@ from app.deps import (
 )
 from app.routes.common import ERRORS
 from app.schemas import ErrorResponse, SessionIn, SessionOut
-from app.services.keys import authenticate, project_name
+from app.services.keys import authenticate, end_sessions, project_name
 
 router = APIRouter(prefix="/v1/session", tags=["session"], responses=ERRORS)
 
@@ -110,11 +110,18 @@ def who_am_i(
 @router.delete(
     "",
     status_code=204,
-    summary="Sign out: clear the session cookie",
-    description="Needs no credentials. The token itself stays valid until it expires; "
-    "revoke the key to end every session at once.",
+    summary="Sign out: end the key's sessions and clear the cookie",
+    description="With a valid session cookie, every session of its key issued until now ends "
+    "(in every browser; within 5 s in every API process), so a copy of the token is refused "
+    "too. Needs no other credentials: without a valid cookie it only clears the cookie.",
 )
-def sign_out() -> Response:
+def sign_out(
+    session: SessionDep, state: StateDep, session_cookie: SessionCookie = None
+) -> Response:
+    claims = state.session_tokens.verify(session_cookie) if session_cookie else None
+    if claims is not None:
+        state.limits.requests.check(claims.key_id)  # each sign-out is a write: bounded too
+        end_sessions(session, key_id=claims.key_id)
     response = Response(status_code=204)
     response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
     return response

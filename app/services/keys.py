@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from app.clock import utcnow
+from app import db
+from app.clock import as_utc, utcnow
 from app.errors import Unauthorized
 from app.ids import new_id
 from app.models import ApiKey, Project
@@ -86,24 +88,52 @@ def authenticate(session: Session, *, authorization: str | None) -> Principal:
     return principal
 
 
+@dataclass(frozen=True)
+class SessionKey:
+    """A key that session tokens name: its principal, and its last sign-out (unix
+    milliseconds; None when it was never signed out), before which its tokens are refused."""
+
+    principal: Principal
+    signed_out_at_ms: int | None
+
+
 # Keys that signed-in sessions named, verified in the last KEY_CACHE_TTL_S (by key id; the
 # token's signature and expiry are checked on every request before this is consulted).
-_session_keys: VerifiedKeys[Principal] = VerifiedKeys(KEY_CACHE_TTL_S, KEY_CACHE_MAX_ENTRIES)
+_session_keys: VerifiedKeys[SessionKey] = VerifiedKeys(KEY_CACHE_TTL_S, KEY_CACHE_MAX_ENTRIES)
 
 
-def authenticate_session(session: Session, *, key_id: str) -> Principal:
+def _unix_ms(value: datetime | None) -> int | None:
+    moment = as_utc(value)
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+def authenticate_session(session: Session, *, key_id: str, issued_at_ms: int) -> Principal:
     """The project of the key a verified session token names, while that key exists and is not
-    revoked: a session is a second way to the same Principal as `authenticate`, and ends with
-    its key (within KEY_CACHE_TTL_S, as for Bearer keys)."""
+    revoked, and the token was issued after the key's last sign-out: a session is a second way
+    to the same Principal as `authenticate`, and ends with its key or a sign-out (within
+    KEY_CACHE_TTL_S in the other API processes, as for a revoked Bearer key)."""
     cached = _session_keys.get(key_id)
-    if cached is not None:
-        return cached
-    key = keys_repo.find_key_by_id(session, key_id=key_id)
-    if key is None or key.revoked_at is not None:
-        raise Unauthorized("the session has ended (its key was revoked); sign in again")
-    principal = Principal(project_id=key.project_id, key_id=key.id)
-    _session_keys.put(key_id, principal)
-    return principal
+    if cached is None:
+        key = keys_repo.find_key_by_id(session, key_id=key_id)
+        if key is None or key.revoked_at is not None:
+            raise Unauthorized("the session has ended (its key was revoked); sign in again")
+        principal = Principal(project_id=key.project_id, key_id=key.id)
+        cached = SessionKey(principal, _unix_ms(key.sessions_valid_after))
+        _session_keys.put(key_id, cached)
+    signed_out = cached.signed_out_at_ms
+    if signed_out is not None and issued_at_ms <= signed_out:
+        raise Unauthorized("the session was signed out; sign in again")
+    return cached.principal
+
+
+def end_sessions(session: Session, *, key_id: str) -> None:
+    """Sign out every session of the key issued until now, in every browser that holds one (a
+    session is a key's, not a person's). This process refuses them at once; the others within
+    KEY_CACHE_TTL_S, when their cached entry of the key expires."""
+    keys_repo.end_sessions(session, key_id=key_id, until=utcnow())
+    # Once committed: an entry cached before (by a request of this process meanwhile too) is
+    # dropped, so the next use reads the sign-out.
+    db.after_commit(session, lambda _session: _session_keys.forget(key_id))
 
 
 def project_name(session: Session, *, project_id: str) -> str:

@@ -159,11 +159,13 @@ def test_an_expired_or_forged_token_is_refused(api: Api) -> None:
     client.cookies.set("grpo_session", valid, path="/v1")
     assert client.get("/v1/jobs").status_code == 200
 
-    # Signed with another secret, or the expiry pushed out after signing: refused.
+    # Signed with another secret, the expiry pushed out or the issue time moved after signing:
+    # refused.
     forged, _ = SessionTokens(b"x" * 32, ttl_s=60).issue(key_id)
-    version, kid, expires, signature = valid.split(".")
-    stretched = f"{version}.{kid}.{int(expires) + 10**6}.{signature}"
-    for token in (forged, stretched, "garbage", "v1." + "a" * 500):
+    version, kid, issued, expires, signature = valid.split(".")
+    stretched = f"{version}.{kid}.{issued}.{int(expires) + 10**6}.{signature}"
+    reissued = f"{version}.{kid}.{int(issued) + 10**6}.{expires}.{signature}"
+    for token in (forged, stretched, reissued, "garbage", "v2." + "a" * 500, "v2.a.b.c"):
         client.cookies.set("grpo_session", token, path="/v1")
         assert client.get("/v1/jobs").status_code == 401, token
 
@@ -188,6 +190,69 @@ def test_sign_out_clears_the_cookie(api: Api) -> None:
     morsel = _set_cookie(response)["grpo_session"]
     assert morsel.value == "" and int(morsel["max-age"]) == 0 and morsel["path"] == "/v1"
     assert api.client.get("/v1/session").status_code == 401
+
+
+def _browser(api: Api, token: str) -> TestClient:
+    client = TestClient(api.client.app)
+    client.cookies.set("grpo_session", token, path="/v1")
+    return client
+
+
+def test_sign_out_ends_the_token_even_where_it_was_copied(api: Api) -> None:
+    """A token taken from the browser (a shared machine, a stolen cookie) dies with the sign-out
+    instead of living out its 12 hours; so does every other session of the key, and a new
+    sign-in works at once."""
+    key, _ = api.new_key()
+    other_key, _ = api.new_key()
+    _sign_in(api.client, key)
+    token = api.client.cookies.get("grpo_session")
+    assert token
+    second_browser = TestClient(api.client.app)
+    _sign_in(second_browser, key)
+    other_keys_browser = TestClient(api.client.app)
+    _sign_in(other_keys_browser, other_key)
+    copied = _browser(api, token)
+    assert copied.get("/v1/jobs").status_code == 200
+
+    assert api.client.delete("/v1/session").status_code == 204
+
+    refused = copied.get("/v1/jobs")
+    assert refused.status_code == 401
+    assert "signed out" in refused.json()["error"]["message"]
+    assert second_browser.get("/v1/jobs").status_code == 401  # the key's sessions, all of them
+    assert other_keys_browser.get("/v1/jobs").status_code == 200  # another key's: untouched
+    # The key itself still works, and signs in again at once.
+    assert api.client.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    _sign_in(api.client, key)
+    assert api.client.get("/v1/jobs").status_code == 200
+    assert copied.get("/v1/jobs").status_code == 401  # the old token stays dead
+
+
+def test_a_sign_out_without_a_valid_cookie_ends_nothing(api: Api) -> None:
+    key, _ = api.new_key()
+    _sign_in(api.client, key)
+    stranger = TestClient(api.client.app)
+    assert stranger.delete("/v1/session").status_code == 204
+    stranger.cookies.set("grpo_session", "v2.key_x.1.9999999999.forged", path="/v1")
+    assert stranger.delete("/v1/session").status_code == 204
+    assert api.client.get("/v1/jobs").status_code == 200
+
+
+def test_a_first_version_token_is_accepted_until_a_sign_out(api: Api) -> None:
+    """Tokens issued before this version (`v1.<key id>.<expiry>.<signature>`, no issue time)
+    keep working after an upgrade, as issued before any sign-out."""
+    key, _ = api.new_key()
+    key_id = _sign_in(api.client, key)["key_id"]
+    secret = load_or_create_secret(
+        api.settings.resolved_session_secret_file, api.settings.session_secret
+    )
+    payload = f"v1.{key_id}.{int(time.time()) + 60}"
+    signed = SessionTokens(secret, ttl_s=60)._sign(payload)
+    first_version = _browser(api, f"{payload}.{signed}")
+    assert first_version.get("/v1/jobs").status_code == 200
+
+    assert api.client.delete("/v1/session").status_code == 204
+    assert first_version.get("/v1/jobs").status_code == 401
 
 
 def test_the_secret_persists_in_the_data_folder(tmp_path: Path) -> None:
