@@ -17,3 +17,9 @@ class JobStatus(StrEnum):
     CANCELLED = "cancelled"
     PAUSING = "pausing"
     PAUSED = "paused"
+
+
+# A worker is on the job (or is stopping it): it holds a dispatch slot of its project.
+RUNNING_STATES = (JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.PAUSING)
+# Not finished: what a project's quota of active jobs counts (queued, sent or waiting; running).
+ACTIVE_STATES = (JobStatus.QUEUED, *RUNNING_STATES)

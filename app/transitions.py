@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from app import db
 from app.clock import utcnow
 from app.errors import IllegalTransition, NotFound
-from app.job_status import JobStatus
+from app.job_status import RUNNING_STATES, JobStatus
 from app.models import Job, JobEvent
 from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
@@ -37,7 +37,7 @@ from app.webhooks import STATUS_EVENTS
 
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 # The states in which a worker holds the job's lease (its writes are fenced by the attempt).
-ACTIVE = frozenset({JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.PAUSING})
+ACTIVE = frozenset(RUNNING_STATES)
 # Entering one of these frees the job's dispatch slot (app.services.dispatch refills it).
 FREES_SLOT = TERMINAL | {JobStatus.PAUSED}
 

@@ -12,17 +12,31 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, and_, bindparam, func, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Row,
+    and_,
+    bindparam,
+    func,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session, aliased
 
 from app import db
 from app.clock import utcnow
+from app.job_status import ACTIVE_STATES, RUNNING_STATES, JobStatus
 from app.models import Job
 from app.repositories.new_rows import insert_row
 
-# Literal states rather than app.transitions' enum: repositories sit below the state machine.
-# The states in which a worker holds the lease (app.transitions.ACTIVE, as column values).
-RUNNING_STATES = ("running", "cancelling", "pausing")
+# The project's active jobs, with the statuses written into the SQL, as in the predicate of the
+# partial index ix_jobs_active_project (app.models), so the counts below read that index.
+# Literal values, not bound parameters: a planner can only prove that a query's rows are the
+# index's when it sees the values, and the generic plan of a prepared statement (psycopg
+# prepares what a connection runs often) does not.
+_ACTIVE = Job.status.in_([literal_column(f"'{status.value}'") for status in ACTIVE_STATES])
 
 
 def add(session: Session, *, job: Job) -> Job:
@@ -189,7 +203,7 @@ def lost_messages(session: Session, *, older_than: datetime, limit: int) -> list
 
 def _holds_slot(job: type[Job] = Job) -> ColumnElement[bool]:
     return job.status.in_(RUNNING_STATES) | (
-        (job.status == "queued") & job.dispatched_at.is_not(None)
+        (job.status == JobStatus.QUEUED) & job.dispatched_at.is_not(None)
     )
 
 
@@ -209,7 +223,11 @@ _DISPATCH_STATE = select(
     Job.dispatched_at,
     select(func.count())
     .select_from(_HOLDER)
-    .where(_HOLDER.project_id == Job.project_id, _holds_slot(_HOLDER))
+    .where(
+        _HOLDER.project_id == Job.project_id,
+        _HOLDER.status.in_([literal_column(f"'{status.value}'") for status in ACTIVE_STATES]),
+        _holds_slot(_HOLDER),
+    )
     .scalar_subquery()
     .label("slots_held"),
 ).where(Job.id == bindparam("job_id"))
@@ -227,16 +245,16 @@ def count_dispatched(session: Session, *, project_id: str) -> int:
     """The project's jobs handed to the broker or running (each holds a dispatch slot)."""
     return int(
         session.scalar(
-            select(func.count()).select_from(Job).where(Job.project_id == project_id, _holds_slot())
+            select(func.count())
+            .select_from(Job)
+            .where(Job.project_id == project_id, _ACTIVE, _holds_slot())
         )
         or 0
     )
 
 
 _COUNT_ACTIVE = (
-    select(func.count())
-    .select_from(Job)
-    .where(Job.project_id == bindparam("project_id"), Job.status.in_(("queued", *RUNNING_STATES)))
+    select(func.count()).select_from(Job).where(Job.project_id == bindparam("project_id"), _ACTIVE)
 )
 
 
@@ -246,7 +264,7 @@ def count_active(session: Session, *, project_id: str) -> int:
 
 
 _COUNT_ACTIVE_AND_DISPATCHED = select(func.count(), func.count().filter(_holds_slot())).where(
-    Job.project_id == bindparam("project_id"), Job.status.in_(("queued", *RUNNING_STATES))
+    Job.project_id == bindparam("project_id"), _ACTIVE
 )
 
 
