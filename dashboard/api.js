@@ -81,11 +81,17 @@ export async function api(path, { method = "GET", body, signal } = {}) {
   return data;
 }
 
+// Event streams of the page that are open now (follow()): while one is, a read that succeeds
+// does not say the page is polling.
+let openStreams = 0;
+const STREAMING = "Following the live event stream";
+
 export function setConn(ok, message) {
   const el = document.getElementById("conn");
   el.className = `conn ${ok ? "ok" : "down"}`;
   el.textContent = ok ? "live" : "offline";
-  el.title = ok ? message || `Polling the API every ${POLL_MS / 1000} s` : message || "The API did not answer";
+  const quiet = openStreams > 0 ? STREAMING : `Polling the API every ${POLL_MS / 1000} s`;
+  el.title = ok ? message || quiet : message || "The API did not answer";
 }
 
 /** Run fn every POLL_MS until it returns false or stop() is called; never two runs at once. */
@@ -123,16 +129,19 @@ export function poller(fn) {
  * connection), it is closed and `poll` (a poller function) takes over until a new connection
  * opens STREAM_RETRY_MS later. An `end` message closes it for good. */
 export function follow({ url, on, poll }) {
-  let source = null, fallback = null, retry = null, stopped = false;
+  let source = null, fallback = null, retry = null, stopped = false, counted = false;
+  function counting(isOpen) {
+    if (isOpen !== counted) { openStreams += isOpen ? 1 : -1; counted = isOpen; }
+  }
   function open() {
     if (stopped) return;
     fallback?.stop();
     fallback = null;
     source = new EventSource(url());
-    source.onopen = () => setConn(true, "Following the live event stream");
+    source.onopen = () => { counting(true); setConn(true, STREAMING); };
     for (const [name, handler] of Object.entries(on)) {
       source.addEventListener(name, (e) => {
-        if (name === "end") { source.close(); source = null; }
+        if (name === "end") { source.close(); source = null; counting(false); }
         handler(JSON.parse(e.data));
       });
     }
@@ -140,6 +149,7 @@ export function follow({ url, on, poll }) {
       if (stopped || !source) return;
       source.close();
       source = null;
+      counting(false);
       fallback = poller(async (signal) => {
         const keepGoing = await poll(signal);
         if (keepGoing === false) clearTimeout(retry);
@@ -152,6 +162,7 @@ export function follow({ url, on, poll }) {
   return {
     stop() {
       stopped = true;
+      counting(false);
       source?.close();
       fallback?.stop();
       clearTimeout(retry);

@@ -150,11 +150,11 @@ function compareView(root, params) {
     history.replaceState(null, "", hash);
     compareSelection.clear();
     for (const j of chosen) compareSelection.add(j);
-    poll.now();
+    reload.now();
   }
 
   let jobs = [];
-  const poll = poller(async (signal) => {
+  async function load(signal) {
     jobs = (await api(`/v1/jobs?${qs({ limit: 100 })}`, { signal })).data;
     const known = new Set(jobs.map((j) => j.id));
     for (const j of chosen) {
@@ -184,9 +184,13 @@ function compareView(root, params) {
     const { steps, columns } = alignSeries(byJob, labels);
     chart.title.textContent = picked.length ? metric : "Pick jobs on the left";
     chart.update(steps, labels.map((l, i) => ({ label: l, values: columns[i] })));
-  });
+  }
+  // As the job list: read again only when the project's stream reports a change (a step of a
+  // compared job included); poll only while the stream is down.
+  const reload = poller(async (signal) => { await load(signal); return false; });
+  const live = follow({ url: () => "/v1/stream", on: { jobs: () => reload.now() }, poll: load });
 
-  return { stop() { poll.stop(); resize.disconnect(); } };
+  return { stop() { live.stop(); reload.stop(); resize.disconnect(); } };
 }
 
 // ------------------------------------------------------------------ start

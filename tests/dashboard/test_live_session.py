@@ -294,3 +294,27 @@ def test_the_job_list_reloads_when_the_project_stream_says_so(
     assert response.status_code == 201
     expect(page.locator(f"tr[data-job-id='{response.json()['id']}']")).to_be_visible()
     assert len(lists) <= settled + 4, lists  # a read per change, not per period
+
+
+def test_the_compare_page_reads_again_only_when_the_project_stream_says_so(
+    served: Served, page: Any, writer: JobWriter
+) -> None:
+    """The compare page loads once, then again only when /v1/stream reports a change: a step
+    of a compared job adds its point, and nothing is read while nothing happens (it polled
+    every 2 s)."""
+    writer.status(JobStatus.RUNNING)
+    writer.step(1)
+    writer.step(2)
+    reads: list[str] = []
+    page.on("request", lambda r: reads.append(r.url) if "/v1/jobs" in r.url else None)
+    _sign_in(page, served.url, served.key)
+    page.goto(f"{served.url}/#/compare?jobs={writer.job_id}&metric=reward/mean")
+    page.wait_for_function(f"() => {_points('compare')} === 2")
+    page.wait_for_function("() => document.getElementById('conn').title.includes('event stream')")
+    page.wait_for_timeout(1500)  # the stream's first message and its load settle
+    settled = len(reads)
+    page.wait_for_timeout(5000)  # > 2 polling periods of the old page
+    assert len(reads) == settled, reads[settled:]
+    writer.step(3)
+    page.wait_for_function(f"() => {_points('compare')} === 3")
+    assert len(reads) <= settled + 6, reads[settled:]  # one load for the change, not per period
