@@ -5,9 +5,10 @@ accepted until they expire, as issued before any sign-out.
 
 The token holds no key material, only the key's id, when it was issued and when it stops being
 accepted; every use still looks the key up (app.services.keys.authenticate_session), so revoking
-the key ends its sessions, and signing out ends those issued before. The secret comes from the settings (GRPO_SESSION_SECRET) or, when unset, from a 0600
-file (GRPO_SESSION_SECRET_FILE, by default in the data folder) that the first API process
-creates, so every process sharing the file signs alike and a restart signs nobody out.
+the key ends its sessions, and signing out ends those issued before. The secret comes from the
+settings (GRPO_SESSION_SECRET) or, when unset, from a 0600 file (GRPO_SESSION_SECRET_FILE, by
+default in the data folder) that the first API process creates, so every process sharing the
+file signs alike and a restart signs nobody out.
 """
 
 from __future__ import annotations

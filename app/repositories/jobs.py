@@ -18,7 +18,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     func,
-    literal_column,
     or_,
     select,
     update,
@@ -27,16 +26,13 @@ from sqlalchemy.orm import Session, aliased
 
 from app import db
 from app.clock import utcnow
-from app.job_status import ACTIVE_STATES, RUNNING_STATES, JobStatus
-from app.models import Job
+from app.job_status import RUNNING_STATES, JobStatus
+from app.models import Job, is_active
 from app.repositories.new_rows import insert_row
 
-# The project's active jobs, with the statuses written into the SQL, as in the predicate of the
-# partial index ix_jobs_active_project (app.models), so the counts below read that index.
-# Literal values, not bound parameters: a planner can only prove that a query's rows are the
-# index's when it sees the values, and the generic plan of a prepared statement (psycopg
-# prepares what a connection runs often) does not.
-_ACTIVE = Job.status.in_([literal_column(f"'{status.value}'") for status in ACTIVE_STATES])
+# The project's active jobs, as the partial index ix_jobs_active_project holds them (app.models
+# .is_active says why the statuses are literals), so the counts below read that index.
+_ACTIVE = is_active(Job.status)
 
 
 def add(session: Session, *, job: Job) -> Job:
@@ -225,7 +221,7 @@ _DISPATCH_STATE = select(
     .select_from(_HOLDER)
     .where(
         _HOLDER.project_id == Job.project_id,
-        _HOLDER.status.in_([literal_column(f"'{status.value}'") for status in ACTIVE_STATES]),
+        is_active(_HOLDER.status),
         _holds_slot(_HOLDER),
     )
     .scalar_subquery()
