@@ -169,3 +169,12 @@ export function follow({ url, on, poll }) {
     },
   };
 }
+
+/** Run `load` once, then again whenever the project's change stream (/v1/stream) reports that
+ * one of its jobs changed (one read at a time: a change during a read asks for one more); poll
+ * with it only while the stream is down. For pages that show several jobs (the list, compare). */
+export function followProject(load) {
+  const reload = poller(async (signal) => { await load(signal); return false; });
+  const live = follow({ url: () => "/v1/stream", on: { jobs: () => reload.now() }, poll: load });
+  return { now: reload.now, stop() { live.stop(); reload.stop(); } };
+}

@@ -5,7 +5,7 @@
 // page follows the job's event stream. Text from the API only ever enters the DOM as text nodes
 // (dom.js h()), and the page's Content-Security-Policy allows no inline script or style.
 
-import { api, follow, loadSession, onSessionEnd, poller, qs, session, signIn, signOut } from "/dashboard/api.js";
+import { api, followProject, loadSession, onSessionEnd, qs, session, signIn, signOut } from "/dashboard/api.js";
 import { StepChart, alignSeries, fmtNum } from "/dashboard/charts.js";
 import { STATUSES, TERMINAL, ageOf, badge, fmtDuration, fmtTime, h, klText, progressBar } from "/dashboard/dom.js";
 import { jobView } from "/dashboard/job.js";
@@ -123,11 +123,8 @@ function listView(root, params) {
     const running = body.data.filter((j) => !TERMINAL.has(j.status)).length;
     summary.textContent = `${body.data.length}${body.has_more ? "+" : ""} jobs, ${running} active`;
   }
-  // The project's stream says when a job changed; only then is the list read again (one read
-  // at a time: a change during a read asks for one more). Polling only while it is down.
-  const reload = poller(async (signal) => { await load(signal); return false; });
-  const live = follow({ url: () => "/v1/stream", on: { jobs: () => reload.now() }, poll: load });
-  return { stop() { live.stop(); reload.stop(); } };
+  // Read again only when the project's stream says a job changed.
+  return followProject(load);
 }
 
 // ------------------------------------------------------------------ compare page
@@ -150,7 +147,7 @@ function compareView(root, params) {
     history.replaceState(null, "", hash);
     compareSelection.clear();
     for (const j of chosen) compareSelection.add(j);
-    reload.now();
+    live.now();
   }
 
   let jobs = [];
@@ -185,12 +182,10 @@ function compareView(root, params) {
     chart.title.textContent = picked.length ? metric : "Pick jobs on the left";
     chart.update(steps, labels.map((l, i) => ({ label: l, values: columns[i] })));
   }
-  // As the job list: read again only when the project's stream reports a change (a step of a
-  // compared job included); poll only while the stream is down.
-  const reload = poller(async (signal) => { await load(signal); return false; });
-  const live = follow({ url: () => "/v1/stream", on: { jobs: () => reload.now() }, poll: load });
+  // Read again only when the project's stream reports a change (a compared job's step too).
+  const live = followProject(load);
 
-  return { stop() { live.stop(); reload.stop(); resize.disconnect(); } };
+  return { stop() { live.stop(); resize.disconnect(); } };
 }
 
 // ------------------------------------------------------------------ start
