@@ -26,6 +26,14 @@ class InvalidRequest(ApiError):
     code = "invalid_value"
 
 
+class MalformedHeader(ApiError):
+    """A request header the API reads (a stream cursor) that is not what it must be: the
+    request itself is malformed, hence 400 rather than a field's 422."""
+
+    status_code = 400
+    code = "invalid_header"
+
+
 class Unauthorized(ApiError):
     status_code = 401
     error_type = "authentication_error"

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.deps import JobDep, PrincipalDep, SessionDep, StateDep
 from app.errors import ApiError, InvalidRequest
+from app.ids import parse_number
 from app.models import Job
 from app.openai_schemas import (
     FineTuningCheckpointList,
@@ -205,10 +206,10 @@ def list_checkpoints(
 ) -> FineTuningCheckpointList:
     before_step = None
     if after is not None:
-        number = after.removeprefix(CHECKPOINT_PREFIX)
+        number = parse_number(after.removeprefix(CHECKPOINT_PREFIX))
         seen = (
-            progress_repo.checkpoint_by_id(session, job_id=job.id, checkpoint_id=int(number))
-            if after.startswith(CHECKPOINT_PREFIX) and number.isdigit() and len(number) <= 18
+            progress_repo.checkpoint_by_id(session, job_id=job.id, checkpoint_id=number)
+            if after.startswith(CHECKPOINT_PREFIX) and number is not None
             else None
         )
         if seen is None:

@@ -24,7 +24,8 @@ from starlette.types import Receive, Scope, Send
 
 from app.clock import as_utc, utcnow
 from app.db import session_scope
-from app.errors import InvalidRequest
+from app.errors import MalformedHeader
+from app.ids import MAX_ID, MAX_STEP, parse_number
 from app.live import TailWaiter
 from app.ratelimit import STREAM_RENEW_S, StreamSlot, StreamSlots
 from app.repositories import events as events_repo
@@ -46,19 +47,19 @@ class Cursor:
 
     @classmethod
     def parse(cls, raw: str | None) -> Cursor:
+        """The cursor a client sent back (Last-Event-ID or ?after=); MalformedHeader (400)
+        unless it is two whole numbers a database column can hold, as this stream sends."""
         if not raw:
             return cls()
-        try:
-            event_id, step = raw.split(".", 1)
-            cursor = cls(int(event_id), int(step))
-        except ValueError as exc:
-            raise InvalidRequest(
-                "Last-Event-ID must look like '<event id>.<step>' (as sent by this stream)",
+        event_id, _, step = raw.partition(".")
+        numbers = parse_number(event_id), parse_number(step, MAX_STEP)
+        if numbers[0] is None or numbers[1] is None:
+            raise MalformedHeader(
+                "Last-Event-ID must look like '<event id>.<step>' (as sent by this stream): "
+                f"whole numbers, the event id at most {MAX_ID} and the step at most {MAX_STEP}",
                 param="Last-Event-ID",
-            ) from exc
-        if cursor.event_id < 0 or cursor.step < 0:
-            raise InvalidRequest("Last-Event-ID must not be negative", param="Last-Event-ID")
-        return cursor
+            )
+        return cls(numbers[0], numbers[1])
 
 
 @dataclass

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidRequest
+from app.ids import MAX_ID, MAX_STEP, parse_number
 from app.models import JobEvent
 from app.repositories import timeline as timeline_repo
 from app.repositories.timeline import EVENT, METRICS, Point
@@ -35,13 +36,14 @@ def _point(entry: Entry) -> tuple[datetime, int, int]:
 
 def _cursor(session: Session, job_id: str, after: str) -> Point:
     body = after.removeprefix(PREFIX)
-    kind, number = body[:1], body[1:]
+    kind = body[:1]
+    number = parse_number(body[1:], MAX_STEP if kind == "m" else MAX_ID)
     point = None
-    if after.startswith(PREFIX) and number.isdigit() and len(number) <= 18:
+    if after.startswith(PREFIX) and number is not None:
         if kind == "e":
-            point = timeline_repo.event_point(session, job_id=job_id, event_id=int(number))
+            point = timeline_repo.event_point(session, job_id=job_id, event_id=number)
         elif kind == "m":
-            point = timeline_repo.metrics_point(session, job_id=job_id, step=int(number))
+            point = timeline_repo.metrics_point(session, job_id=job_id, step=number)
     if point is None:
         raise InvalidRequest(f"after {after!r:.80} is not an event of this job", param="after")
     return point

@@ -469,3 +469,20 @@ def test_the_rft_guides_bodies_are_accepted_as_written(api: Api, monkeypatch: An
             assert response.status_code == 200, (grader["type"], hyper, response.text)
             shown = response.json()["method"]["reinforcement"]
             assert shown["grader"]["type"] == grader["type"]
+
+
+def test_cursors_past_a_columns_range_or_in_other_digits_are_refused(api: Api) -> None:
+    """An `after` the API never sent is a client error naming `after`, also when its number
+    overflows the column it is compared with (a 500 before: 'integer out of range') or is
+    written in digits int() refuses ('²')."""
+    job = create(api, request(upload(api, ROWS)["id"])).json()
+    base = f"/v1/fine_tuning/jobs/{job['id']}"
+    for path, after in [
+        ("events", f"ftevent-m{2**31}"),
+        ("events", f"ftevent-e{2**63}"),
+        ("events", "ftevent-e\u00b2"),
+        ("checkpoints", f"ftckpt-{2**63}"),
+        ("checkpoints", "ftckpt-\u00b2"),
+    ]:
+        response = api.client.get(f"{base}/{path}", params={"after": after}, headers=api.headers)
+        assert error(response)["param"] == "after", (path, after)  # OpenAI's 400

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from app import transitions
 from app.db import make_engine, make_session_factory, session_scope
 from app.transitions import JobStatus
@@ -176,10 +178,39 @@ def test_sse_sends_heartbeats_while_idle(api: Api) -> None:
     assert [m["data"]["step"] for m in messages if m.get("event") == "metrics"] == [1, 2]  # type: ignore[index]
 
 
-def test_bad_last_event_id_is_422(api: Api) -> None:
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "nonsense",
+        "-1.0",
+        "3.-1",
+        "99999999999999999999.0",  # past BIGINT: was a 200, then "bigint out of range"
+        "1.99999999999999999999",
+        f"1.{2**31}",  # past INTEGER, the steps' column
+        "1." + "9" * 40,
+        "\u00b2.1",  # a digit to str.isdigit, not to int()
+        "1.2.3",
+        "1",
+    ],
+)
+def test_bad_last_event_id_is_400_before_the_stream_starts(api: Api, cursor: str) -> None:
     job_id = api.client.post("/v1/jobs", json=tiny_spec(), headers=api.headers).json()["id"]
-    response = api.client.get(
-        f"/v1/jobs/{job_id}/stream", headers=api.headers | {"Last-Event-ID": "nonsense"}
-    )
-    assert response.status_code == 422
-    assert response.json()["error"]["param"] == "Last-Event-ID"
+    ways: list[dict[str, dict[str, str]]] = [{"params": {"after": cursor}}]
+    if cursor.isascii():  # a header is Latin-1 on the wire; the query carries any text
+        ways.append({"headers": {"Last-Event-ID": cursor}})
+    for how in ways:
+        response = api.client.get(
+            f"/v1/jobs/{job_id}/stream",
+            headers=api.headers | how.get("headers", {}),
+            params=how.get("params"),
+        )
+        assert response.status_code == 400, (cursor, response.text)
+        assert response.json()["error"]["param"] == "Last-Event-ID"
+
+
+def test_the_largest_cursor_a_column_holds_is_accepted(api: Api) -> None:
+    job_id = api.client.post("/v1/jobs", json=tiny_spec(), headers=api.headers).json()["id"]
+    api.client.post(f"/v1/jobs/{job_id}/cancel", headers=api.headers)
+    # Nothing is newer than the cursor, so the stream sends only the job's end.
+    messages, _ = read_sse(api, job_id, last_event_id=f"{2**63 - 1}.{2**31 - 1}")
+    assert [(m["event"], m["data"]["status"]) for m in messages] == [("end", "cancelled")]  # type: ignore[index]
