@@ -50,12 +50,43 @@ def parse(url: str) -> Target:
     return Target(scheme, parts.hostname, port or (443 if scheme == "https" else 80))
 
 
+# IPv6 forms that carry an IPv4 address a router may deliver to (RFC 6052's well-known NAT64
+# prefix, SIIT's IPv4-translated addresses); 6to4, Teredo and IPv4-mapped ones are unwrapped by
+# ipaddress itself, and the deprecated IPv4-compatible ::a.b.c.d below.
+_NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+_IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+# Only global unicast IPv6 is a webhook destination: this also refuses the local-use NAT64
+# prefix (64:ff9b:1::/48), whose IPv4 address sits where no single rule can read it.
+_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses ``address`` carries (IPv4-mapped, IPv4-compatible, IPv4-translated,
+    6to4, Teredo's server and client, NAT64): a packet to it may reach them."""
+    found: list[ipaddress.IPv4Address] = []
+    low32 = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.ipv4_mapped is not None:
+        found.append(address.ipv4_mapped)
+    if int(address) >> 32 == 0 or address in _IPV4_TRANSLATED or address in _NAT64_WELL_KNOWN:
+        found.append(low32)
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    return found
+
+
 def is_public(address: IPAddress) -> bool:
     """False for private, loopback, link-local, multicast, reserved and unspecified addresses
-    and anything else not globally routable; an IPv4-mapped IPv6 address is judged by the IPv4
-    address it carries."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    and anything else not globally routable. An IPv6 address that carries IPv4 addresses
+    (:func:`embedded_ipv4`) is public only when each of them is; any other IPv6 address must
+    also be global unicast (2000::/3)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        carried = embedded_ipv4(address)
+        if carried:
+            return all(is_public(ipv4) for ipv4 in carried)
+        if address not in _GLOBAL_UNICAST:
+            return False
     return not (
         address.is_private
         or address.is_loopback

@@ -4,12 +4,13 @@ status changes write, the delivery log and redelivery, and project isolation."""
 from __future__ import annotations
 
 import base64
+import ipaddress
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from app import transitions
+from app import transitions, webhook_urls
 from app.db import make_engine, make_session_factory, session_scope
 from app.transitions import JobStatus
 from tests.conftest import Api, tiny_spec
@@ -108,6 +109,19 @@ def test_endpoints_per_project_are_bounded(open_api: Api) -> None:
         "http://[::ffff:127.0.0.1]/hook",
         "http://0.0.0.0/hook",
         "http://100.64.0.1/hook",
+        # IPv6 forms that carry a private IPv4 address (all accepted before)
+        "http://[2002:7f00:1::]/hook",  # 6to4 of 127.0.0.1
+        "http://[2002:a9fe:a9fe::1]/latest/meta-data",  # 6to4 of 169.254.169.254
+        "http://[2002:a00:1::]/hook",  # 6to4 of 10.0.0.1
+        "http://[2002:c0a8:1::]/hook",  # 6to4 of 192.168.0.1
+        "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/hook",  # Teredo, client 127.0.0.1
+        "http://[64:ff9b::7f00:1]/hook",  # NAT64 of 127.0.0.1
+        "http://[64:ff9b::a9fe:a9fe]/hook",  # NAT64 of 169.254.169.254
+        "http://[64:ff9b:1::a00:1]/hook",  # local-use NAT64
+        "http://[::7f00:1]/hook",  # IPv4-compatible 127.0.0.1
+        "http://[::ffff:0:a00:1]/hook",  # IPv4-translated 10.0.0.1
+        "http://[fc00::1]/hook",  # unique local
+        "http://[fe80::1]/hook",  # link-local
     ],
 )
 def test_private_addresses_are_refused_unless_allowed(
@@ -201,3 +215,21 @@ def test_redeliver_requeues_with_the_same_id(open_api: Api) -> None:
         f"/v1/webhooks/{hook}/deliveries/msg_nope/redeliver", headers=api.headers
     )
     assert _error(missing, 404)["param"] == "delivery_id"
+
+
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [
+        ("2606:4700:4700::1111", True),
+        ("2002:808:808::", True),  # 6to4 of 8.8.8.8
+        ("64:ff9b::808:808", True),  # NAT64 of 8.8.8.8
+        ("::ffff:8.8.8.8", True),
+        ("2002:7f00:1::", False),
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", False),  # Teredo's client is 127.0.0.1
+        ("::", False),
+        ("ff02::1", False),
+        ("2001:db8::1", False),
+    ],
+)
+def test_ipv6_is_judged_by_the_ipv4_it_carries(address: str, public: bool) -> None:
+    assert webhook_urls.is_public(ipaddress.ip_address(address)) is public
