@@ -113,11 +113,21 @@ def who_am_i(
     summary="Sign out: end the key's sessions and clear the cookie",
     description="With a valid session cookie, every session of its key issued until now ends "
     "(in every browser; within 5 s in every API process), so a copy of the token is refused "
-    "too. Needs no other credentials: without a valid cookie it only clears the cookie.",
+    "too. Needs no other credentials: without a valid cookie it only clears the cookie. With "
+    "a cookie it is a write authenticated by the cookie, so it needs `X-Requested-With` (any "
+    "value) like every other one: 403 without it.",
+    responses=CSRF_REFUSED,
 )
 def sign_out(
-    session: SessionDep, state: StateDep, session_cookie: SessionCookie = None
+    session: SessionDep,
+    state: StateDep,
+    session_cookie: SessionCookie = None,
+    csrf_header: CsrfHeader = None,
 ) -> Response:
+    if session_cookie is not None:
+        # Else any site could end a visitor's sessions with a cross-site DELETE (a nuisance
+        # the README's promise for cookie-authenticated writes rules out).
+        require_csrf_header(csrf_header)
     claims = state.session_tokens.verify(session_cookie) if session_cookie else None
     if claims is not None:
         state.limits.requests.check(claims.key_id)  # each sign-out is a write: bounded too

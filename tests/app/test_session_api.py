@@ -185,7 +185,7 @@ def test_a_revoked_keys_session_stops_working(api: Api) -> None:
 
 def test_sign_out_clears_the_cookie(api: Api) -> None:
     _sign_in(api.client, api.key)
-    response = api.client.delete("/v1/session")
+    response = api.client.delete("/v1/session", headers=CSRF)
     assert response.status_code == 204
     morsel = _set_cookie(response)["grpo_session"]
     assert morsel.value == "" and int(morsel["max-age"]) == 0 and morsel["path"] == "/v1"
@@ -214,7 +214,7 @@ def test_sign_out_ends_the_token_even_where_it_was_copied(api: Api) -> None:
     copied = _browser(api, token)
     assert copied.get("/v1/jobs").status_code == 200
 
-    assert api.client.delete("/v1/session").status_code == 204
+    assert api.client.delete("/v1/session", headers=CSRF).status_code == 204
 
     refused = copied.get("/v1/jobs")
     assert refused.status_code == 401
@@ -228,13 +228,23 @@ def test_sign_out_ends_the_token_even_where_it_was_copied(api: Api) -> None:
     assert copied.get("/v1/jobs").status_code == 401  # the old token stays dead
 
 
+def test_a_cookie_sign_out_without_the_csrf_header_is_refused(api: Api) -> None:
+    """Another site can make the browser send the cookie with a DELETE, not the header."""
+    _sign_in(api.client, api.key)
+    refused = api.client.delete("/v1/session")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "csrf_header_required"
+    assert "set-cookie" not in refused.headers  # the cookie is not cleared either
+    assert api.client.get("/v1/jobs").status_code == 200  # and the session lives on
+
+
 def test_a_sign_out_without_a_valid_cookie_ends_nothing(api: Api) -> None:
     key, _ = api.new_key()
     _sign_in(api.client, key)
     stranger = TestClient(api.client.app)
-    assert stranger.delete("/v1/session").status_code == 204
+    assert stranger.delete("/v1/session", headers=CSRF).status_code == 204
     stranger.cookies.set("grpo_session", "v2.key_x.1.9999999999.forged", path="/v1")
-    assert stranger.delete("/v1/session").status_code == 204
+    assert stranger.delete("/v1/session", headers=CSRF).status_code == 204
     assert api.client.get("/v1/jobs").status_code == 200
 
 
@@ -251,7 +261,7 @@ def test_a_first_version_token_is_accepted_until_a_sign_out(api: Api) -> None:
     first_version = _browser(api, f"{payload}.{signed}")
     assert first_version.get("/v1/jobs").status_code == 200
 
-    assert api.client.delete("/v1/session").status_code == 204
+    assert api.client.delete("/v1/session", headers=CSRF).status_code == 204
     assert first_version.get("/v1/jobs").status_code == 401
 
 
