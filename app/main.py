@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app import error_handlers
+from app import error_handlers, log_redaction
 from app.limits import BodySizeLimit
 from app.queue import Dispatcher
 from app.request_guard import RejectNul
@@ -36,6 +36,7 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     settings = settings or build_settings()
     app = FastAPI(title="grpo-service", version="0.1.0", description=API_DESCRIPTION)
     app.state.grpo = build_state(settings, dispatcher)
+    log_redaction.install()
     error_handlers.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     # Text Postgres cannot store never reaches a query: a 422 naming the parameter, not a 500.

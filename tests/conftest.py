@@ -51,8 +51,9 @@ BACKENDS = ("postgres", "sqlite")
 
 # Fixtures that start real service processes: every test using one (directly or through another
 # fixture) is marked `process`. `mlflow_url` starts an MLflow tracking server
-# (tests/worker/test_trackers_mlflow.py).
-PROCESS_FIXTURES = frozenset({"start_worker", "cli_service", "mlflow_url"})
+# (tests/worker/test_trackers_mlflow.py); `api_processes` the production `grpo api`
+# (tests/app/conftest.py).
+PROCESS_FIXTURES = frozenset({"start_worker", "cli_service", "mlflow_url", "api_processes"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

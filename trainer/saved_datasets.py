@@ -4,7 +4,8 @@ The folder has already passed the operator's rule (``trainer.model_paths.allowed
 applied by the API at submission and by the worker before this reads anything). Its split is
 read with ``datasets.load_from_disk``, its columns renamed by ``columns`` (row field -> column;
 columns not named keep their names and reach graders as ``item`` fields), and every record
-validated as a row: bad records are reported by number, as an upload's lines are.
+validated as a row: bad records are reported by number, as an upload's lines are. What is
+decoded is charged to the same memory budget as an upload (trainer.spec.row_budget).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 
 from trainer.config import MAX_INLINE_ROWS, PromptRow, SavedDataset
 from trainer.errors import TrainerError
+from trainer.spec.row_budget import RowBudget, RowBudgetExceeded
 
 __all__ = ["hub_dataset_folder", "saved_dataset_rows"]
 
@@ -53,8 +55,8 @@ def hub_dataset_folder(repo_id: str, revision: str | None) -> Path:
 def saved_dataset_rows(source: SavedDataset, folder: Path) -> list[PromptRow]:
     """The rows of ``source`` (its split, its column mapping), read from ``folder`` (a
     ``save_to_disk`` folder, or a Hub dataset's snapshot). TrainerError (reason
-    ``dataset_invalid``) for a missing split or column, too many rows, or records that are not
-    rows (the first ones listed by number)."""
+    ``dataset_invalid``) for a missing split or column, too many rows, rows past the memory
+    budget, or records that are not rows (the first ones listed by number)."""
     import datasets  # pyarrow, pandas: only when a job reads a saved dataset
 
     if source.hub_id is not None:  # a repo's data files (parquet, jsonl, csv), built locally
@@ -81,6 +83,15 @@ def saved_dataset_rows(source: SavedDataset, folder: Path) -> list[PromptRow]:
             f"(it has {', '.join(loaded.column_names)})",
             reason="dataset_invalid",
         )
+    budget = RowBudget()
+    # The table is memory-mapped: its Arrow size is known before any record is read, and a
+    # dataset larger than the budget is refused without touching its pages.
+    if loaded.data.nbytes > budget.limit:
+        raise TrainerError(
+            f"the saved dataset holds {loaded.data.nbytes} bytes of columns, more than the "
+            f"{budget.limit} a dataset may decode to",
+            reason="dataset_invalid",
+        )
     renamed = {column: field for field, column in source.columns.items()}
     rows: list[PromptRow] = []
     errors: list[str] = []
@@ -90,6 +101,10 @@ def saved_dataset_rows(source: SavedDataset, folder: Path) -> list[PromptRow]:
             for column, value in record.items()
             if value is not None
         }
+        try:
+            budget.charge_value(data, f"row {number}")
+        except RowBudgetExceeded as exc:
+            raise TrainerError(f"the saved dataset: {exc}", reason="dataset_invalid") from None
         try:
             rows.append(PromptRow.model_validate(data))
         except ValidationError as exc:

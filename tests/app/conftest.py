@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from tests.conftest import Api, new_project_key, settings_for
+from app.settings import build_settings
+from tests.cli.conftest import ServerProcess
+from tests.conftest import (
+    REDIS_URL,
+    Api,
+    free_port,
+    new_project_key,
+    settings_for,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -31,3 +42,63 @@ def make_api(
     yield start
     for client in clients:
         client.__exit__(None, None, None)
+
+
+@dataclass
+class ApiProcesses:
+    """The production API, `grpo api --workers 2`, as a subprocess on this session's Postgres:
+    requests spread over its two serving processes, whose memory tests read."""
+
+    server: ServerProcess
+    headers: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def serving_pids(self) -> list[int]:
+        assert self.server.proc is not None
+        children = psutil.Process(self.server.proc.pid).children()
+        # uvicorn spawns its workers with multiprocessing (a resource tracker may sit beside).
+        return [c.pid for c in children if "spawn_main" in " ".join(c.cmdline())]
+
+    def peak_rss_bytes(self, reset: bool = False) -> dict[int, int]:
+        """Each serving process's peak resident memory (the kernel's VmHWM); with ``reset``,
+        the peak is first set back to what each holds now (clear_refs 5), so an earlier
+        test's spike cannot hide this one's."""
+        pids = self.serving_pids()
+        if reset:
+            for pid in pids:
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return {pid: _vm_hwm(pid) for pid in pids}
+
+    def log(self) -> str:
+        return self.server.log_path.read_text(errors="replace")
+
+
+def _vm_hwm(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for process {pid}")
+
+
+@pytest.fixture(scope="module")
+def api_processes(
+    pg_url: str, queue_name: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ApiProcesses]:
+    tmp = tmp_path_factory.mktemp("api-processes")
+    settings = build_settings(
+        data_dir=tmp / "data", database_url=pg_url, broker_url=REDIS_URL, queue_name=queue_name
+    )
+    key, _ = new_project_key(settings)
+    server = ServerProcess(
+        settings, free_port(), tmp / "api.log", command=("api", "--workers", "2")
+    )
+    server.start()
+    try:
+        processes = ApiProcesses(server, {"Authorization": f"Bearer {key}"})
+        wait_until(lambda: len(processes.serving_pids()) >= 2, 60, "two API processes")
+        yield processes
+    finally:
+        server.stop()

@@ -22,10 +22,18 @@ from tests.worker.conftest import ROOT, WorkerProcess
 
 
 class ServerProcess:
-    """`grpo serve --no-worker`; kill() drops every open connection like a crashed server."""
+    """`grpo serve --no-worker` (or another API command, such as the production `grpo api
+    --workers 2`); kill() drops every open connection like a crashed server."""
 
-    def __init__(self, settings: Settings, port: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        port: int,
+        log_path: Path,
+        command: tuple[str, ...] = ("serve", "--no-worker"),
+    ) -> None:
         self.settings = settings
+        self.command = command
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
@@ -46,8 +54,7 @@ class ServerProcess:
                     sys.executable,
                     "-m",
                     "grpo_cli",
-                    "serve",
-                    "--no-worker",
+                    *self.command,
                     "--port",
                     str(self.port),
                 ],
