@@ -19,7 +19,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import ApiError, TooManyRequests
+from app.errors import ApiError
 from app.field_paths import field_path
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def install(app: FastAPI) -> None:
             code=exc.code,
             path=request.url.path,
         )
-        if isinstance(exc, TooManyRequests):
+        if exc.retry_after is not None:
             response.headers["Retry-After"] = str(exc.retry_after)
         return response
 

@@ -11,6 +11,8 @@ class ApiError(Exception):
     error_type = "invalid_request_error"
     # The specific reason in the body's `code` (default: error_type).
     code: str | None = None
+    # Seconds for the Retry-After header, where waiting helps (429, 503).
+    retry_after: int | None = None
 
     def __init__(
         self, message: str, *, param: str | None = None, details: list[Any] | None = None
@@ -84,6 +86,17 @@ class PayloadTooLarge(ApiError):
 class ServiceUnavailable(ApiError):
     status_code = 503
     error_type = "service_unavailable"
+
+
+class Overloaded(ServiceUnavailable):
+    """A capacity this process shares between every tenant is full (python-grader sandboxes);
+    `retry_after` becomes the Retry-After header, in whole seconds."""
+
+    code = "capacity_exceeded"
+
+    def __init__(self, message: str, *, retry_after: int, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = max(1, int(retry_after))
 
 
 class IllegalTransition(ApiError):

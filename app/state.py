@@ -16,6 +16,7 @@ from app.ratelimit import Limits, build_limits
 from app.services import dispatch
 from app.session_tokens import SessionTokens, load_or_create_secret
 from app.settings import Settings
+from trainer.sandbox import SandboxCapacity, build_sandbox_settings
 
 
 class RequestSlots:
@@ -57,6 +58,9 @@ class AppState:
     slots: RequestSlots
     # Signs and checks the dashboard's session cookies (app.routes.session).
     session_tokens: SessionTokens
+    # The python-grader sandboxes this process runs at once, per project and in all
+    # (GRPO_SANDBOX_MAX_SANDBOXES*; POST /v1/graders/run).
+    sandboxes: SandboxCapacity
 
 
 def warm_pools(state: AppState) -> int:
@@ -101,4 +105,5 @@ def build_state(settings: Settings, dispatcher: Dispatcher | None = None) -> App
             load_or_create_secret(settings.resolved_session_secret_file, settings.session_secret),
             ttl_s=settings.session_ttl_hours * 3600,
         ),
+        sandboxes=SandboxCapacity.from_settings(build_sandbox_settings()),
     )

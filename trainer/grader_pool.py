@@ -55,6 +55,11 @@ def _serve(conn: Connection, grader: Grader, parent_pid: int) -> None:
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         return
+    warm = getattr(grader, "warm", None)
+    if callable(warm):
+        # Slow imports (sympy) happen here, under the start-up deadline, not in the first
+        # call's time limit.
+        warm()
     conn.send(_READY)
     while True:
         try:
@@ -112,6 +117,9 @@ class IsolatedGrader:
         self.processes = int(processes)
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
+        # Why the latest batch's first failed call failed (the API shows it; the loop's
+        # grader event too), None when none did.
+        self.first_error: str | None = None
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
 
     @property
@@ -123,7 +131,12 @@ class IsolatedGrader:
         return self.grader.weight
 
     def __call__(self, completion: str, item: Item) -> float:
-        return self.grade_batch([completion], [item])[0].score
+        """One sample (a sub-grader of ``multi``); a failure raises, as a grader's does, so a
+        timeout is not a score of 0."""
+        graded = self.grade_batch([completion], [item])[0]
+        if graded.failure is not None:
+            raise RuntimeError(self.first_error or graded.failure)
+        return graded.score
 
     def close(self) -> None:
         """Stop the workers (a later batch starts new ones)."""
@@ -136,6 +149,7 @@ class IsolatedGrader:
             raise ValueError(f"{len(completions)} completions but {len(items)} items")
         n = len(completions)
         results: list[Graded | None] = [None] * n
+        self.first_error = None
         if n == 0:
             return []
         while len(self._workers) < min(self.processes, n):
@@ -168,7 +182,16 @@ class IsolatedGrader:
                 elif time.monotonic() >= worker.deadline:
                     self._fail_head(worker, results, "timeout")
             busy = [w for w in busy if w.queue]
-        return [r if r is not None else Graded(0.0, "error") for r in results]
+        graded = [r if r is not None else Graded(0.0, "error") for r in results]
+        self.first_error = next(
+            (self._reason(g.failure) for g in graded if g.failure is not None), None
+        )
+        return graded
+
+    def _reason(self, failure: Failure) -> str:
+        if failure == "timeout":
+            return f"the check ran past its time limit ({self.timeout_s:g} s) and was stopped"
+        return "the check failed (it raised, crashed, or gave no score in [0, 1])"
 
     def _dispatch(self, worker: _Worker) -> None:
         """Send the worker its queue, once it is ready; arm the deadline of its first call."""

@@ -7,9 +7,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field, field_validator
 
-from app.deps import PrincipalDep
+from app.deps import PrincipalDep, StateDep
 from app.routes.common import ERRORS
-from app.schemas import GraderRunErrors, GraderRunMetadata, GraderRunOut, GraderValidateOut
+from app.schemas import (
+    ErrorResponse,
+    GraderRunErrors,
+    GraderRunMetadata,
+    GraderRunOut,
+    GraderValidateOut,
+)
 from app.services import graders as graders_service
 from trainer.config import MAX_TEXT_CHARS, GraderSpec, row_fields_problem, text_problem
 
@@ -46,9 +52,31 @@ class GraderValidateIn(BaseModel):
     grader: GraderSpec
 
 
-@router.post("/run", response_model=GraderRunOut, summary="Run a grader on one sample")
-def run_grader(body: GraderRunIn, principal: PrincipalDep) -> GraderRunOut:
-    result = graders_service.run_grader(body.grader, body.model_sample, body.item)
+@router.post(
+    "/run",
+    response_model=GraderRunOut,
+    summary="Run a grader on one sample",
+    responses={
+        429: {
+            "model": ErrorResponse,
+            "description": "The project's python graders hold its share of this server's "
+            "sandboxes (GRPO_SANDBOX_MAX_SANDBOXES_PER_PROJECT); see Retry-After.",
+        },
+        503: {
+            "model": ErrorResponse,
+            "description": "Database unavailable, or every python-grader sandbox of this "
+            "server is busy (GRPO_SANDBOX_MAX_SANDBOXES); see Retry-After.",
+        },
+    },
+)
+def run_grader(body: GraderRunIn, principal: PrincipalDep, state: StateDep) -> GraderRunOut:
+    result = graders_service.run_grader(
+        body.grader,
+        body.model_sample,
+        body.item,
+        sandboxes=state.sandboxes,
+        project_id=principal.project_id,
+    )
     return GraderRunOut(
         reward=result.reward,
         metadata=GraderRunMetadata(
@@ -66,4 +94,5 @@ def run_grader(body: GraderRunIn, principal: PrincipalDep) -> GraderRunOut:
     "/validate", response_model=GraderValidateOut, summary="Check a grader without running it"
 )
 def validate_grader(body: GraderValidateIn, principal: PrincipalDep) -> GraderValidateOut:
+    graders_service.validate_grader(body.grader)
     return GraderValidateOut(grader=body.grader.model_dump(mode="json"))

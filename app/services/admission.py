@@ -29,6 +29,7 @@ from app.repositories import jobs as jobs_repo
 from app.settings import Settings
 from trainer.config import (
     PACKAGED_MODELS,
+    GraderSpecBase,
     JobSpec,
     MultiGrader,
     ScoreModelGrader,
@@ -85,25 +86,29 @@ def _admit_dataset(spec: JobSpec, settings: Settings) -> None:
 
 
 def _admit_judges(spec: JobSpec) -> None:
-    """A score_model grader names an endpoint of the operator's (GRPO_JUDGE_ENDPOINTS, which
-    the API and the workers share); an unknown name is refused now rather than failing every
-    sample on a worker."""
-    known: set[str] | None = None
     for i, grader in enumerate(getattr(spec, "graders", ())):
-        subs = [(f"graders[{i}]", grader)]
-        if isinstance(grader, MultiGrader):
-            subs = [(f"graders[{i}].graders.{k}", g) for k, g in grader.graders.items()]
-        for path, sub in subs:
-            if not isinstance(sub, ScoreModelGrader):
-                continue
-            if known is None:
-                known = set(build_judge_settings().endpoints)
-            if sub.endpoint not in known:
-                names = ", ".join(sorted(known)) or "none are configured"
-                raise InvalidRequest(
-                    f"judge endpoint {sub.endpoint!r} is not one of this service's ({names})",
-                    param=f"{path}.endpoint",
-                )
+        admit_judge(grader, path=f"graders[{i}]")
+
+
+def admit_judge(grader: GraderSpecBase, *, path: str) -> None:
+    """A score_model grader (or a multi's sub-grader) names an endpoint of the operator's
+    (GRPO_JUDGE_ENDPOINTS, which the API and the workers share): an unknown name is refused
+    now, a 422 naming `<path>.endpoint`, rather than failing every sample on a worker. Job
+    submission and POST /v1/graders/validate and /run both apply it."""
+    subs = [(path, grader)]
+    if isinstance(grader, MultiGrader):
+        subs = [(f"{path}.graders.{k}", g) for k, g in grader.graders.items()]
+    judges = [(p, g) for p, g in subs if isinstance(g, ScoreModelGrader)]
+    if not judges:
+        return
+    known = set(build_judge_settings().endpoints)
+    for where, judge in judges:
+        if judge.endpoint not in known:
+            names = ", ".join(sorted(known)) or "none are configured"
+            raise InvalidRequest(
+                f"judge endpoint {judge.endpoint!r} is not one of this service's ({names})",
+                param=f"{where}.endpoint",
+            )
 
 
 # ---- experiment trackers ---------------------------------------------------------------------

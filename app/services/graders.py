@@ -1,24 +1,35 @@
 """Try a grader before spending a GPU: run one on one sample and one row, or only check it.
 
 The grader runs in the API process exactly as on a worker (the same ``trainer.graders``
-classes); a ``python`` grader runs in the same sandbox, one sandbox started for the request and
-stopped after it (``GRPO_SANDBOX_*`` apply). Graders are bounded by construction (RE2, length
-caps, the sandbox's limits), so a request cannot hold the API longer than a grader's own limit.
+classes); a ``python`` grader runs in the same sandbox, one sandbox at a time for the request,
+started for it and stopped after it (``GRPO_SANDBOX_*`` apply). Graders are bounded by
+construction (RE2, length caps, the sandbox's and the math grader's time limits), so a request
+cannot hold the API longer than a grader's own limit.
+
+Sandboxes are a shared, bounded resource of the API process (``trainer.sandbox.capacity``): a
+request with python in it holds one slot of ``AppState.sandboxes`` while it grades, under its
+project's cap. No slot within the queue's bounds and time limit is a 429 with Retry-After when
+the project is at its own cap, else a 503 with Retry-After; either names the limit. A request
+never waits for a second slot while it holds one (a multi grader's python sub-graders run one
+after another in the request's slot), so requests cannot deadlock on each other's slots.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from app.errors import Overloaded, TooManyRequests
+from app.services.admission import admit_judge
 from trainer.config import GraderSpecBase, grader_name, literal_tag
-from trainer.graders import Grader, Multi, build_grader, grade_one
+from trainer.graders import BatchGrader, Grader, Multi, build_grader, grade_one
 from trainer.graders.python import PythonGrade
-from trainer.sandbox import build_sandbox_settings
+from trainer.sandbox import SandboxBusy, SandboxCapacity, build_sandbox_settings
 
-__all__ = ["GraderRun", "run_grader"]
+__all__ = ["GraderRun", "run_grader", "validate_grader"]
 
 
 @dataclass(frozen=True)
@@ -35,33 +46,60 @@ class GraderRun:
     scores: dict[str, float] = field(default_factory=dict)
 
 
-def run_grader(spec: GraderSpecBase, completion: str, item: Mapping[str, Any]) -> GraderRun:
+def validate_grader(spec: GraderSpecBase) -> None:
+    """What a schema-valid grader may still not ask of this service (InvalidRequest, 422
+    naming the field under ``grader``): the rules job submission applies to each grader."""
+    admit_judge(spec, path="grader")
+
+
+def run_grader(
+    spec: GraderSpecBase,
+    completion: str,
+    item: Mapping[str, Any],
+    *,
+    sandboxes: SandboxCapacity,
+    project_id: str,
+) -> GraderRun:
     """Run the validated grader ``spec`` on ``completion`` of row ``item``; never raises for
-    what the grader does (a failure is the result's ``failure`` and ``message``)."""
+    what the grader does (a failure is the result's ``failure`` and ``message``). Raises
+    TooManyRequests or Overloaded when its python needs a sandbox and none is free."""
+    validate_grader(spec)
     grader = build_grader(spec)
-    if isinstance(grader, PythonGrade):
-        grader.settings = build_sandbox_settings(processes=1)
-    started = time.perf_counter()
-    sub_rewards: dict[str, float] = {}
-    message: str | None = None
+    pythons = list(_python_graders(grader))
     try:
-        if isinstance(grader, Multi):
-            try:
-                sub_rewards = grader.sub_scores(completion, item)
-            except ValueError as exc:
-                message = str(exc)
-        if isinstance(grader, PythonGrade):
-            graded = grader.grade_batch([completion], [item])[0]
-            message = grader.first_error
-        else:
-            inline = cast(Grader, grader)  # every grader but python's grades inline
-            graded = grade_one(inline, completion, item)
-            if graded.failure is not None and message is None:
-                message = _why(grader, completion, item)
+        with _sandbox_slot(sandboxes, project_id, needed=bool(pythons)) as slot:
+            for python in pythons:
+                python.settings = build_sandbox_settings(processes=1)
+                python.slot = slot
+            return _run(spec, grader, completion, item)
     finally:
         close = getattr(grader, "close", None)
         if callable(close):
             close()
+        for python in pythons:
+            python.close()
+
+
+def _run(
+    spec: GraderSpecBase, grader: Grader | BatchGrader, completion: str, item: Mapping[str, Any]
+) -> GraderRun:
+    started = time.perf_counter()
+    sub_rewards: dict[str, float] = {}
+    message: str | None = None
+    if isinstance(grader, Multi):
+        try:
+            sub_rewards = grader.sub_scores(completion, item)
+        except ValueError as exc:
+            message = str(exc)
+    if isinstance(grader, BatchGrader):
+        # Python, math (in its subprocess, under its time limit), score_model: the batch path
+        # reports a timeout as one, with the grader's reason.
+        graded = grader.grade_batch([completion], [item])[0]
+        message = getattr(grader, "first_error", None)
+    else:
+        graded = grade_one(cast(Grader, grader), completion, item)
+        if graded.failure is not None and message is None:
+            message = _why(grader, completion, item)
     name = grader_name(spec)
     return GraderRun(
         reward=graded.score,
@@ -73,6 +111,35 @@ def run_grader(spec: GraderSpecBase, completion: str, item: Mapping[str, Any]) -
         sub_rewards=sub_rewards,
         scores={name: graded.score, **sub_rewards},
     )
+
+
+def _python_graders(grader: object) -> Iterator[PythonGrade]:
+    """The python graders in ``grader``: itself, or a multi grader's sub-graders."""
+    if isinstance(grader, PythonGrade):
+        yield grader
+    elif isinstance(grader, Multi):
+        for sub in grader.graders.values():
+            yield from _python_graders(sub)
+
+
+@contextlib.contextmanager
+def _sandbox_slot(
+    sandboxes: SandboxCapacity, project_id: str, *, needed: bool
+) -> Iterator[int | None]:
+    """One sandbox slot of the process for the request (none when it runs no python); no slot,
+    or a sandbox the host refused to start, is the project's 429 or the process's 503."""
+    try:
+        if not needed:
+            yield None
+            return
+        with sandboxes.slot(project_id) as slot:
+            yield slot
+    except SandboxBusy as exc:
+        if exc.per_project:
+            raise TooManyRequests(
+                str(exc), retry_after=int(exc.retry_after_s), param="grader"
+            ) from None
+        raise Overloaded(str(exc), retry_after=int(exc.retry_after_s), param="grader") from None
 
 
 def _why(grader: Any, completion: str, item: Mapping[str, Any]) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 from typing import Any
 
 import pytest
 
-from tests.conftest import Api
+from tests.conftest import Api, tiny_spec
 from tests.trainer.test_graders_openai import MULTI
 
 
@@ -80,3 +82,51 @@ def test_hostile_python_graders_score_zero_through_the_api(
     assert body["metadata"]["errors"]["failure"] in ("error", "timeout")
     assert body["metadata"]["errors"]["message"]
     assert "hunter2" not in response.text
+
+
+# A pathological answer for sympy: expanding it takes minutes (math-verify's own 5 s alarm
+# used to stop it and answer "not equal").
+SLOW_MATH = "$(x+y+1)^{200}$"
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_math_check_past_its_time_limit_is_reported_as_a_timeout(api: Api) -> None:
+    grader = {"type": "math", "timeout_s": 1}
+    started = time.monotonic()
+    body = run(api, grader, SLOW_MATH, {"answer": "1"}).json()
+    assert body["reward"] == 0.0
+    assert body["metadata"]["errors"]["failure"] == "timeout", body
+    assert "time limit (1 s)" in body["metadata"]["errors"]["message"]
+    assert time.monotonic() - started < 60  # the check was stopped, not waited for
+    fine = run(api, grader, "so \\boxed{2/4}", {"answer": "\\frac{1}{2}"}).json()
+    assert fine["reward"] == 1.0 and fine["metadata"]["errors"]["failure"] is None
+
+
+def test_a_judge_endpoint_the_operator_did_not_configure_is_refused_when_validated(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "GRPO_JUDGE_ENDPOINTS", json.dumps({"local": {"base_url": "http://127.0.0.1:9/v1"}})
+    )
+    judge = {
+        "type": "score_model",
+        "model": "judge",
+        "endpoint": "elsewhere",
+        "input": [{"role": "user", "content": "Rate {{ sample.output_text }}"}],
+        "range": [0, 10],
+    }
+    nested = {"type": "multi", "graders": {"j": judge}, "calculate_output": "j"}
+    for grader, param in [(judge, "grader.endpoint"), (nested, "grader.graders.j.endpoint")]:
+        for path in ("/v1/graders/validate", "/v1/graders/run"):
+            body = {"grader": grader, "model_sample": "x", "item": {}}
+            refused = api.client.post(path, json=body, headers=api.headers)
+            assert refused.status_code == 422, (path, refused.text)
+            error = refused.json()["error"]
+            assert error["param"] == param
+            assert "'elsewhere' is not one of this service's (local)" in error["message"]
+    known = {**judge, "endpoint": "local"}
+    ok = api.client.post("/v1/graders/validate", json={"grader": known}, headers=api.headers)
+    assert ok.status_code == 200, ok.text
+    # Job creation applies the same rule to the same grader (param under graders[0]).
+    job = api.client.post("/v1/jobs", json={**tiny_spec(), "graders": [judge]}, headers=api.headers)
+    assert job.status_code == 422 and job.json()["error"]["param"] == "graders[0].endpoint"

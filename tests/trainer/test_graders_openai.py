@@ -3,13 +3,14 @@ scored against hand-computed values; grader JSON written as OpenAI's documentati
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from trainer.expressions import ExpressionError, check_expression, evaluate
-from trainer.graders import build_grader, build_graders, grade_one
+from trainer.graders import GraderSet, build_grader, build_graders, grade_one
 from trainer.graders.text import SIMILARITY
 from trainer.spec.graders import SIMILARITY_METRICS, GraderSpec
 from trainer.templates import TemplateError, check_template, render, sample_namespace
@@ -217,5 +218,22 @@ def test_the_math_grader_runs_isolated_with_its_time_limit() -> None:
         result = batch.score_batch(["$x=\\frac{3}{6}$", "1"], [{"answer": "0.5"}, {"answer": "2"}])
         assert result.totals == [1.0, 0.0] and result.errors == {"math": 0}
         batch.close()
+    finally:
+        built.close()
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_a_math_check_is_stopped_at_its_own_time_limit_and_counted_as_a_timeout() -> None:
+    """math-verify's own 5 s limit used to fire first, inside the check, and answer "not
+    equal": a check past the grader's limit scored as a wrong answer, never as a timeout, and
+    a timeout_s above 5 s was not the limit. Now the process deadline is the only limit."""
+    built = grader({"type": "math", "timeout_s": 10})
+    try:
+        started = time.monotonic()
+        # Expanding (x+y+1)^200 in sympy: minutes, in Python code a SIGALRM interrupts.
+        result = GraderSet([built]).score_batch(["$(x+y+1)^{200}$"], [{"answer": "1"}])
+        assert result.timeouts == {"math": 1} and result.totals == [0.0]
+        assert time.monotonic() - started >= 10  # math-verify's 5 s alarm no longer decides
+        assert "time limit (10 s)" in (built.first_error or "")
     finally:
         built.close()

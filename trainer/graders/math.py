@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.graders.base import Item
 from trainer.spec.graders import MathGrader as MathGraderSpec
@@ -14,16 +14,28 @@ if TYPE_CHECKING:
 
 __all__ = ["MathEquivalence", "math_grader"]
 
+# math-verify's own time limits off (None; typed as int there): see MathEquivalence.
+_OFF: Any = None
+
 
 @dataclass(frozen=True)
 class MathEquivalence:
     """1.0 when math-verify finds the rendered ``input``'s answer equal to ``reference``'s.
-    Unbounded in time (sympy): :func:`math_grader` runs it isolated, never inline."""
+    Unbounded in time (sympy): :func:`math_grader` runs it isolated, never inline, and that
+    process's deadline is its only time limit. math-verify's own (a 5 s SIGALRM per parse and
+    per verify) is turned off: when it fired, math-verify swallowed it and answered "not equal",
+    so a check that ran out of time scored as a wrong answer, not a timeout, and a ``timeout_s``
+    above 5 s was silently 5 s."""
 
     name: str
     weight: float
     input: str
     reference: str
+
+    def warm(self) -> None:
+        """Import math-verify (sympy: seconds) before the first check, so the first check's
+        time limit measures the check (``trainer.grader_pool`` calls it before taking work)."""
+        import math_verify  # noqa: F401
 
     def __call__(self, completion: str, item: Item) -> float:
         from math_verify import parse, verify  # sympy and friends: only where it runs
@@ -31,11 +43,13 @@ class MathEquivalence:
         sample = sample_namespace(completion)
         reference = render(self.reference, sample=sample, item=item)
         # A gold answer is often bare LaTeX (\\sqrt{9}); math-verify reads LaTeX inside $...$.
-        gold = parse(reference) or parse(f"${reference}$")
-        answer = parse(render(self.input, sample=sample, item=item))
+        gold = parse(reference, parsing_timeout=_OFF) or parse(
+            f"${reference}$", parsing_timeout=_OFF
+        )
+        answer = parse(render(self.input, sample=sample, item=item), parsing_timeout=_OFF)
         if not gold or not answer:
             return 0.0  # nothing that reads as an answer: wrong, not an error
-        return 1.0 if verify(gold, answer) else 0.0
+        return 1.0 if verify(gold, answer, timeout_seconds=_OFF) else 0.0
 
 
 def math_grader(spec: MathGraderSpec, name: str) -> IsolatedGrader:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trainer.graders.base import Graded, Item
-from trainer.sandbox import SandboxError, SandboxPool, build_sandbox_settings
+from trainer.sandbox import SandboxBusy, SandboxError, SandboxPool, build_sandbox_settings
 from trainer.sandbox.settings import SandboxSettings
 from trainer.spec.graders import PythonGrader as PythonGraderSpec
 from trainer.templates import sample_namespace
@@ -18,13 +18,20 @@ __all__ = ["PythonGrade"]
 class PythonGrade:
     """A BatchGrader: each batch goes to :class:`~trainer.sandbox.SandboxPool` (started on the
     first batch). ``first_error`` holds the first grader error of the latest batch (bounded, no
-    host paths: it is the user's own exception), which the loop reports as an event."""
+    host paths: it is the user's own exception), which the loop reports as an event.
+
+    On a worker (``slot`` None) the pool takes the process's sandbox slots and keeps its
+    sandboxes between batches; no sandbox (no free slot, or the host refused one) fails the
+    batch's samples with the reason, like any sandbox error. For one request (the API), the
+    caller holds a ``slot`` of its process's capacity (under its project's cap): each batch runs
+    one sandbox in it, and SandboxBusy propagates (the caller answers 503: nothing was graded)."""
 
     name: str
     weight: float
     source: str
     settings: SandboxSettings = field(default_factory=build_sandbox_settings)
     first_error: str | None = None
+    slot: int | None = None
     _pool: SandboxPool | None = None
 
     @classmethod
@@ -38,11 +45,13 @@ class PythonGrade:
         texts = [c if isinstance(c, str) else "" for c in completions]
         try:
             if self._pool is None:
-                self._pool = SandboxPool(self.source, self.settings)
+                self._pool = SandboxPool(self.source, self.settings, slot=self.slot)
             verdicts = self._pool.grade(
                 [sample_namespace(t) for t in texts], [dict(i) for i in items]
             )
         except SandboxError as exc:
+            if isinstance(exc, SandboxBusy) and self.slot is not None:
+                raise
             # The grader cannot run at all (no sandbox here, or its source does not load):
             # every sample fails, counted, and the reason is the step's event.
             self.first_error = str(exc)

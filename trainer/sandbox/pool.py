@@ -19,15 +19,20 @@ The parent bounds what it reads (``max_output_bytes`` a reply) and waits at most
 ``call_timeout_s`` a call; a sandbox that overruns, dies, or answers nonsense is killed and
 replaced, and that sample scores 0 with the failure counted. Nothing a grader does reaches the
 worker beyond its reply.
+
+Every sandbox runs in a slot of the process's :class:`~trainer.sandbox.capacity.SandboxCapacity`
+(taken before it starts, given back when it is killed), so the processes of all sandboxes stay
+within what the host allows; a start the host still refuses (fork fails, the sandbox user's
+process limit) is tried again, then reported as :class:`SandboxBusy`, never raised raw.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
-import resource
 import selectors
 import signal
 import subprocess
@@ -35,24 +40,25 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
+from trainer.sandbox.capacity import SandboxCapacity, process_capacity
+from trainer.sandbox.command import bwrap_command, limits
+from trainer.sandbox.errors import SandboxBusy, SandboxError
 from trainer.sandbox.seccomp import program_fd, seccomp_program
 from trainer.sandbox.settings import SandboxSettings
 
-__all__ = ["SandboxError", "SandboxPool", "SandboxVerdict"]
+__all__ = ["SandboxBusy", "SandboxError", "SandboxPool", "SandboxVerdict"]
 
-_CHILD = (Path(__file__).with_name("child_main.py")).read_text()
 MAX_ERROR_CHARS = 500
-
-
-class SandboxError(RuntimeError):
-    """The sandbox cannot run at all here (no bubblewrap, no interpreter, disabled)."""
+# What a start refused for want of processes, memory or descriptors (fork's EAGAIN is the
+# BlockingIOError the issue saw) gives: worth trying again once other sandboxes have gone.
+_TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 
 
 class _DiedAtStart(Exception):
-    """A sandbox ended before it said it was ready (no reply at all)."""
+    """A sandbox ended before it said it was ready (no reply at all), or the host refused to
+    start it (fork or exec failed for want of processes or memory)."""
 
 
 Failure = Literal["error", "timeout"]
@@ -68,76 +74,10 @@ class SandboxVerdict:
     error: str | None = None
 
 
-def _tasks_of(uid: int) -> int:
-    """Tasks (threads included, as RLIMIT_NPROC counts them) that ``uid`` runs now."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if entry.stat().st_uid == uid:
-                    count += len(os.listdir(f"/proc/{entry.name}/task"))
-    return count
-
-
-def _limits(settings: SandboxSettings) -> Any:
-    """``preexec_fn`` of a sandbox: rlimits, then the unprivileged user (the order matters: a
-    process may lower its limits while root, and cannot raise them once it is not).
-
-    RLIMIT_NPROC counts every task of the user. A root worker switches the sandbox to its own
-    user (``settings.uid``), whose tasks are the sandboxes'; a worker that is not root runs them
-    as itself, so its own threads count too and the limit is what it runs now plus
-    ``max_processes``."""
-    memory = settings.memory_mb << 20
-    file_size = settings.file_mb << 20
-    switch = os.getuid() == 0
-    processes = settings.max_processes + (0 if switch else _tasks_of(os.getuid()))
-
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        # The hard CPU limit bounds a sandbox's whole life; each call gets cpu_s of it.
-        resource.setrlimit(resource.RLIMIT_CPU, (3600, 3600))
-        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if switch:
-            os.setgroups([])
-            os.setgid(settings.uid)
-            os.setuid(settings.uid)
-
-    return apply
-
-
-def bwrap_command(
-    settings: SandboxSettings, bwrap: str, seccomp_fd: int | None = None
-) -> list[str]:
-    """The bubblewrap command line of one sandbox (see the module docstring)."""
-    seccomp = ["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []
-    return [
-        bwrap,
-        *seccomp,
-        "--unshare-all",  # user, ipc, pid, net, uts, cgroup namespaces
-        "--die-with-parent",
-        "--new-session",
-        "--clearenv",
-        "--setenv", "PATH", "/usr/bin:/bin",
-        "--setenv", "HOME", "/tmp",
-        "--ro-bind", "/usr", "/usr",
-        "--symlink", "usr/lib", "/lib",
-        "--symlink", "usr/lib64", "/lib64",
-        "--symlink", "usr/bin", "/bin",
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--size", str(settings.tmp_mb << 20), "--tmpfs", "/tmp",
-        "--remount-ro", "/",
-        "--chdir", "/tmp",
-        settings.python, "-I", "-S", "-c", _CHILD,
-    ]  # fmt: skip
-
-
 @dataclass
 class _Sandbox:
     process: subprocess.Popen[bytes]
+    slot: int
     buffer: bytearray = field(default_factory=bytearray)
     queue: deque[int] = field(default_factory=deque)
     busy_since: float | None = None
@@ -156,9 +96,25 @@ class _Sandbox:
 
 
 class SandboxPool:
-    """``processes`` sandboxes loaded with one grader ``source``, graded batch by batch."""
+    """Up to ``processes`` sandboxes loaded with one grader ``source``, graded batch by batch.
 
-    def __init__(self, source: str, settings: SandboxSettings) -> None:
+    On a worker its sandboxes take slots of ``capacity`` (default: this process's; a worker runs
+    one job, so only the process's total applies): a batch waits for its first slot (or raises
+    SandboxBusy) and takes more only if they are free now. They stay for the next batch unless
+    every slot is held then: a pool idle between batches must not keep another grader of the
+    same job (graded after it, on the same thread) waiting for a slot it will never give back.
+
+    Given ``slot`` (one a request already holds, the API's), it runs one sandbox in that slot,
+    stopped after each batch; the slot is its owner's to give back."""
+
+    def __init__(
+        self,
+        source: str,
+        settings: SandboxSettings,
+        *,
+        capacity: SandboxCapacity | None = None,
+        slot: int | None = None,
+    ) -> None:
         if not settings.enabled:
             raise SandboxError(
                 "python graders are turned off on this worker (GRPO_SANDBOX_ENABLED)"
@@ -178,49 +134,62 @@ class SandboxPool:
                 ) from None
         self.source = source
         self.settings = settings
+        self.capacity = capacity if capacity is not None else process_capacity(settings)
+        self.slot = slot
         self._bwrap = bwrap
         self._sandboxes: list[_Sandbox] = []
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _spawn(self) -> _Sandbox:
-        """A started sandbox with the grader loaded. A start that dies is tried again for up to
-        ``startup_timeout_s``: the processes of a sandbox just killed (a fork bomb's) take a
-        moment to go, and until then the sandbox user's process limit refuses new ones. A
-        grader whose source fails to load is not retried."""
+    def _grow(self, wanted: int) -> None:
+        """Up to ``wanted`` sandboxes: the first one waits for a slot (SandboxBusy when none
+        comes), the others start only in slots free now."""
+        if self.slot is not None:
+            if not self._sandboxes:
+                self._sandboxes.append(self._spawn(self.slot))
+            return
+        while len(self._sandboxes) < wanted:
+            slot = self.capacity.acquire(None, wait=not self._sandboxes)
+            if slot is None:
+                return
+            try:
+                self._sandboxes.append(self._spawn(slot))
+            except BaseException:
+                self.capacity.release(slot)
+                raise
+
+    def _spawn(self, slot: int) -> _Sandbox:
+        """A started sandbox with the grader loaded, in ``slot``. A start that dies or that the
+        host refuses is tried again for up to ``startup_timeout_s``: the processes of a sandbox
+        just killed (a fork bomb's) take a moment to go, and until then the sandbox user's
+        process limit refuses new ones. A grader whose source fails to load is not retried."""
         deadline = time.monotonic() + self.settings.startup_timeout_s
         delay = 0.05
         while True:
             try:
-                return self._start()
+                return self._start(slot)
             except _DiedAtStart:
                 if time.monotonic() + delay > deadline:
-                    raise SandboxError(
-                        "the sandbox could not start (its process or memory limit)"
+                    raise SandboxBusy(
+                        "the sandbox could not start (the host's process or memory limit, "
+                        "GRPO_SANDBOX_MAX_PROCESSES or GRPO_SANDBOX_MEMORY_MB); retry later",
+                        limit="GRPO_SANDBOX_MAX_PROCESSES",
+                        per_project=False,
+                        retry_after_s=math.ceil(self.settings.call_timeout_s),
                     ) from None
                 time.sleep(delay)
                 delay = min(1.0, delay * 2)
 
-    def _start(self) -> _Sandbox:
+    def _start(self, slot: int) -> _Sandbox:
         # The seccomp program goes to bubblewrap on a file descriptor, which it installs just
         # before it runs the interpreter (so bubblewrap's own setup is not filtered).
         seccomp_fd = program_fd() if self.settings.seccomp else None
         try:
-            process = subprocess.Popen(
-                bwrap_command(self.settings, self._bwrap, seccomp_fd),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=_limits(self.settings),
-                close_fds=True,
-                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-                start_new_session=True,
-                env={},
-            )
+            process = self._popen(seccomp_fd)
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
-        sandbox = _Sandbox(process)
+        sandbox = _Sandbox(process, slot)
         self._write(sandbox, {"source": self.source, "cpu_s": self.settings.cpu_s})
         reply = self._read_one(sandbox, time.monotonic() + self.settings.startup_timeout_s)
         if not isinstance(reply, dict) or reply.get("ready") is not True:
@@ -231,10 +200,34 @@ class SandboxPool:
             raise SandboxError(f"the grader did not load: {str(why)[:MAX_ERROR_CHARS]}")
         return sandbox
 
+    def _popen(self, seccomp_fd: int | None) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen(
+                bwrap_command(self.settings, self._bwrap, seccomp_fd),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=limits(self.settings),
+                close_fds=True,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                start_new_session=True,
+                env={},
+            )
+        except OSError as exc:
+            # fork, or exec under the sandbox user's process limit, refused for now.
+            if exc.errno in _TRANSIENT_ERRNOS:
+                raise _DiedAtStart(f"{type(exc).__name__}: {exc.strerror}") from None
+            raise SandboxError(
+                f"the sandbox could not start ({type(exc).__name__}: {exc.strerror})"
+            ) from None
+
     def close(self) -> None:
-        for sandbox in self._sandboxes:
+        """Kill every sandbox and give back the slots the pool took."""
+        sandboxes, self._sandboxes = self._sandboxes, []
+        for sandbox in sandboxes:
             sandbox.kill()
-        self._sandboxes = []
+            if self.slot is None:
+                self.capacity.release(sandbox.slot)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -289,10 +282,19 @@ class SandboxPool:
         n = len(samples)
         if n == 0:
             return []
+        try:
+            return self._grade(samples, items)
+        finally:
+            if self.slot is not None or self.capacity.full():
+                self.close()
+
+    def _grade(
+        self, samples: Sequence[Mapping[str, Any]], items: Sequence[Mapping[str, Any]]
+    ) -> list[SandboxVerdict]:
+        n = len(samples)
         verdicts: list[SandboxVerdict | None] = [None] * n
-        wanted = min(self.settings.processes, n)
-        while len(self._sandboxes) < wanted:
-            self._sandboxes.append(self._spawn())
+        self._grow(min(self.settings.processes, n))
+        wanted = min(len(self._sandboxes), n)
         share = math.ceil(n / wanted)
         queues = {k: deque(range(k * share, min(n, (k + 1) * share))) for k in range(wanted)}
         in_flight: dict[int, tuple[int, float]] = {}  # sandbox -> (sample index, deadline)
@@ -374,6 +376,9 @@ class SandboxPool:
     def _replace(self, k: int, failure: Failure, why: str) -> SandboxVerdict:
         """Kill sandbox ``k`` (a call overran or it broke) and start a fresh one in its place
         (SandboxError if that fails: the grader can no longer run at all)."""
-        self._sandboxes[k].kill()
-        self._sandboxes[k] = self._spawn()
+        old = self._sandboxes[k]
+        old.kill()
+        # The same slot: a dead sandbox left in the list is killed again, and its slot given
+        # back, by close().
+        self._sandboxes[k] = self._spawn(old.slot)
         return SandboxVerdict(0.0, failure, why)

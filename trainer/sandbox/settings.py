@@ -45,7 +45,35 @@ class SandboxSettings(BaseSettings):
         default=True, description="Install the seccomp filter (libseccomp) in every sandbox."
     )
     uid: int = Field(default=65534, ge=1, le=2**31 - 1, description="Unprivileged user to run as.")
-    startup_timeout_s: float = Field(default=20.0, gt=0, le=600)
+    startup_timeout_s: float = Field(
+        default=20.0, gt=0, le=600, description="Longest a sandbox may take to start."
+    )
+    # Capacity (trainer.sandbox.capacity): the processes above are shared by every sandbox of
+    # the host, so how many run at once is bounded, per process and per project.
+    max_sandboxes: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description=(
+            "Sandboxes one process (an API process, a worker) runs at once, all graders and "
+            "projects together; as many more may wait for one."
+        ),
+    )
+    max_sandboxes_per_project: int = Field(
+        default=2,
+        ge=1,
+        le=256,
+        description=(
+            "Of those, the most one project's requests hold at once in an API process; as "
+            "many more of its requests may wait, the rest get 429 at once."
+        ),
+    )
+    queue_timeout_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=600,
+        description="Longest a request waits for a free sandbox, then 429 (its project's cap) or 503.",
+    )
 
     def resolved_bwrap(self) -> str | None:
         return shutil.which(self.bwrap)
