@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
@@ -30,6 +31,7 @@ __all__ = [
     "adapters_disabled",
     "apply_lora",
     "engine_state_dict",
+    "engine_weights",
     "is_lora",
     "load_adapter_weights",
     "merged_model",
@@ -81,31 +83,41 @@ def _lora_layers(base: nn.Module) -> dict[str, LoraLayer]:
     return {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
 
 
-def engine_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The weights an inference engine loads, under the base model's Hugging Face names.
+def engine_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights an inference engine loads, under the base model's Hugging Face names, one
+    tensor at a time (a weight sync never needs them all at once).
 
-    A plain model: its ``state_dict()``. A LoRA model: each adapted layer's weight is
-    ``W + B @ A * scale`` computed in float32 (new tensors; the model is not modified), every
-    other tensor the base's own; adapter tensors are left out. Tied weights appear under both
-    names, as ``state_dict()`` gives them (vLLM needs ``lm_head.*`` even when tied).
+    A plain model: its ``state_dict()`` entries (the tensors themselves, no copies). A LoRA
+    model: each adapted layer's weight is ``W + B @ A * scale`` computed in float32 when it is
+    reached (a new tensor; the model is not modified), every other tensor the base's own;
+    adapter tensors are left out. Tied weights appear under both names, as ``state_dict()``
+    gives them (vLLM needs ``lm_head.*`` even when tied).
     """
     if not isinstance(model, PeftModel):
-        return dict(model.state_dict())
+        yield from model.state_dict().items()
+        return
     base = model.get_base_model()
-    layers = _lora_layers(base)
-    out: dict[str, torch.Tensor] = {}
+    # Only this job's adapter counts: a layer peft wrapped for another adapter is left as is.
+    deltas = {
+        f"{name}.weight": layer
+        for name, layer in _lora_layers(base).items()
+        if ADAPTER in layer.lora_A
+    }
     with torch.no_grad():
         for key, tensor in base.state_dict().items():
             if ".lora_" in key:
                 continue
-            out[key.replace(".base_layer.", ".")] = tensor
-        for name, layer in layers.items():
-            if ADAPTER not in layer.lora_A:  # not adapted by this job's adapter
-                continue
-            weight = out[f"{name}.weight"]
-            delta = cast(Any, layer).get_delta_weight(ADAPTER).float()
-            out[f"{name}.weight"] = weight.float() + delta
-    return out
+            name = key.replace(".base_layer.", ".")
+            layer = deltas.get(name)
+            if layer is None:
+                yield name, tensor
+            else:
+                yield name, tensor.float() + cast(Any, layer).get_delta_weight(ADAPTER).float()
+
+
+def engine_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """All of :func:`engine_weights` at once (an export or a test; never the weight sync)."""
+    return dict(engine_weights(model))
 
 
 def load_adapter_weights(folder: Path, model: nn.Module) -> None:
