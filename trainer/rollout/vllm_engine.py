@@ -101,6 +101,7 @@ class VLLMEngine:
         self.sleep_mode = sleep_mode
         # What a sleep released and is not back yet: "weights", "kv_cache" (vLLM's tags).
         self._asleep: set[str] = set()
+        self._dropped_weights = False  # a level-2 sleep: woken weights hold nothing until synced
         if enforce_eager is None:
             enforce_eager = default_enforce_eager(_device().type)
         if lora_rank is not None:
@@ -151,6 +152,12 @@ class VLLMEngine:
             stop_token_ids=self._stop_ids,
         )
         inputs = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
+        if "weights" in self._asleep:  # no wake() since the sleep: nothing was synced
+            if self._dropped_weights:
+                raise RuntimeError(
+                    "the engine's weights were dropped to sleep: wake and sync first"
+                )
+            self._wake_up("weights")  # level 1 kept them in host memory
         self._wake_up("kv_cache")  # after a sleep: taken back only now, right before the rollout
         llm.reset_prefix_cache()
         with seeded_rng(seed, _device()):
@@ -195,6 +202,7 @@ class VLLMEngine:
         llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": engine_tensors(model, self._dtype)}
         )
+        self._dropped_weights = False
         # Cached KV blocks were computed with the old weights.
         llm.reset_prefix_cache()
         return time.perf_counter() - start
@@ -205,6 +213,7 @@ class VLLMEngine:
         if self.sleep_mode and not self._asleep:
             self._engine().sleep(level=level)
             self._asleep = {"weights", "kv_cache"}
+            self._dropped_weights = level >= 2
 
     def wake(self) -> None:
         """Called once the update is done, before the weight sync.

@@ -250,6 +250,29 @@ def test_after_an_update_the_weights_wake_then_sync_then_the_kv_cache_wakes_for_
     ]
 
 
+def test_a_rollout_after_a_sleep_without_a_sync_wakes_kept_weights_and_refuses_dropped_ones(
+    fake_llm: None, tmp_path: Path
+) -> None:
+    """A step that synced nothing (no update applied) still rolls out: weights kept in host
+    memory (level 1) wake with the KV cache; weights a level-2 sleep dropped hold nothing until
+    a sync, so generating with them is an error, not garbage completions."""
+    engine = _engine(tmp_path, sleep_mode=True)
+    fake = _fake(engine)
+    try:
+        engine.sleep(1)
+        engine.generate([[1, 2]], 1, max_new_tokens=4, temperature=1.0, seed=0)
+        assert fake.calls[1:3] == ["wake_up ['weights']", "wake_up ['kv_cache']"]
+        engine.sleep(2)
+        with pytest.raises(RuntimeError, match="wake and sync first"):
+            engine.generate([[1, 2]], 1, max_new_tokens=4, temperature=1.0, seed=0)
+        engine.wake()
+        engine.sync_weights(tiny_llama(60))
+        engine.generate([[1, 2]], 1, max_new_tokens=4, temperature=1.0, seed=0)
+    finally:
+        engine.close()
+    assert fake.calls[-1] == "generate"
+
+
 def test_a_rollout_forks_and_restores_the_cuda_generator_too(
     fake_llm: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
