@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from trainer.config import LoraSpec
+from trainer.errors import LoraTargetNotSupported
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -35,6 +36,7 @@ __all__ = [
     "is_lora",
     "load_adapter_weights",
     "merged_model",
+    "refuse_unsynced_targets",
     "trainable_parameters",
 ]
 
@@ -56,10 +58,46 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, base_name: str | None = None
         bias="none",
         task_type="CAUSAL_LM",
     )
+    refuse_unsynced_targets(model, spec.target_modules)
     wrapped = get_peft_model(model, config)  # type: ignore[arg-type]
     if base_name is not None:
         wrapped.peft_config[ADAPTER].base_model_name_or_path = base_name
     return wrapped
+
+
+def refuse_unsynced_targets(model: nn.Module, targets: list[str] | str) -> None:
+    """LoraTargetNotSupported naming the first module that ``targets`` (peft's rule: a module
+    whose name is an entry or ends with ``.entry``) reaches in ``model`` and whose adapter
+    :func:`engine_weights` cannot carry: an embedding (peft adapts it with ``lora_embedding_*``
+    tensors, which the merge leaves out), or an output head whose weight is tied to the input
+    embeddings (merged, it would no longer be the embeddings' weight, and a tied model
+    re-ties them on load). all-linear never reaches either."""
+    if isinstance(targets, str):
+        return
+    get_head = getattr(model, "get_output_embeddings", None)
+    get_input = getattr(model, "get_input_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    inputs = get_input() if callable(get_input) else None
+    tied = (
+        head is not None
+        and inputs is not None
+        and getattr(head, "weight", None) is getattr(inputs, "weight", False)
+    )
+    for name, module in model.named_modules():
+        entry = next((t for t in targets if name == t or name.endswith("." + t)), None)
+        if entry is None:
+            continue
+        if isinstance(module, nn.Embedding):
+            what = "an embedding"
+        elif module is head and tied:
+            what = "the output head, whose weight is tied to the input embeddings"
+        else:
+            continue
+        raise LoraTargetNotSupported(
+            f"lora.target_modules entry {entry!r} reaches {name!r}, {what}: its adapter would be "
+            "trained but never reach the rollout engine or a merged export; adapt the "
+            "decoder's linear layers (all-linear)"
+        )
 
 
 def is_lora(model: nn.Module) -> bool:
