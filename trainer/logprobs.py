@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from trainer.precision import exact_float32_matmuls
 from trainer.rollout.colocation import head_chunk_rows_for
 
 
@@ -98,11 +99,13 @@ def _head_chunk(
 ) -> tuple[Tensor, Tensor]:
     """[N, H] hidden states, [N] ids -> ([N] logprobs, [N] detached entropy or empty).
 
-    Outside any autocast, in the head's own dtype (float32 under bfloat16 mixed precision):
-    bfloat16 logits would carry errors as large as a clip range of ratio
-    (``trainer.precision``)."""
+    Outside any autocast, in the head's own dtype (float32 under bfloat16 mixed precision),
+    and without TF32: bfloat16 logits would carry errors as large as a clip range of ratio
+    (``trainer.precision``). The scope covers the forward pass (and its recomputation under
+    checkpointing): the log-probabilities are exact; the head's gradients follow the process's
+    setting like every other gradient."""
     weight = getattr(lm_head, "weight", None)
-    with torch.autocast(device_type=hidden.device.type, enabled=False):
+    with torch.autocast(device_type=hidden.device.type, enabled=False), exact_float32_matmuls():
         if isinstance(weight, Tensor) and hidden.dtype != weight.dtype:
             hidden = hidden.to(weight.dtype)
         x = _scaled(lm_head(hidden), temperature)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
@@ -23,6 +24,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from trainer.config import LoraSpec
+from trainer.errors import LoraTargetNotSupported
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -30,9 +32,11 @@ __all__ = [
     "adapters_disabled",
     "apply_lora",
     "engine_state_dict",
+    "engine_weights",
     "is_lora",
     "load_adapter_weights",
     "merged_model",
+    "refuse_unsynced_targets",
     "trainable_parameters",
 ]
 
@@ -54,10 +58,46 @@ def apply_lora(model: nn.Module, spec: LoraSpec, *, base_name: str | None = None
         bias="none",
         task_type="CAUSAL_LM",
     )
+    refuse_unsynced_targets(model, spec.target_modules)
     wrapped = get_peft_model(model, config)  # type: ignore[arg-type]
     if base_name is not None:
         wrapped.peft_config[ADAPTER].base_model_name_or_path = base_name
     return wrapped
+
+
+def refuse_unsynced_targets(model: nn.Module, targets: list[str] | str) -> None:
+    """LoraTargetNotSupported naming the first module that ``targets`` (peft's rule: a module
+    whose name is an entry or ends with ``.entry``) reaches in ``model`` and whose adapter
+    :func:`engine_weights` cannot carry: an embedding (peft adapts it with ``lora_embedding_*``
+    tensors, which the merge leaves out), or an output head whose weight is tied to the input
+    embeddings (merged, it would no longer be the embeddings' weight, and a tied model
+    re-ties them on load). all-linear never reaches either."""
+    if isinstance(targets, str):
+        return
+    get_head = getattr(model, "get_output_embeddings", None)
+    get_input = getattr(model, "get_input_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    inputs = get_input() if callable(get_input) else None
+    tied = (
+        head is not None
+        and inputs is not None
+        and getattr(head, "weight", None) is getattr(inputs, "weight", False)
+    )
+    for name, module in model.named_modules():
+        entry = next((t for t in targets if name == t or name.endswith("." + t)), None)
+        if entry is None:
+            continue
+        if isinstance(module, nn.Embedding):
+            what = "an embedding"
+        elif module is head and tied:
+            what = "the output head, whose weight is tied to the input embeddings"
+        else:
+            continue
+        raise LoraTargetNotSupported(
+            f"lora.target_modules entry {entry!r} reaches {name!r}, {what}: its adapter would be "
+            "trained but never reach the rollout engine or a merged export; adapt the "
+            "decoder's linear layers (all-linear)"
+        )
 
 
 def is_lora(model: nn.Module) -> bool:
@@ -81,31 +121,41 @@ def _lora_layers(base: nn.Module) -> dict[str, LoraLayer]:
     return {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
 
 
-def engine_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The weights an inference engine loads, under the base model's Hugging Face names.
+def engine_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights an inference engine loads, under the base model's Hugging Face names, one
+    tensor at a time (a weight sync never needs them all at once).
 
-    A plain model: its ``state_dict()``. A LoRA model: each adapted layer's weight is
-    ``W + B @ A * scale`` computed in float32 (new tensors; the model is not modified), every
-    other tensor the base's own; adapter tensors are left out. Tied weights appear under both
-    names, as ``state_dict()`` gives them (vLLM needs ``lm_head.*`` even when tied).
+    A plain model: its ``state_dict()`` entries (the tensors themselves, no copies). A LoRA
+    model: each adapted layer's weight is ``W + B @ A * scale`` computed in float32 when it is
+    reached (a new tensor; the model is not modified), every other tensor the base's own;
+    adapter tensors are left out. Tied weights appear under both names, as ``state_dict()``
+    gives them (vLLM needs ``lm_head.*`` even when tied).
     """
     if not isinstance(model, PeftModel):
-        return dict(model.state_dict())
+        yield from model.state_dict().items()
+        return
     base = model.get_base_model()
-    layers = _lora_layers(base)
-    out: dict[str, torch.Tensor] = {}
+    # Only this job's adapter counts: a layer peft wrapped for another adapter is left as is.
+    deltas = {
+        f"{name}.weight": layer
+        for name, layer in _lora_layers(base).items()
+        if ADAPTER in layer.lora_A
+    }
     with torch.no_grad():
         for key, tensor in base.state_dict().items():
             if ".lora_" in key:
                 continue
-            out[key.replace(".base_layer.", ".")] = tensor
-        for name, layer in layers.items():
-            if ADAPTER not in layer.lora_A:  # not adapted by this job's adapter
-                continue
-            weight = out[f"{name}.weight"]
-            delta = cast(Any, layer).get_delta_weight(ADAPTER).float()
-            out[f"{name}.weight"] = weight.float() + delta
-    return out
+            name = key.replace(".base_layer.", ".")
+            layer = deltas.get(name)
+            if layer is None:
+                yield name, tensor
+            else:
+                yield name, tensor.float() + cast(Any, layer).get_delta_weight(ADAPTER).float()
+
+
+def engine_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """All of :func:`engine_weights` at once (an export or a test; never the weight sync)."""
+    return dict(engine_weights(model))
 
 
 def load_adapter_weights(folder: Path, model: nn.Module) -> None:

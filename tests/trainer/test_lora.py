@@ -4,6 +4,7 @@ merged export is a plain Hugging Face model with the adapter model's log-probabi
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,10 @@ import torch
 from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
+from tests.trainer.conftest import tiny_llama
 from tests.trainer.test_loop import Recorder, tiny_spec
 from trainer.config import LoraSpec
+from trainer.errors import LoraTargetNotSupported
 from trainer.logprobs import completion_logprobs
 from trainer.loop import train
 from trainer.lora import (
@@ -21,6 +24,7 @@ from trainer.lora import (
     ADAPTER_WEIGHTS,
     apply_lora,
     engine_state_dict,
+    is_lora,
     merged_model,
     trainable_parameters,
 )
@@ -95,6 +99,54 @@ def test_a_merged_export_loads_in_transformers_with_the_adapter_models_logprobs(
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", local_files_only=True)
     assert not any(".lora_" in k for k in loaded.state_dict())
     assert torch.allclose(_logprobs(loaded), _logprobs(lora), atol=1e-4)
+
+
+def test_an_embedding_target_is_refused_by_the_spec_with_its_name() -> None:
+    with pytest.raises(ValidationError, match="'embed_tokens' is an embedding"):
+        LoraSpec(target_modules=["q_proj", "embed_tokens"])
+
+
+@pytest.mark.parametrize(
+    ("target", "tied", "named"),
+    [
+        ("embed_tokens", True, "'model.embed_tokens', an embedding"),
+        ("embed_tokens", False, "'model.embed_tokens', an embedding"),
+        ("lm_head", True, "'lm_head', the output head, whose weight is tied"),
+    ],
+)
+def test_a_target_the_engine_and_export_would_drop_is_refused_naming_the_module(
+    target: str, tied: bool, named: str
+) -> None:
+    """The loaded model is checked too: names the spec cannot know to be embeddings (here
+    the spec's own check is bypassed) and a tied output head. Before, both trained and were
+    left out of the engine sync and of ``grpo export --merge`` (logits off by up to 238)."""
+    model = tiny_llama(60, tie_word_embeddings=tied)
+    # model_construct: past the spec's name check, as a name it does not list would be.
+    spec = LoraSpec.model_construct(rank=4, alpha=8, dropout=0.0, target_modules=[target])
+    with pytest.raises(LoraTargetNotSupported, match=re.escape(named)) as refused:
+        apply_lora(model, spec)
+    assert refused.value.reason == "lora_target_not_supported"
+    assert not is_lora(model) and not any(".lora_" in k for k in model.state_dict())
+
+
+def test_an_untied_output_head_is_adapted_and_carried_to_the_engine_and_the_export(
+    tmp_path: Path,
+) -> None:
+    """An untied head is a plain linear layer: its merged weight reaches the engine weights,
+    and the merged export computes what the adapter model computes."""
+    lora: Any = apply_lora(
+        tiny_llama(60, tie_word_embeddings=False),
+        LoraSpec(rank=4, alpha=8, target_modules=["q_proj", "lm_head"]),
+    )
+    with torch.no_grad():
+        for name, param in lora.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.2, generator=torch.Generator().manual_seed(len(name)))
+    weights = engine_state_dict(lora)
+    base_head = lora.get_base_model().lm_head.get_base_layer().weight
+    assert not torch.equal(weights["lm_head.weight"], base_head)
+    merged: Any = merged_model(lora)
+    assert torch.allclose(_logprobs(merged), _logprobs(lora), atol=1e-5)
 
 
 def test_a_lora_job_learns_and_checkpoints_only_its_adapters(tmp_path: Path) -> None:

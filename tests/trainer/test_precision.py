@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
+from tests.trainer.conftest import tiny_llama
 from tests.trainer.test_loop import Recorder, tiny_spec
+from trainer.kl import per_token_kl
 from trainer.logprobs import completion_logprobs
 from trainer.loop import _Given, _Run, train
 from trainer.models import load_policy, resolve_model
@@ -52,8 +55,57 @@ def test_the_bfloat16_reference_keeps_a_float32_head() -> None:
     ref: Any = frozen_reference(model, "bfloat16")
     assert ref.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
     assert ref.get_output_embeddings().weight.dtype == torch.float32
+    # What autocast leaves in float32 stays float32: embeddings, norms, rotary frequencies.
+    assert ref.model.embed_tokens.weight.dtype == torch.float32
+    assert ref.model.norm.weight.dtype == torch.float32
+    assert ref.model.layers[0].input_layernorm.weight.dtype == torch.float32
+    assert ref.model.rotary_emb.inv_freq.dtype == torch.float32
     assert not any(p.requires_grad for p in ref.parameters())
     assert next(model.parameters()).dtype == torch.float32  # the policy is untouched
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_bfloat16_reference_equals_the_bfloat16_policy_before_any_update(tied: bool) -> None:
+    """Step 0: the policy (float32 weights under bfloat16 autocast) and its bfloat16 reference
+    give bit-identical log-probabilities, so every KL estimator is exactly 0. A whole-model
+    bfloat16 copy was 0.026 nat a token away on SmolLM2."""
+    model = tiny_llama(60, tie_word_embeddings=tied)
+    ref = frozen_reference(model, "bfloat16")
+    ids = _ids()
+    mask = torch.ones_like(ids)
+    with torch.no_grad(), autocast("bfloat16", torch.device("cpu")):
+        policy_lp, _ = completion_logprobs(model, ids, mask, 5)
+        ref_lp, _ = completion_logprobs(ref, ids, mask, 5)
+    assert torch.equal(policy_lp, ref_lp), (policy_lp - ref_lp).abs().max()
+    for estimator in ("k1", "k2", "k3"):
+        assert torch.equal(per_token_kl(estimator, policy_lp, ref_lp), torch.zeros_like(ref_lp))
+    # ... and the reference is still bfloat16 where it can be: its Linear layers.
+    linear = [m for m in ref.modules() if isinstance(m, torch.nn.Linear)]
+    assert sum(m.weight.dtype == torch.bfloat16 for m in linear) == len(linear) - 1
+
+
+def test_the_float32_head_runs_without_tf32_and_restores_the_setting() -> None:
+    """With TF32 on for the process (``enable_tf32`` on a GPU), the output head's matmul still
+    runs at full float32 precision, and the process's setting is back afterwards."""
+    from trainer.logprobs import _head_chunk
+
+    seen: list[str] = []
+
+    class Head(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.get_float32_matmul_precision())
+            return super().forward(x)
+
+    head = Head(16, 40, bias=False)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # what allow_tf32 = True sets
+    try:
+        _head_chunk(head, torch.randn(3, 16), torch.arange(3), 1.0, False)
+        after = torch.get_float32_matmul_precision()
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == ["highest"]
+    assert after == "high"
 
 
 def test_a_bfloat16_job_learns_with_float32_master_weights(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ Adding an engine: its module under ``trainer/rollout/``, a factory here in
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -95,6 +96,25 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in dtypes:
         raise ValueError(f"unsupported engine dtype {name!r}; expected one of {sorted(dtypes)}")
     return dtypes[name]
+
+
+@contextmanager
+def seeded_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed torch's global generators for one rollout call, then put them back as they were.
+
+    A rollout samples from the global generator of the device it runs on (CPU, or the CUDA
+    device). Forking that device's generator too, not only the CPU one, keeps the trainer's own
+    random stream (dropout, minibatch order) where it was, so a rollout consumes none of it."""
+    devices = [device.index if device.index is not None else 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def default_enforce_eager(device_type: str) -> bool:
+    """vLLM's ``enforce_eager`` when ``rollout.enforce_eager`` is unset: off on CUDA, where
+    captured CUDA graphs decode faster; on elsewhere (vLLM on CPU runs eagerly anyway)."""
+    return device_type != "cuda"
 
 
 def completion_from_tokens(

@@ -26,6 +26,7 @@ from trainer.rollout.base import (
     Completion,
     check_generate_args,
     completion_from_tokens,
+    seeded_rng,
     torch_dtype,
 )
 from trainer.rollout.stop_tokens import stop_token_ids as declared_stop_token_ids
@@ -119,7 +120,7 @@ class HFEngine:
         copies, n = (n, 1) if greedy else (1, n)
         rows = [prompt for prompt in prompts for _ in range(n)]
         completions: list[Completion] = []
-        with self._generation_mode(), torch.no_grad(), _seeded(seed, self._device()):
+        with self._generation_mode(), torch.no_grad(), seeded_rng(seed, self._device()):
             for start in range(0, len(rows), self._max_batch_rows):
                 chunk = rows[start : start + self._max_batch_rows]
                 completions.extend(self._generate_chunk(chunk, max_new_tokens, temperature, greedy))
@@ -216,12 +217,3 @@ class HFEngine:
             eta_cutoff=0.0,
             **common,
         )
-
-
-@contextmanager
-def _seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Seed torch's global RNG (used by generate's multinomial) for one call, then restore it."""
-    devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield

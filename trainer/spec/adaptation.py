@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from trainer.spec.base import StrictModel
 
-__all__ = ["ALL_LINEAR", "LoraSpec", "TrainingDtype"]
+__all__ = ["ALL_LINEAR", "EMBEDDING_MODULE_NAMES", "LoraSpec", "TrainingDtype"]
 
 # float32: weights, gradients and the update in float32 (as before this option existed).
 # bfloat16: mixed precision, the decoder's matmuls in bfloat16 under autocast; float32 master
@@ -19,6 +19,15 @@ TrainingDtype = Literal["float32", "bfloat16"]
 # peft's shorthand for "every linear layer except the output head".
 ALL_LINEAR: Literal["all-linear"] = "all-linear"
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# Names that are token or position embeddings in the Hugging Face architectures (Llama, Qwen,
+# Mistral, Gemma: embed_tokens; GPT-2: wte, wpe; GPT-NeoX: embed_in; BLOOM, Falcon:
+# word_embeddings; OPT: embed_positions). An adapter on an embedding is trained but neither the
+# engine sync nor a merged export carries it: refused here, before any model is loaded. The
+# trainer checks the loaded model too (``trainer.lora``), for names this list does not know and
+# for a tied output head.
+EMBEDDING_MODULE_NAMES = frozenset(
+    {"embed_tokens", "wte", "wpe", "embed_in", "word_embeddings", "embed_positions"}
+)
 
 
 class LoraSpec(StrictModel):
@@ -52,5 +61,11 @@ class LoraSpec(StrictModel):
             if not _MODULE_NAME.match(name):
                 raise ValueError(
                     f"target_modules entries are module names such as q_proj, got {name!r:.80}"
+                )
+            if name in EMBEDDING_MODULE_NAMES:
+                raise ValueError(
+                    f"target_modules entry {name!r} is an embedding: its adapter would be "
+                    "trained but never reach the rollout engine or a merged export; adapt the "
+                    "decoder's linear layers (all-linear)"
                 )
         return value

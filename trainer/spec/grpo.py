@@ -322,11 +322,12 @@ class RolloutSpec(StrictModel):
             "update (docs/trainer.md, GPU)."
         ),
     )
-    enforce_eager: bool = Field(
-        default=True,
+    enforce_eager: bool | None = Field(
+        default=None,
         description=(
             "Run vLLM without CUDA graphs (on: faster start, less memory; off: faster decoding "
-            "on a GPU once captured). vLLM on CPU runs eagerly either way."
+            "on a GPU once captured). Default: off on a GPU, on elsewhere (vLLM on CPU runs "
+            "eagerly either way)."
         ),
     )
     sleep_mode: bool = Field(
