@@ -215,6 +215,24 @@ class Settings(BaseSettings):
     max_streams_per_process: int = Field(
         default=200, ge=1, description="Open event streams per API process (429 beyond)."
     )
+    max_concurrent_uploads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Dataset uploads one API process decodes at once; each may take the dataset "
+            "memory budget (256 MiB) besides its body, so this bounds the process (503 beyond)."
+        ),
+    )
+    max_concurrent_uploads_per_project: int = Field(
+        default=1, ge=1, le=64, description="Of those, uploads of one project (429 beyond)."
+    )
+    upload_queue_timeout_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=600,
+        description="Longest an upload waits for a decoding slot before its 429 or 503.",
+    )
 
     @property
     def resolved_database_url(self) -> str:

@@ -16,6 +16,7 @@ from app.ratelimit import Limits, build_limits
 from app.services import dispatch
 from app.session_tokens import SessionTokens, load_or_create_secret
 from app.settings import Settings
+from trainer.fair_slots import FairSlots, SlotNames
 from trainer.sandbox import SandboxCapacity, build_sandbox_settings
 
 
@@ -61,6 +62,17 @@ class AppState:
     # The python-grader sandboxes this process runs at once, per project and in all
     # (GRPO_SANDBOX_MAX_SANDBOXES*; POST /v1/graders/run).
     sandboxes: SandboxCapacity
+    # Dataset uploads this process decodes at once, per project and in all
+    # (GRPO_MAX_CONCURRENT_UPLOADS*; POST /v1/files): each may take the row budget.
+    uploads: FairSlots
+
+
+UPLOAD_SLOTS = SlotNames(
+    what="dataset uploads",
+    total="GRPO_MAX_CONCURRENT_UPLOADS",
+    per_project="GRPO_MAX_CONCURRENT_UPLOADS_PER_PROJECT",
+    queue_timeout="GRPO_UPLOAD_QUEUE_TIMEOUT_S",
+)
 
 
 def warm_pools(state: AppState) -> int:
@@ -106,4 +118,12 @@ def build_state(settings: Settings, dispatcher: Dispatcher | None = None) -> App
             ttl_s=settings.session_ttl_hours * 3600,
         ),
         sandboxes=SandboxCapacity.from_settings(build_sandbox_settings()),
+        uploads=FairSlots(
+            total=settings.max_concurrent_uploads,
+            per_project=min(
+                settings.max_concurrent_uploads_per_project, settings.max_concurrent_uploads
+            ),
+            queue_timeout_s=settings.upload_queue_timeout_s,
+            names=UPLOAD_SLOTS,
+        ),
     )

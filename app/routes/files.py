@@ -11,10 +11,10 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import Response
 
 from app.clock import as_utc, utcnow
-from app.deps import FileDep, PrincipalDep, SessionDep
+from app.deps import FileDep, PrincipalDep, SessionDep, StateDep
 from app.models import File as FileRow
 from app.routes.common import CONFLICT, OPENAI_ERRORS
-from app.schemas import FileDeleted, FileList, FileOut
+from app.schemas import ErrorResponse, FileDeleted, FileList, FileOut
 from app.services import files as files_service
 
 router = APIRouter(prefix="/v1/files", tags=["files"], responses=OPENAI_ERRORS)
@@ -33,11 +33,32 @@ def file_out(row: FileRow) -> FileOut:
 
 
 @router.post(
-    "", status_code=201, response_model=FileOut, summary="Upload a dataset (JSONL, CSV or Parquet)"
+    "",
+    status_code=201,
+    response_model=FileOut,
+    summary="Upload a dataset (JSONL, CSV or Parquet)",
+    responses={
+        413: {
+            "model": ErrorResponse,
+            "description": "The body is over GRPO_MAX_BODY_BYTES, or its rows decode past the "
+            "dataset memory budget (a row, or the rows together).",
+        },
+        429: {
+            "model": ErrorResponse,
+            "description": "The project's uploads hold its share of this server's decoding "
+            "slots (GRPO_MAX_CONCURRENT_UPLOADS_PER_PROJECT); see Retry-After.",
+        },
+        503: {
+            "model": ErrorResponse,
+            "description": "Database unavailable, or every decoding slot of this server is busy "
+            "(GRPO_MAX_CONCURRENT_UPLOADS); see Retry-After.",
+        },
+    },
 )
 def upload_file(
     principal: PrincipalDep,
     session: SessionDep,
+    state: StateDep,
     file: Annotated[UploadFile, File(description="JSONL, CSV (.csv) or Parquet (.parquet) rows.")],
     purpose: Annotated[
         Literal["train", "fine-tune"],
@@ -49,7 +70,8 @@ def upload_file(
         project_id=principal.project_id,
         filename=file.filename or "upload.jsonl",
         purpose=purpose,
-        content=file.file.read(),
+        body=file.file,
+        uploads=state.uploads,
     )
     return file_out(row)
 

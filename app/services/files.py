@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy.orm import Session
 
@@ -17,8 +17,10 @@ from app.models import File
 from app.repositories import files as files_repo
 from app.repositories import jobs as jobs_repo
 from app.services import result_files
+from app.services.capacity import held_slot
 from app.services.upload_rows import parse_rows
 from trainer.config import text_problem
+from trainer.fair_slots import FairSlots
 
 # A job's inline rows above this much JSON are stored as a file of the project instead, and
 # the stored spec names the file: a job row is read by every list, claim and sweep, and rows
@@ -28,13 +30,23 @@ SPILL_INLINE_ROWS_BYTES = 256 * 1024
 
 
 def create_file(
-    session: Session, *, project_id: str, filename: str, purpose: str, content: bytes
+    session: Session,
+    *,
+    project_id: str,
+    filename: str,
+    purpose: str,
+    body: BinaryIO,
+    uploads: FairSlots,
 ) -> File:
-    """Validate every line, then store the rows (flushed; the request commits)."""
+    """Validate every line, then store the rows (flushed; the request commits). The body is
+    read and decoded in one of the process's upload slots (``uploads``): each decode may take
+    the row budget, so the slots bound the process (429 or 503 with Retry-After when full)."""
     problem = text_problem(filename)
     if problem is not None:  # stored as text: Postgres refuses NUL
         raise InvalidRequest(f"file name {problem}", param="file")
-    rows = parse_rows(content, filename)
+    with held_slot(uploads, project_id, param="file"):
+        content = body.read()
+        rows = parse_rows(content, filename)
     row = File(
         id=new_id("file"),
         project_id=project_id,

@@ -22,12 +22,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from app.errors import Overloaded, TooManyRequests
 from app.services.admission import admit_judge
+from app.services.capacity import held_slot
 from trainer.config import GraderSpecBase, grader_name, literal_tag
 from trainer.graders import BatchGrader, Grader, Multi, build_grader, grade_one
 from trainer.graders.python import PythonGrade
-from trainer.sandbox import SandboxBusy, SandboxCapacity, build_sandbox_settings
+from trainer.sandbox import SandboxCapacity, build_sandbox_settings
 
 __all__ = ["GraderRun", "run_grader", "validate_grader"]
 
@@ -128,18 +128,11 @@ def _sandbox_slot(
 ) -> Iterator[int | None]:
     """One sandbox slot of the process for the request (none when it runs no python); no slot,
     or a sandbox the host refused to start, is the project's 429 or the process's 503."""
-    try:
-        if not needed:
-            yield None
-            return
-        with sandboxes.slot(project_id) as slot:
-            yield slot
-    except SandboxBusy as exc:
-        if exc.per_project:
-            raise TooManyRequests(
-                str(exc), retry_after=int(exc.retry_after_s), param="grader"
-            ) from None
-        raise Overloaded(str(exc), retry_after=int(exc.retry_after_s), param="grader") from None
+    if not needed:
+        yield None
+        return
+    with held_slot(sandboxes, project_id, param="grader") as slot:
+        yield slot
 
 
 def _why(grader: Any, completion: str, item: Mapping[str, Any]) -> str:

@@ -113,3 +113,89 @@ def test_parquet_uploads(api: Api) -> None:
     ]
     garbage = upload(api, b"PAR1 not really", name="x.parquet")
     assert garbage.status_code == 400 and garbage.json()["error"]["param"] == "file"
+
+
+def _parquet(table: pa.Table, **options: Any) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, **options)
+    return buffer.getvalue()
+
+
+def test_a_parquet_file_is_refused_from_its_footer(api: Api) -> None:
+    """Column types no row field can hold, too many columns, too many rows: refused before a
+    record is read, naming the file."""
+    cases = {
+        "binary": _parquet(pa.table({"prompt": ["a"], "blob": pa.array([b"\x00"], pa.binary())})),
+        "timestamp": _parquet(pa.table({"prompt": ["a"], "at": pa.array([0], pa.timestamp("s"))})),
+        "columns": _parquet(pa.table({f"c{i}": ["a"] for i in range(300)})),
+        "rows": _parquet(pa.table({"prompt": pa.array(["a"] * 100_001)})),
+    }
+    for case, content in cases.items():
+        response = upload(api, content, name="x.parquet")
+        assert response.status_code == 400, (case, response.text)
+        assert response.json()["error"]["param"] == "file", case
+
+
+def test_a_dictionary_bomb_is_refused_before_its_rows_are_built(api: Api) -> None:
+    """One 1 MB value referenced by 5,000 records (517 bytes on the wire, 5 GB decoded): each
+    record is charged from the Arrow buffers before any becomes Python."""
+    long = pa.array(["x" * 1_000_000])
+    column = pa.DictionaryArray.from_arrays(pa.array([0] * 5_000, pa.int32()), long)
+    content = _parquet(pa.table({"prompt": column}), compression="zstd")
+    assert len(content) < 1_000
+    response = upload(api, content, name="bomb.parquet")
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["param"] == "file" and error["code"] == "payload_too_large"
+
+
+def test_nested_text_columns_are_charged_through_their_dictionaries(api: Api) -> None:
+    """A bomb inside messages (list<struct<dictionary string>>) is caught as well, and the same
+    nested shape with ordinary text is read."""
+    one_long = [{"role": "user", "content": "y" * 15_000}]
+    table = pa.table({"messages": [one_long] * 20_000})
+    response = upload(api, _parquet(table, compression="zstd"), name="nested.parquet")
+    assert response.status_code == 413, response.text
+    fine = pa.table({"messages": [MESSAGES] * 3})
+    accepted = upload(api, _parquet(fine), name="fine.parquet")
+    assert accepted.status_code == 201, accepted.text
+
+
+def test_text_rows_that_expand_past_the_budget_are_refused(make_api: Any) -> None:
+    """JSONL and CSV: a row whose text could decode past the per-row bound is refused undecoded
+    (413 naming its line); so are rows past the line limit."""
+    api = make_api()  # the default body limit, not the small one of the `api` fixture
+    nested = json.dumps({"prompt": "a", "pad": [[]] * 200_000}).encode()
+    refused = upload(api, nested + b"\n")
+    assert refused.status_code == 413
+    assert refused.json()["error"]["message"].startswith("line 1 could decode to")
+    long_line = json.dumps({"prompt": "a", "note": "z" * (1024 * 1024)}).encode()
+    assert upload(api, long_line).status_code == 413
+    cell = '"' + json.dumps([[]] * 30_000).replace('"', '""') + '"'
+    csv_rows = ("prompt,a,b,c,d,e\n" + "p," + ",".join([cell] * 5) + "\n").encode()
+    assert upload(api, csv_rows, name="x.csv").status_code == 413
+
+
+def test_uploads_wait_for_a_decoding_slot_then_get_429_or_503(make_api: Any) -> None:
+    """Decoding slots per process, fairly shared: a project at its share gets 429, another
+    project while every slot is taken 503, both with Retry-After naming the setting; a freed
+    slot serves the next upload."""
+    api = make_api(
+        max_concurrent_uploads=1, max_concurrent_uploads_per_project=1, upload_queue_timeout_s=0
+    )
+    slots = api.client.app.state.grpo.uploads
+    other_key, _ = api.new_key()
+    other = {"Authorization": f"Bearer {other_key}"}
+    content = b'{"prompt": "2+2?", "answer": "4"}\n'
+    held = slots.acquire(api.project_id)
+    try:
+        own = upload(api, content)
+        assert own.status_code == 429 and int(own.headers["Retry-After"]) >= 1
+        assert "GRPO_MAX_CONCURRENT_UPLOADS_PER_PROJECT" in own.json()["error"]["message"]
+        everyone = upload(api, content, headers=other)
+        assert everyone.status_code == 503 and int(everyone.headers["Retry-After"]) >= 1
+        assert "GRPO_MAX_CONCURRENT_UPLOADS=1" in everyone.json()["error"]["message"]
+    finally:
+        slots.release(held)
+    assert upload(api, content, headers=other).status_code == 201
+    assert slots.held(api.project_id) == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trainer.fair_slots import SlotsBusy
+
 __all__ = ["SandboxBusy", "SandboxError"]
 
 
@@ -10,16 +12,7 @@ class SandboxError(RuntimeError):
     grader's source does not load."""
 
 
-class SandboxBusy(SandboxError):
+class SandboxBusy(SandboxError, SlotsBusy):
     """No sandbox for now: every slot it may take is held (``trainer.sandbox.capacity``), or the
-    host refused the processes a sandbox needs. ``limit`` names the setting that refused it;
-    ``per_project`` says whether it is the caller's own project's cap (the API answers 429)
-    or the process's or host's (503); ``retry_after_s`` is when to try again."""
-
-    def __init__(
-        self, message: str, *, limit: str, per_project: bool, retry_after_s: float
-    ) -> None:
-        super().__init__(message)
-        self.limit = limit
-        self.per_project = per_project
-        self.retry_after_s = retry_after_s
+    host refused the processes a sandbox needs (``limit`` then names the host's process limit,
+    and ``per_project`` is False: a 503)."""

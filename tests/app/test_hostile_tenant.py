@@ -1,5 +1,7 @@
-"""Uploads built to exhaust an API process's memory, sent to the production shape (`grpo api`
-with two processes on Postgres). Each is refused with a 4xx while the serving processes' peak
+"""Attacks of a hostile tenant on the production shape (`grpo api` with two processes on
+Postgres), RELIABILITY.md "Hostile tenant".
+
+Uploads built to exhaust an API process's memory: Each is refused with a 4xx while the serving processes' peak
 resident memory (VmHWM, read from the kernel, so no peak between two samples is missed) grows by
 less than the stated bound: the dataset budget plus a few copies of the largest body
 (trainer/spec/row_budget.py, RELIABILITY.md "Hostile tenant")."""
@@ -18,6 +20,7 @@ import pytest
 
 from app.settings import build_settings
 from tests.app.conftest import ApiProcesses
+from tests.conftest import wait_until
 from trainer.spec.row_budget import MAX_DATASET_DECODED_BYTES
 
 MiB = 1024 * 1024
@@ -133,3 +136,25 @@ def test_the_same_rows_as_text_are_refused_by_the_body_limit(
         status_line = connection.makefile("rb").readline().decode()
     assert status_line.split()[1] == "413", status_line
     assert growth(before, api_processes.peak_rss_bytes()) < UNDECODED_BOUND
+
+
+def test_a_key_in_the_url_never_reaches_the_access_log(api_processes: ApiProcesses) -> None:
+    """Clients that put a key in the query (`?key=`, `?api_key=`, `?token=`) leave it in the
+    URL, which the access log writes: the value is replaced, the rest of the line kept."""
+    secret = "grpo_leak_" + "s3cr3t" * 4
+    marker = f"marker{time.monotonic_ns()}"
+    for name in ("key", "api_key", "token"):
+        response = httpx.get(
+            f"{api_processes.url}/v1/files",
+            params={name: secret, "order": "asc", "after": marker},
+            headers=api_processes.headers,
+        )
+        assert response.status_code in (200, 400), response.text
+
+    def logged() -> list[str]:
+        return [line for line in api_processes.log().splitlines() if marker in line]
+
+    lines = wait_until(lambda: len(logged()) == 3 and logged(), 20, "three access log lines")
+    assert secret not in api_processes.log()
+    for line, name in zip(lines, ("key", "api_key", "token"), strict=True):  # type: ignore[call-overload]
+        assert f"?{name}=[redacted]&order=asc&after={marker} " in line, line
