@@ -34,7 +34,15 @@ Errors always look like `{"error": {"type", "message", "param"}}`.
 
 def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None = None) -> FastAPI:
     settings = settings or build_settings()
-    app = FastAPI(title="grpo-service", version="0.1.0", description=API_DESCRIPTION)
+    # /docs is the dashboard router's (Swagger UI from npm under the dashboard's CSP); FastAPI's
+    # own pages load their scripts from a CDN with inline code, on the session cookie's origin.
+    app = FastAPI(
+        title="grpo-service",
+        version="0.1.0",
+        description=API_DESCRIPTION,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.grpo = build_state(settings, dispatcher)
     log_redaction.install()
     error_handlers.install(app)

@@ -6,6 +6,8 @@ dashboard sees exactly what the key's project may see. Every file is served with
 Content-Security-Policy: scripts and styles from this origin only, no inline code, no framing,
 so a job name or completion text that slipped into the DOM as markup still could not run. Files are served from a fixed allow-list (no user-supplied paths), and
 the chart library comes from dashboard/node_modules, installed by `npm ci` in scripts/setup.sh.
+The API reference at /docs is served the same way (Swagger UI from npm, dashboard/docs.html),
+never from a CDN.
 """
 
 from __future__ import annotations
@@ -35,6 +37,14 @@ ASSETS: dict[str, tuple[str, str]] = {
     "style.css": ("style.css", "text/css"),
     "uPlot.esm.js": ("node_modules/uplot/dist/uPlot.esm.js", "text/javascript"),
     "uPlot.min.css": ("node_modules/uplot/dist/uPlot.min.css", "text/css"),
+    # The API reference at /docs (FastAPI's own page loads these from a CDN with an inline
+    # script: another origin's code on the origin of the session cookie).
+    "docs.js": ("docs.js", "text/javascript"),
+    "swagger-ui-bundle.js": (
+        "node_modules/swagger-ui-dist/swagger-ui-bundle.js",
+        "text/javascript",
+    ),
+    "swagger-ui.css": ("node_modules/swagger-ui-dist/swagger-ui.css", "text/css"),
 }
 
 MISSING = """<!doctype html><meta charset="utf-8"><title>grpo-service</title>
@@ -73,6 +83,15 @@ def index() -> Response:
     page = DASHBOARD_DIR / "index.html"
     if not page.is_file():
         return HTMLResponse(MISSING.format(what="index.html"), status_code=503, headers=HEADERS)
+    return FileResponse(page, media_type="text/html", headers=HEADERS)
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def api_reference() -> Response:
+    """The API reference (Swagger UI on /openapi.json), from this origin under the CSP."""
+    page = DASHBOARD_DIR / "docs.html"
+    if not page.is_file():
+        return HTMLResponse(MISSING.format(what="docs.html"), status_code=503, headers=HEADERS)
     return FileResponse(page, media_type="text/html", headers=HEADERS)
 
 

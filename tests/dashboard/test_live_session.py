@@ -318,3 +318,17 @@ def test_the_compare_page_reads_again_only_when_the_project_stream_says_so(
     writer.step(3)
     page.wait_for_function(f"() => {_points('compare')} === 3")
     assert len(reads) <= settled + 6, reads[settled:]  # one load for the change, not per period
+
+
+def test_the_api_reference_runs_from_this_origin_under_the_csp(served: Served, page: Any) -> None:
+    """/docs is Swagger UI from the package, under the dashboard's CSP: it renders the API's
+    own schema, loads nothing from another origin and trips no policy (the `page` fixture
+    fails the test on a CSP violation or a script error)."""
+    from playwright.sync_api import expect
+
+    origins: set[str] = set()
+    page.on("request", lambda request: origins.add(re.sub(r"^(\w+://[^/]+).*", r"\1", request.url)))
+    page.goto(f"{served.url}/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("grpo-service")
+    expect(page.locator(".opblock-summary-path", has_text="/v1/jobs").first).to_be_visible()
+    assert origins == {served.url}, origins

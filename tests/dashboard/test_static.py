@@ -43,9 +43,18 @@ def test_every_asset_is_served_with_its_media_type(client: TestClient, name: str
     assert len(response.content) > 100
 
 
+# Files from npm, and the API reference's classic (non-module) start script.
+VENDORED = ("uPlot", "swagger-ui")
+CLASSIC_SCRIPTS = {"docs.js"}
+
+
 def test_modules_import_only_files_the_api_serves() -> None:
     served = {f"/dashboard/{name}" for name in ASSETS}
-    ours = [name for name in ASSETS if name.endswith(".js") and not name.startswith("uPlot")]
+    ours = [
+        name
+        for name in ASSETS
+        if name.endswith(".js") and not name.startswith(VENDORED) and name not in CLASSIC_SCRIPTS
+    ]
     assert {"app.js", "api.js", "job.js", "charts.js"} <= set(ours)
     for module in ours:
         text = (DASHBOARD_DIR / module).read_text()
@@ -72,7 +81,7 @@ def test_the_dashboard_stays_out_of_the_api_schema(client: TestClient) -> None:
     assert "/" not in paths and not any(p.startswith("/dashboard") for p in paths)
 
 
-@pytest.mark.parametrize("path", ["/", *(f"/dashboard/{name}" for name in sorted(ASSETS))])
+@pytest.mark.parametrize("path", ["/", "/docs", *(f"/dashboard/{name}" for name in sorted(ASSETS))])
 def test_the_page_and_its_files_carry_a_strict_csp(client: TestClient, path: str) -> None:
     """Scripts and styles from this origin only, no inline code, no framing, no plugins: the
     page's own files are the only code that can run in it."""
@@ -89,6 +98,21 @@ def test_the_page_and_its_files_carry_a_strict_csp(client: TestClient, path: str
     assert policy["base-uri"] == ["'none'"]
     assert policy["frame-ancestors"] == ["'none'"]
     assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_the_api_reference_loads_only_served_files() -> None:
+    """/docs (FastAPI's page loads Swagger UI from a CDN with an inline script) is a file of
+    ours whose scripts and styles are all served by the dashboard's allow-list."""
+    page = (DASHBOARD_DIR / "docs.html").read_text()
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert sources and set(sources) <= {f"/dashboard/{name}" for name in ASSETS}, sources
+    assert not re.search(r"<script>|<style|\son\w+=", page)
+
+
+def test_redoc_and_fastapis_docs_page_are_off(client: TestClient) -> None:
+    assert client.get("/redoc").status_code == 404
+    docs = client.get("/docs")
+    assert docs.status_code == 200 and "cdn.jsdelivr.net" not in docs.text
 
 
 def test_the_page_has_no_inline_script_or_style() -> None:
