@@ -74,6 +74,23 @@ def group_advantages(rewards: Tensor, scale: AdvantageScale, eps: float = 1e-6) 
     return torch.where(constant, torch.zeros_like(adv), adv)
 
 
+def leave_one_out_centred(values: Tensor) -> Tensor:
+    """Each value minus the mean of the OTHER values of its group: [N_groups, G] -> same.
+
+    The baseline of the reward-side KL penalty. Because ``v_i``'s baseline does not depend on
+    ``y_i``, ``E[(v_i - baseline_i) * grad log pi(y_i)] = E[v_i * grad log pi(y_i)]``: centring
+    this way lowers the variance and keeps the expectation exactly (a mean that includes
+    ``v_i`` itself would shrink it by ``(G - 1) / G``). With G = 1 there is no other value and
+    the value is returned as it is (still unbiased, only noisier).
+    """
+    v = _as_float(values).detach()
+    g = v.shape[1]
+    if g == 1:
+        return v.clone()
+    others = (v.sum(dim=1, keepdim=True) - v) / (g - 1)
+    return v - others
+
+
 def zero_variance_groups(rewards: Tensor, tol: float = 1e-6) -> Tensor:
     """Bool [N_groups]: True where the group's rewards are all equal (population std < tol).
 

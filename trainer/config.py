@@ -302,11 +302,17 @@ class JobSpec(StrictModel):
         if kl.active and kl.estimator == "k1" and kl.placement == "loss":
             out.append(
                 "kl.estimator k1 placed in the loss has zero expected gradient on-policy; "
-                "use placement 'reward' or k3_unbiased"
+                "use k1_causal, placement 'reward' or k3_unbiased"
             )
-        if kl.active and kl.estimator == "k2" and self.grpo.num_iterations > 1:
+        if kl.active and kl.estimator in ("k2", "k1_causal") and self.grpo.num_iterations > 1:
             out.append(
-                "k2 in the loss is biased off-policy (num_iterations > 1); prefer k3_unbiased"
+                f"{kl.estimator} in the loss is biased off-policy (num_iterations > 1); "
+                "prefer k3_unbiased, or placement 'reward'"
+            )
+        if "flat_groups" in kl.model_fields_set:
+            out.append(
+                "kl.flat_groups is ignored: the reward-side KL penalty applies, unscaled, in "
+                "every group"
             )
         if kl.active and kl.placement == "reward" and kl.estimator != "k1":
             out.append(

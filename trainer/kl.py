@@ -2,23 +2,43 @@
 
 Notation per sampled token: ``lp = log pi_theta`` (carries the gradient), ``ref = log pi_ref``
 (frozen), ``old = log pi_old`` (the policy that sampled the token, detached) and
-``d = ref - lp``.
+``d = ref - lp``. ``KL_t = KL(pi(.|y<t) || ref(.|y<t))`` is the KL of position t given its
+prefix; ``KL_seq = KL(pi || ref)`` over whole completions, ``= E[sum_t KL_t]`` (chain rule).
 
-=============  =========================  ==============================================
-estimator      per-token value            expected gradient when placed in the loss
-=============  =========================  ==============================================
-k1             ``-d``                     0 on-policy (only meaningful in the reward)
-k2             ``d^2 / 2``                grad KL(pi || ref) on-policy; biased off-policy
-k3             ``exp(d) - d - 1``         grad KL(ref || pi) on-policy (GRPO's original)
-k3_unbiased    ``r * k3``, ``r`` per      grad KL(pi || ref) on- and off-policy
-               token ``exp(lp - old)``
-=============  =========================  ==============================================
+Exactly what each gradient is, with ``E`` over completions sampled on-policy:
 
-Placement: in the loss the caller adds ``beta * aggregate(per_token_kl(...))``; in the reward
-it subtracts :func:`kl_reward_penalty` from the sequence reward before computing advantages.
+=============  ===========================  ============================================
+estimator      per-token value              expected gradient of ``sum_t`` in the loss
+=============  ===========================  ============================================
+k1             ``-d``                       0 (``E[grad log pi] = 0``)
+k2             ``d^2 / 2``                  ``sum_t E_prefix[grad KL_t]``, prefix held
+                                            fixed; biased off-policy
+k3             ``exp(d) - d - 1``           ``sum_t E_prefix[grad KL(ref_t || pi_t)]``,
+                                            prefix held fixed (GRPO's original)
+k3_unbiased    ``r * k3``, ``r`` per token  ``sum_t E_prefix[grad KL_t]``, prefix held
+               ``exp(lp - old)``            fixed, on- and off-policy (the prefix then
+                                            from pi_old)
+k1_causal      ``-d`` (its value is k1)     ``grad KL_seq`` exactly: each token's
+                                            ``grad log pi`` weighted by the detached KL
+                                            still to come, ``sum_{s>=t} k1_s``
+=============  ===========================  ============================================
+
+"Prefix held fixed" is the per-position gradient: it moves each position's next-token
+distribution toward the reference but ignores that changing an early token changes which
+prefixes the later positions see. On one categorical (a one-token completion) it equals
+``grad KL``; on longer completions it does not (Tang & Munos 2025; on the 2-token toy of
+tests/trainer/test_kl_sequence.py the relative error to ``grad KL_seq`` is 0.3 to 0.9).
+``k1_causal`` is the score-function gradient of the sequence KL,
+``E[sum_t grad log pi_t * sum_{s>=t} k1_s]`` (terms with ``s < t`` have zero expectation),
+which is ``grad KL_seq`` on-policy; like k2 it is biased off-policy (``num_iterations > 1``).
+
+Placement: in the loss the caller adds ``beta * aggregate(per_token_kl(...))`` (aggregated as
+the policy loss is, so its gradient is the table's times the aggregation's per-token weight);
+in the reward the loop subtracts :func:`kl_reward_penalty`, centred, from the advantages
+(``trainer.phases.compute_advantages``).
 
 In the reward the penalty acts through the policy-gradient term, ``E[penalty * grad log pi]``.
-With ``penalty = sum_t k1_t = log pi(y) - log ref(y)`` that is exactly ``grad KL(pi || ref)``
+With ``penalty = sum_t k1_t = log pi(y) - log ref(y)`` that is exactly ``grad KL_seq``
 (``E[grad log pi] = 0`` removes the rest), and for no other estimator here: enumeration on a
 small categorical gives errors of 0.17 (k2) and 0.20 (k3, k3_unbiased). So the reward-side
 penalty is always :data:`REWARD_ESTIMATOR`, whatever estimator a job names for its reported
@@ -81,39 +101,56 @@ def _k3_of(log_ratio: Tensor) -> Tensor:
 
 
 class KLEstimatorFn(Protocol):
-    """One estimator: ([B, T] lp with gradient, [B, T] ref detached, [B, T] old or None) -> [B, T].
+    """One estimator: ([B, T] lp with gradient, [B, T] ref detached, [B, T] old or None,
+    clamp bound, [B, T] mask or None) -> [B, T].
 
     ``old`` is passed as the caller gave it (``None`` means on-policy); estimators that use it
-    detach it and check its shape themselves.
+    detach it and check its shape themselves. ``mask`` (1 on the completion's tokens, None:
+    all) matters only to an estimator that looks across positions (k1_causal).
     """
 
     def __call__(
-        self, logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float
+        self,
+        logprobs: Tensor,
+        ref: Tensor,
+        old: Tensor | None,
+        max_log_ratio: float,
+        mask: Tensor | None,
     ) -> Tensor: ...
 
 
-def _none(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+def _none(
+    logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float, mask: Tensor | None
+) -> Tensor:
     """No KL: [B, T] zeros without a graph."""
     return torch.zeros_like(logprobs, requires_grad=False)
 
 
-def _k1(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+def _k1(
+    logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float, mask: Tensor | None
+) -> Tensor:
     """k1 = ``-d`` = ``lp - ref``: [B, T]."""
     # No exp: the value is exact and its gradient (+1 per unit of lp) is bounded.
     return -(ref - logprobs)
 
 
-def _k2(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+def _k2(
+    logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float, mask: Tensor | None
+) -> Tensor:
     """k2 = ``d^2 / 2``: [B, T]."""
     return 0.5 * (ref - logprobs).square()
 
 
-def _k3(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+def _k3(
+    logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float, mask: Tensor | None
+) -> Tensor:
     """k3 = ``exp(d) - d - 1`` with ``d`` clamped before ``exp``: [B, T]."""
     return _k3_of(clamp_log_ratio(ref - logprobs, max_log_ratio))
 
 
-def _k3_unbiased(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float) -> Tensor:
+def _k3_unbiased(
+    logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float, mask: Tensor | None
+) -> Tensor:
     """``exp(lp - old) * k3``: [B, T]; ``old`` None means on-policy (``lp`` detached)."""
     old = logprobs.detach() if old is None else old.detach()
     if old.shape != logprobs.shape:
@@ -122,6 +159,25 @@ def _k3_unbiased(logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_rati
     # E_old[r * k3] into an unbiased estimate of grad KL(pi || ref).
     ratio = torch.exp(clamp_log_ratio(logprobs - old, max_log_ratio))
     return ratio * _k3_of(clamp_log_ratio(ref - logprobs, max_log_ratio))
+
+
+def _k1_causal(
+    logprobs: Tensor, ref: Tensor, old: Tensor | None, max_log_ratio: float, mask: Tensor | None
+) -> Tensor:
+    """Value k1 = ``lp - ref``; gradient ``sum_{s>=t} k1_s`` per unit of ``lp_t``: [B, T].
+
+    The value is left as k1 (so the reported ``kl`` is a KL estimate and the loss term's value
+    sums to the sequence's k1); only the gradient carries the causal credit, through
+    ``(lp - lp.detach()) * to_come``, which is 0 in value. Positions outside ``mask`` add
+    nothing to the KL still to come.
+    """
+    k1 = (logprobs - ref).detach()
+    if mask is not None:
+        if mask.shape != logprobs.shape:
+            raise ValueError(f"shape mismatch: logprobs {logprobs.shape}, mask {mask.shape}")
+        k1 = torch.where(mask != 0, k1, torch.zeros_like(k1))
+    to_come = k1.flip(-1).cumsum(-1).flip(-1)  # [B, T]: sum over s >= t
+    return k1 + (logprobs - logprobs.detach()) * to_come
 
 
 # The estimator of the reward-side penalty (see the module docstring): the only one whose
@@ -135,6 +191,7 @@ KL_ESTIMATORS: dict[KLEstimatorName, KLEstimatorFn] = {
     "k2": _k2,
     "k3": _k3,
     "k3_unbiased": _k3_unbiased,
+    "k1_causal": _k1_causal,
 }
 
 
@@ -145,12 +202,13 @@ def per_token_kl(
     old_logprobs: Tensor | None = None,
     *,
     max_log_ratio: float = 20.0,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """Per-token KL estimate whose autograd gradient is the estimator's.
 
     Args:
         estimator: a key of :data:`KL_ESTIMATORS` (``none``, ``k1``, ``k2``, ``k3``,
-            ``k3_unbiased``).
+            ``k3_unbiased``, ``k1_causal``).
         logprobs: [B, T] ``log pi_theta`` of the sampled tokens, with gradient.
         ref_logprobs: [B, T] ``log pi_ref`` of the same tokens (treated as constant).
         old_logprobs: [B, T] ``log pi_old`` of the sampling policy (treated as constant);
@@ -158,6 +216,8 @@ def per_token_kl(
         max_log_ratio: log-ratios are clamped to ``[-max_log_ratio, max_log_ratio]`` before
             ``exp`` (see :func:`clamp_log_ratio`). With the default 20, k3_unbiased is bounded
             by about ``exp(40)``, well inside float32.
+        mask: [B, T] 1 on the completion's tokens (None: every position); only k1_causal,
+            which sums the KL still to come along each row, reads it.
 
     Returns:
         [B, T] per-token values (padding positions are not masked here; the caller's
@@ -170,14 +230,14 @@ def per_token_kl(
         )
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"shape mismatch: logprobs {logprobs.shape}, ref {ref_logprobs.shape}")
-    return fn(logprobs, ref_logprobs.detach(), old_logprobs, max_log_ratio)
+    return fn(logprobs, ref_logprobs.detach(), old_logprobs, max_log_ratio, mask)
 
 
 def kl_reward_penalty(per_token_kl: Tensor, mask: Tensor, beta: float) -> Tensor:
     """Sequence-level KL penalty for ``placement = "reward"``: [B, T] -> [B], detached.
 
-    Returns ``beta * sum_t mask[b, t] * kl[b, t]``, to be subtracted from the sequence reward
-    before advantages are computed.
+    Returns ``beta * sum_t mask[b, t] * kl[b, t]``; ``trainer.phases.compute_advantages``
+    centres it within its group and subtracts it from the task reward's advantages, unscaled.
 
     Sum, not mean, over tokens: the KL between the sequence distributions of two
     autoregressive policies is the sum of the per-token KLs (chain rule), so the sum is the

@@ -46,6 +46,7 @@ from trainer.optim import build_optimizer
 from trainer.phases import (
     advantages_by_group,
     compute_advantages,
+    has_signal,
     needs_old_logprobs,
     pack_groups,
     reward_kl_penalty,
@@ -410,8 +411,11 @@ class _Run:
                 )
         lr = float(self.optimizer.param_groups[0]["lr"])
         advantages: dict[int, list[float]] = {}
+        trained = False
         if col.kept:
-            advantages = self._train_on(col, step, metrics)
+            advantages, trained = self._train_on(col, step, metrics)
+        metrics["update/skipped"] = 0.0 if trained else 1.0
+        if trained:
             with warnings.catch_warnings():
                 # A step whose updates the non-finite guard all skipped still steps the
                 # schedule (without optimizer.step()): it trained on a batch, the guard threw
@@ -420,7 +424,7 @@ class _Run:
                     "ignore", message=r"Detected call of `lr_scheduler\.step\(\)`"
                 )
                 self.scheduler.step()
-        else:
+        elif not col.kept:
             # No batch, no update: the schedule waits for the next step that trains.
             self.cb.on_event("no_signal", f"step {step}: no group to train on; update skipped")
         metrics["lr"] = lr
@@ -439,19 +443,15 @@ class _Run:
 
     def _train_on(
         self, col: Collected, step: int, metrics: dict[str, float]
-    ) -> dict[int, list[float]]:
+    ) -> tuple[dict[int, list[float]], bool]:
         """The update phases (``trainer.phases``) on the kept groups, in order; fills
-        ``metrics`` and returns the advantages by group position in ``col.kept``."""
+        ``metrics`` and returns the advantages by group position in ``col.kept`` and whether
+        an update ran (False when the batch has no signal: every advantage 0 and no loss-side
+        term, see :func:`trainer.phases.has_signal`)."""
         spec = self.spec
         assert self.engine is not None
         clock = time.perf_counter()
         batch = pack_groups(col.kept, spec, self.device)
-        # Prompt and completion tokens of the batch, once per update pass over it: what the
-        # step trained on (the OpenAI view's trained_tokens sums it over steps).
-        metrics["tokens/trained"] = float(
-            spec.num_iterations
-            * sum(len(p) + len(c) for p, c in zip(batch.prompts, batch.completions, strict=True))
-        )
         shaped = shaped_rewards(col.kept, batch, spec)
         metrics["time/reward"] += time.perf_counter() - clock
 
@@ -469,6 +469,14 @@ class _Run:
         if penalty is not None:
             metrics["kl/reward_penalty"] = float(penalty.mean())
 
+        if not has_signal(adv, spec, scored):
+            # Nothing to learn from: no optimizer step (AdamW's momentum would still move every
+            # weight), no schedule step, no sync, unless a level-2 sleep dropped the engine's
+            # weights, which it needs back either way.
+            self._wake_engine(level == 2)
+            metrics["time/update"] = 0.0
+            return advantages_by_group(adv, len(col.kept), spec.group_size), False
+
         clock = time.perf_counter()
         stats, pre = run_updates(
             self.model,
@@ -485,17 +493,28 @@ class _Run:
             collect_pre_update=not with_old,
         )
         metrics["time/update"] = time.perf_counter() - clock
+        # Prompt and completion tokens of the batch, once per update pass over it: what the
+        # step trained on (the OpenAI view's trained_tokens sums it over steps).
+        metrics["tokens/trained"] = float(
+            spec.num_iterations
+            * sum(len(p) + len(c) for p, c in zip(batch.prompts, batch.completions, strict=True))
+        )
 
         # Only an applied update changed the weights the engine generates with; an engine
         # that dropped its weights to sleep (level 2) needs them back either way.
         applied = stats.updates > stats.skipped
+        metrics["time/weight_sync"] = self._wake_engine(applied or level == 2)
+        metrics.update(update_step_metrics(stats, adv, batch, scored, pre, spec))
+        return advantages_by_group(adv, len(col.kept), spec.group_size), True
+
+    def _wake_engine(self, must_sync: bool) -> float:
+        """Wake a sleeping engine and, when ``must_sync``, sync the policy's weights into it;
+        the sync's seconds (0 without one)."""
+        assert self.engine is not None
         wake = getattr(self.engine, "wake", None)
         if callable(wake):
             wake()
-        must_sync = applied or level == 2
-        metrics["time/weight_sync"] = self.engine.sync_weights(self.model) if must_sync else 0.0
-        metrics.update(update_step_metrics(stats, adv, batch, scored, pre, spec))
-        return advantages_by_group(adv, len(col.kept), spec.group_size)
+        return self.engine.sync_weights(self.model) if must_sync else 0.0
 
     def _engine_sleeps(self) -> int | None:
         """Put a sleep-capable engine (vLLM on a GPU) to sleep for the update; its level."""

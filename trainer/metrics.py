@@ -25,7 +25,9 @@ trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update`
 ``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``; ``tokens/trained``
 (prompt plus completion tokens of the batch trained on, times num_iterations; absent on a step
 with nothing to train on);
-``data/skipped_prompts`` (dataset rows the run skipped because their formatted prompt is longer
+``update/skipped`` (1 when the step ran no update: no group to train on, or every advantage 0
+with no loss-side term, see ``trainer.phases.has_signal``; then the update's metrics above are
+absent; 0 otherwise); ``data/skipped_prompts`` (dataset rows the run skipped because their formatted prompt is longer
 than ``max_prompt_tokens``: the same value every step, 0 when none; a ``dataset`` event lists
 them by row number, see ``trainer.data.prompts_for_run``); ``eval/accuracy`` on
 evaluation steps (greedy decoding of the held-out rows; a row counts as correct when its total

@@ -5,8 +5,10 @@
 3. :func:`score_logprobs`: no-grad logprobs of the sampled tokens under the policy before the
    update (``old``, only when :func:`needs_old_logprobs`) and under the reference (``ref``).
 4. :func:`reward_kl_penalty` (KL placed in the reward: k1, exact) and
-   :func:`compute_advantages`: the penalty subtracted, then group advantages.
-5. the update itself: ``trainer.update.run_updates``.
+   :func:`compute_advantages`: the task reward's group advantages minus the centred, unscaled
+   penalty.
+5. the update itself: ``trainer.update.run_updates``, unless :func:`has_signal` says the batch
+   has none (then no optimizer step, no schedule step, no sync).
 6. the weight sync into the rollout engine (``RolloutEngine.sync_weights``), by the loop.
 7. :func:`update_step_metrics`: what the update and the token-level values report.
 
@@ -22,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from trainer import kl as kl_math
-from trainer.advantages import group_advantages, zero_variance_groups
+from trainer.advantages import group_advantages, leave_one_out_centred
 from trainer.collect import Group
 from trainer.config import GRPOSpec
 from trainer.metrics import token_metrics, update_metrics
@@ -36,6 +38,7 @@ __all__ = [
     "Scored",
     "advantages_by_group",
     "compute_advantages",
+    "has_signal",
     "needs_old_logprobs",
     "pack_groups",
     "reward_kl_penalty",
@@ -146,21 +149,40 @@ def reward_kl_penalty(scored: Scored, batch: Batch, spec: GRPOSpec) -> Tensor | 
 
 
 def compute_advantages(shaped: Tensor, penalty: Tensor | None, spec: GRPOSpec) -> Tensor:
-    """[B] advantages of the shaped rewards [B] minus the reward-side KL ``penalty`` [B] (or
-    None), in groups of ``spec.group_size`` consecutive rows; ``shaped`` is left unchanged.
+    """[B] advantages: the shaped rewards [B] scaled by ``spec.advantage_scale``, minus the
+    reward-side KL ``penalty`` [B] (or None) centred on a leave-one-out baseline and NOT
+    scaled; groups of ``spec.group_size`` consecutive rows; ``shaped`` is left unchanged.
 
-    With ``spec.kl.flat_groups == "skip"`` a group whose shaped rewards are all equal keeps zero
-    advantage: there the penalty would be the group's only spread, and group-std scaling would
-    turn differences of a few hundredths of a nat into advantages of +-1.
+    Why the two parts are treated apart: the update's expected policy-gradient is
+    ``E[A_i * grad log pi(y_i)]``. For the task part any per-group scaling is the scaling the
+    job chose. For the KL part the scale is the point: ``E[penalty_i * grad log pi(y_i)] =
+    beta * grad KL(pi || ref)`` (k1 summed, see :func:`reward_kl_penalty`), and the
+    leave-one-out baseline, independent of ``y_i``, keeps that expectation whole (c = 1). Had
+    the penalty gone through the group std it would be multiplied by a random factor that
+    depends on the samples (0.16x to 12x of beta, pointing elsewhere); had it been left out of
+    groups whose task rewards are all equal (where most of the late drift happens), the
+    penalty would vanish exactly where it is needed. So it holds in every group, under every
+    scaling (tests/trainer/test_kl_reward.py enumerates all K^G groups).
     """
     g = spec.group_size
-    rewards = shaped
-    if penalty is not None:
-        if spec.kl.flat_groups == "skip":
-            flat = zero_variance_groups(shaped.view(-1, g)).repeat_interleave(g)
-            penalty = torch.where(flat, torch.zeros_like(penalty), penalty)
-        rewards = shaped - penalty
-    return group_advantages(rewards.view(-1, g), spec.advantage_scale).view(-1)
+    task = group_advantages(shaped.view(-1, g), spec.advantage_scale).view(-1)
+    if penalty is None:
+        return task
+    return task - leave_one_out_centred(penalty.view(-1, g)).view(-1).to(task.dtype)
+
+
+def has_signal(advantages: Tensor, spec: GRPOSpec, scored: Scored) -> bool:
+    """Whether an update on this batch can move the weights by its own gradient.
+
+    False when every advantage is exactly 0 and no loss-side term (KL placed in the loss,
+    with a reference scored) is active: then every gradient is 0, and an optimizer step would
+    still move every weight by AdamW's momentum and weight decay, the schedule would advance
+    and the engine be re-synced for nothing. The loop skips all three and counts the step in
+    ``update/skipped``.
+    """
+    kl = spec.kl
+    loss_side = kl.active and kl.placement == "loss" and scored.ref is not None
+    return loss_side or bool((advantages != 0).any())
 
 
 def update_step_metrics(

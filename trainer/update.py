@@ -166,6 +166,7 @@ def _micro_step(
             lp,
             ref_logprobs[index, :t_width],
             None if old_logprobs is None else old,
+            mask=loss_mask,
         )
         kl_term = kl_spec.beta * agg(per_token)
         loss = loss + kl_term

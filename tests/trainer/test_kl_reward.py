@@ -1,8 +1,11 @@
 """KL placed in the reward: for every estimator a job may name, the penalty's policy-gradient is
-exactly grad KL(pi || ref); flat groups keep zero advantage unless asked otherwise."""
+exactly grad KL(pi || ref), and through compute_advantages its expected update stays exactly
+beta * grad KL under every advantage scaling, in flat groups too (enumeration of all K^G
+groups)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, get_args
 
 import pytest
@@ -10,13 +13,14 @@ import torch
 from torch import Tensor
 
 from trainer import kl as kl_math
-from trainer.config import GRPOSpec, JobSpec, KLEstimatorName
+from trainer.config import AdvantageScale, GRPOSpec, JobSpec, KLEstimatorName
 from trainer.phases import Scored, compute_advantages, reward_kl_penalty
 from trainer.step import Batch
 
 K = 6  # outcomes of the small categorical: K one-token completions
 BETA = 0.3
 ESTIMATORS = [e for e in get_args(KLEstimatorName) if e != "none"]
+SCALES = get_args(AdvantageScale)
 
 
 def _dists(seed: int) -> tuple[Tensor, Tensor]:
@@ -95,15 +99,71 @@ def test_no_penalty_without_kl_in_the_reward() -> None:
     assert reward_kl_penalty(scored, _batch(K), off) is None
 
 
-def test_a_flat_group_keeps_zero_advantage_unless_asked_to_keep_the_penalty() -> None:
+def _expected_update(
+    theta: Tensor, ref: Tensor, task: Tensor, spec: GRPOSpec, outcomes: int
+) -> Tensor:
+    """``E[(1/G) sum_i A_i grad log pi(y_i)]`` over every one of the ``outcomes^G`` groups a
+    categorical policy ``softmax(theta)`` [outcomes] can draw, each weighted by its exact
+    probability; ``A`` from ``compute_advantages`` with the penalty ``reward_kl_penalty``
+    computes, for a step whose batch is that one group. ``task`` [outcomes] is each outcome's
+    reward. float64 throughout."""
+    g = spec.group_size
+    probs = torch.softmax(theta.detach(), dim=0)
+    lp = torch.log_softmax(theta.detach(), dim=0)
+    score = torch.eye(outcomes, dtype=torch.float64) - probs  # [outcomes, outcomes]: grad log pi
+    total = torch.zeros(outcomes, dtype=torch.float64)
+    for ys in itertools.product(range(outcomes), repeat=g):
+        y = torch.tensor(ys)
+        scored = Scored(old=lp[y].view(g, 1), old_entropy=None, ref=ref[y].view(g, 1))
+        penalty = reward_kl_penalty(scored, _batch(g), spec)
+        adv = compute_advantages(task[y], penalty, spec)
+        total += probs[y].prod() * (adv.unsqueeze(1) * score[y]).sum(dim=0) / g
+    return total
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("group_size", [2, 3, 4])
+@pytest.mark.parametrize("scale", SCALES)
+def test_the_kl_part_of_the_expected_update_is_exactly_beta_grad_kl(
+    scale: str, group_size: int, seed: int
+) -> None:
+    """Whatever the scaling: the expected update with the penalty minus the one without it is
+    ``-beta * grad KL(pi || ref)``, exactly (c = 1: the baseline leaves each sample out). The
+    task rewards make many groups flat (all 0 or all 1), where the penalty must act too. On
+    the code before this fix the KL part was 0.16x to 12x of that, pointing elsewhere."""
+    outcomes = 3
+    g = torch.Generator().manual_seed(seed)
+    theta = torch.randn(outcomes, generator=g, dtype=torch.float64)
+    ref = torch.log_softmax(torch.randn(outcomes, generator=g, dtype=torch.float64), dim=0)
+    task = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    kl = {"beta": BETA, "placement": "reward", "estimator": "k1"}
+    spec = GRPOSpec(group_size=group_size, advantage_scale=scale, kl=kl)
+    no_kl = GRPOSpec(group_size=group_size, advantage_scale=scale, kl={**kl, "beta": 0.0})
+    kl_part = _expected_update(theta, ref, task, spec, outcomes) - _expected_update(
+        theta, ref, task, no_kl, outcomes
+    )
+    target = -BETA * _grad_kl_pi_ref(theta.clone().requires_grad_(True), ref)
+    assert target.abs().max() > 1e-2  # not a comparison of two zeros
+    assert torch.allclose(kl_part, target, rtol=0, atol=1e-12), (kl_part, target)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_flat_group_gets_the_penalty_at_its_own_size(scale: str) -> None:
+    """A group whose task rewards are all equal: the advantages are minus the centred
+    penalty, hundredths of a nat as the penalty is, not blown up by any std and not dropped."""
     shaped = torch.tensor([1.0] * K + [0.0, 1.0] * (K // 2))  # group 0 flat, group 1 not
     penalty = torch.linspace(0.01, 0.03, 2 * K)  # tiny KL differences
-    skip = compute_advantages(shaped, penalty, _spec())
-    assert torch.equal(skip[:K], torch.zeros(K))
-    assert skip[K:].abs().min() > 0.5  # the task signal is untouched
-    keep = compute_advantages(shaped, penalty, _spec(flat_groups="keep"))
-    # Group-std scaling blows the hundredths of a nat up to full-size advantages.
-    assert keep[:K].abs().max() > 1.0
+    spec = GRPOSpec(group_size=K, advantage_scale=scale, kl={"beta": BETA, "placement": "reward"})
+    adv = compute_advantages(shaped, penalty, spec)
+    flat = penalty[:K]
+    expected = -(flat - (flat.sum() - flat) / (K - 1))
+    assert torch.allclose(adv[:K], expected, rtol=0, atol=1e-7)
+    assert 0 < adv[:K].abs().max() < 0.05
+    no_kl = compute_advantages(shaped, None, spec)
+    # The task's part is the scaled task advantage, as without KL.
+    assert torch.allclose(
+        adv[K:] - no_kl[K:], -(penalty[K:] - (penalty[K:].sum() - penalty[K:]) / (K - 1)), atol=1e-6
+    )
 
 
 def test_validation_warns_when_the_named_estimator_is_not_the_reward_penalty() -> None:
@@ -120,3 +180,8 @@ def test_validation_warns_when_the_named_estimator_is_not_the_reward_penalty() -
         {**base, "grpo": {"kl": {"estimator": "k1", "beta": 0.1, "placement": "reward"}}}
     )
     assert k1.warnings() == []
+    flat = JobSpec.model_validate(
+        {**base, "grpo": {"kl": {"beta": 0.1, "placement": "reward", "estimator": "k1",
+                                 "flat_groups": "keep"}}}
+    )  # fmt: skip
+    assert any("flat_groups is ignored" in w for w in flat.warnings())

@@ -33,7 +33,14 @@ CATALOG = {
     "time/step", "tokens_per_s/rollout", "logprob_diff/engine_vs_trainer",
     "reward/has_seven/errors", "reward/errors", "reward/timeouts", "data/skipped_prompts",
     "mismatch/kl", "mismatch/ratio_mean", "mismatch/ratio_max", "mismatch/capped_frac",
-    "tokens/trained",
+    "tokens/trained", "update/skipped",
+}  # fmt: skip
+# Absent from a step whose update was skipped for want of signal (update/skipped 1): every
+# advantage 0 and no loss-side term, so no update ran and nothing was scored for it.
+UPDATE_METRICS = {
+    "advantage/abs_mean", "entropy", "loss/policy", "loss/kl", "grad_norm",
+    "logprob_diff/engine_vs_trainer", "mismatch/kl", "mismatch/ratio_mean",
+    "mismatch/ratio_max", "mismatch/capped_frac", "tokens/trained", "kl", "kl_k3",
 }  # fmt: skip
 # Reported only when a step has an update after its first (several iterations or minibatches):
 # the first runs at ratio 1 and cannot clip.
@@ -139,10 +146,12 @@ def test_learns_the_toy_task(tmp_path: Path, estimator: str, beta: float, placem
             expected |= {"kl", "kl_k3"}
         if beta > 0 and placement == "reward":
             expected |= {"kl/reward_penalty"}
+        if metrics["update/skipped"]:
+            expected -= UPDATE_METRICS
         assert set(metrics) == expected, (step, set(metrics) ^ expected)
         assert all(math.isfinite(v) for v in metrics.values())
         # Same model object generates and trains: the logprobs agree to float noise.
-        assert metrics["logprob_diff/engine_vs_trainer"] < 1e-4
+        assert metrics.get("logprob_diff/engine_vs_trainer", 0.0) < 1e-4
     if beta > 0:
         # The policy moves away from the reference, which the KL metrics see.
         assert rec.metrics[1]["kl_k3"] < 1e-6 < rec.metrics[6]["kl_k3"]
@@ -382,12 +391,17 @@ def test_non_finite_updates_are_skipped_then_fatal(
     with pytest.raises(NonFiniteLossError) as info:
         train(spec, rec, output_dir=tmp_path)
     assert isinstance(info.value, TrainerError) and info.value.reason == "non_finite_loss"
-    assert sorted(rec.metrics) == [1, 2, 3]  # the 3rd non-finite update (step 4) is fatal
+    # Steps that ran an update (a step whose batch has no signal runs none, and cannot be
+    # non-finite): step 1, then two non-finite ones; the next update, the 3rd non-finite, is
+    # fatal and its step reports nothing.
+    updated = [s for s, m in sorted(rec.metrics.items()) if not m["update/skipped"]]
+    assert updated[0] == 1 and len(updated) == 3, rec.metrics
     assert [kind for kind, _, _ in rec.events].count("non_finite") == 3
-    # Step 1 changed the weights; the skipped updates of steps 2 and 3 did not.
+    # Step 1 changed the weights; the skipped updates after it did not.
     w = rec.weights
+    last = max(w)
     assert any(not torch.equal(w[1][k], w[2][k]) for k in w[1])
-    assert all(torch.equal(w[2][k], w[3][k]) and torch.equal(w[3][k], w[4][k]) for k in w[2])
+    assert all(torch.equal(w[2][k], w[s][k]) for s in range(3, last + 1) for k in w[2])
     assert "grad_norm" in rec.metrics[1] and "grad_norm" not in rec.metrics[2]
     assert not list(tmp_path.glob("checkpoint-*"))
 
@@ -449,6 +463,99 @@ def test_dynamic_sampling_without_signal_skips_the_update(tmp_path: Path) -> Non
     messages = [m for kind, _, m in rec.events if kind == "dynamic_sampling"]
     assert all("dropped 20 of 20 groups" in m and "3 sampling rounds" in m for m in messages)
     assert all(len(s) == 2 for s in rec.samples.values())
+
+
+class _SyncCounter(RecordingEngine):
+    """Counts weight syncs and snapshots the policy's weights before each rollout, by step."""
+
+    def __init__(self, inner: RolloutEngine, policy: torch.nn.Module, rec: Recorder) -> None:
+        super().__init__(inner, [])
+        self.policy, self.rec = policy, rec
+        self.syncs = 0
+        self.weights: dict[int, dict[str, torch.Tensor]] = {}
+
+    def generate(self, prompts: list[list[int]], n: int, **kw: Any) -> Any:
+        step = len(self.rec.metrics) + 1
+        self.weights[step] = {k: v.clone() for k, v in self.policy.state_dict().items()}
+        return super().generate(prompts, n, **kw)
+
+    def sync_weights(self, model: torch.nn.Module) -> float:
+        self.syncs += 1
+        return super().sync_weights(model)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, rec: Recorder) -> list[_SyncCounter]:
+    engines: list[_SyncCounter] = []
+
+    def make(*args: Any, **kwargs: Any) -> RolloutEngine:
+        engines.append(_SyncCounter(make_engine(*args, **kwargs), kwargs["policy_model"], rec))
+        return engines[-1]
+
+    monkeypatch.setattr(startup_module, "make_engine", make)
+    return engines
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_batch_without_signal_moves_no_weight_no_schedule_and_no_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every completion gets the same reward and no KL is in the loss: every advantage is 0.
+    Before the fix AdamW's weight decay still moved every weight, the warmup advanced and the
+    engine was re-synced each step."""
+    spec = tiny_spec(
+        steps=3,
+        grpo={
+            "prompts_per_step": 2,
+            "group_size": 4,
+            "max_new_tokens": 4,
+            "lr_schedule": "linear",
+            "warmup_steps": 2,
+            "weight_decay": 0.1,
+        },
+        graders=[{"type": "length", "max_chars": 1000}],
+    )
+    rec = Recorder()
+    engines = _counting(monkeypatch, rec)
+    train(spec, rec, output_dir=tmp_path)
+    (engine,) = engines
+    assert [m["update/skipped"] for m in rec.metrics.values()] == [1.0, 1.0, 1.0]
+    assert engine.syncs == 0
+    assert _same(engine.weights[1], engine.weights[3])
+    final = rec.metrics[3]
+    assert final["lr"] == rec.metrics[1]["lr"] == pytest.approx(5e-4)  # the warmup waited
+    assert "loss/policy" not in final and "grad_norm" not in final
+    assert final["time/weight_sync"] == 0.0
+
+
+def test_momentum_does_not_carry_a_step_without_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 1 trains; step 2's advantages are all 0. Before the fix AdamW's momentum moved
+    every weight again at step 2 (about 77% of step 1's move)."""
+    import trainer.loop as loop_module
+
+    calls = {"n": 0}
+    real = loop_module.compute_advantages
+
+    def second_step_flat(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls["n"] += 1
+        adv = real(*args, **kwargs)
+        return torch.zeros_like(adv) if calls["n"] == 2 else adv
+
+    monkeypatch.setattr(loop_module, "compute_advantages", second_step_flat)
+    spec = tiny_spec(steps=3, grpo={"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8})
+    rec = Recorder()
+    engines = _counting(monkeypatch, rec)
+    train(spec, rec, output_dir=tmp_path)
+    (engine,) = engines
+    w = engine.weights
+    assert [rec.metrics[s]["update/skipped"] for s in (1, 2, 3)] == [0.0, 1.0, 0.0]
+    assert not _same(w[1], w[2])  # step 1 trained
+    assert _same(w[2], w[3])  # step 2 did not move a weight
+    assert engine.syncs == 2  # after steps 1 and 3
 
 
 def test_prompts_over_the_limit_are_skipped_and_reported_by_row(tmp_path: Path) -> None:

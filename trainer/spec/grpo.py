@@ -36,7 +36,7 @@ __all__ = [
 #   RolloutEngineName -> trainer.rollout.base.ROLLOUT_ENGINES
 #   SamplerCorrectionMode -> trainer.sampler_correction.SAMPLER_CORRECTIONS
 # Grader types are the `type` tags of GraderSpecUnion's members (trainer.graders.GRADER_BUILDERS).
-KLEstimatorName = Literal["none", "k1", "k2", "k3", "k3_unbiased"]
+KLEstimatorName = Literal["none", "k1", "k2", "k3", "k3_unbiased", "k1_causal"]
 KLPlacement = Literal["loss", "reward"]
 AdvantageScale = Literal["group", "batch", "none"]
 LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
@@ -56,7 +56,11 @@ class KLSpec(StrictModel):
         default="k3_unbiased",
         description=(
             "Per-token KL estimator against the reference model: k1 (-d), k2 (d^2/2), "
-            "k3 (exp(d)-d-1), k3_unbiased (importance-weighted k3, DeepSeek-V3.2), or none."
+            "k3 (exp(d)-d-1), k3_unbiased (importance-weighted k3, DeepSeek-V3.2), k1_causal "
+            "(k1 whose gradient gives each token the KL still to come), or none. In the loss, "
+            "k2 and k3_unbiased follow the per-position gradient of KL(pi || ref) (each "
+            "position's prefix held fixed), k3 that of KL(ref || pi), k1 none; only k1_causal "
+            "follows the gradient of the whole completion's KL (docs/trainer.md)."
         ),
     )
     beta: float = Field(
@@ -68,19 +72,18 @@ class KLSpec(StrictModel):
     placement: KLPlacement = Field(
         default="loss",
         description=(
-            "Add beta*KL to the loss, or subtract it (detached) from the reward. In the reward "
-            "the penalty is always k1 (log pi - log ref summed over the completion), the one "
-            "estimator whose policy-gradient is exactly grad KL(pi || ref); the estimator "
-            "above then only names the reported kl metric."
+            "Add beta*KL to the loss, or put it in the reward: there the penalty is always k1 "
+            "summed over the completion (log pi - log ref), centred on the other completions "
+            "of its group and NOT scaled by advantage_scale, so its expected update is exactly "
+            "beta * grad KL(pi || ref) in every group; the estimator above then only names "
+            "the reported kl metric."
         ),
     )
     flat_groups: Literal["skip", "keep"] = Field(
         default="skip",
         description=(
-            "KL in the reward only: in a group whose task rewards are all equal the KL "
-            "penalty is the group's only spread, and group-std scaling would blow it up to a "
-            "full-size advantage. skip leaves such groups at zero advantage; keep applies the "
-            "penalty there too (sensible with advantage_scale none or batch)."
+            "Deprecated and ignored: the reward-side penalty is no longer scaled by the group "
+            "std, so it applies in every group, flat or not. Accepted so older specs validate."
         ),
     )
 
