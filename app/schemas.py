@@ -246,6 +246,22 @@ class JobUsage(BaseModel):
     checkpoints: int
 
 
+class CheckpointQuotaOut(BaseModel):
+    used_bytes: int = Field(
+        description="Bytes counted against the limit: `checkpoint_bytes` plus "
+        "`pending_purge_bytes`."
+    )
+    pending_purge_bytes: int = Field(
+        description="Checkpoints of deleted jobs, still stored until the workers purge them "
+        "(GRPO_DELETE_GRACE_SECONDS after the delete)."
+    )
+    limit_bytes: int | None = Field(
+        description="GRPO_MAX_CHECKPOINT_BYTES_PER_PROJECT; null: no limit. A checkpoint that "
+        "would take `used_bytes` beyond it is not kept and fails its job "
+        "(`checkpoint_quota_exceeded`)."
+    )
+
+
 class UsageOut(BaseModel):
     object: Literal["usage"] = "usage"
     checkpoint_bytes: int = Field(
@@ -256,6 +272,9 @@ class UsageOut(BaseModel):
     jobs_with_checkpoints: int
     jobs: list[JobUsage] = Field(description="Per job, the largest first, at most `limit`.")
     has_more: bool = Field(description="More jobs hold checkpoints than are listed.")
+    checkpoint_quota: CheckpointQuotaOut = Field(
+        description="The project's checkpoint storage against its limit."
+    )
 
 
 class GraderRunErrors(BaseModel):

@@ -201,6 +201,16 @@ class Settings(BaseSettings):
     max_active_jobs_per_project: int = Field(
         default=50, ge=1, description="Queued plus running jobs a project may hold (429 beyond)."
     )
+    max_checkpoint_bytes_per_project: int = Field(
+        default=50 * 1024**3,
+        ge=0,
+        description=(
+            "Bytes of checkpoints one project may store (its kept checkpoints, deleted jobs' "
+            "too until they are purged). A save that would go beyond it is not kept and fails "
+            "its job (checkpoint_quota_exceeded). 0: no limit. Set it on the API (GET "
+            "/v1/usage reports it) and on the workers (which enforce it)."
+        ),
+    )
     max_dispatched_per_project: int = Field(
         default=2,
         ge=1,

@@ -10,7 +10,9 @@ Each step the database stored (once) also goes to the job's experiment trackers
 (:class:`worker.trackers.Exports`: queued, never waited on), and what a tracker export could
 not deliver comes back as an ``export_failed`` job event at the next step.
 Checkpoint retention (the job spec's ``checkpoint`` section) is applied here, not by the
-trainer: ``worker.retention`` says how.
+trainer: ``worker.retention`` says how. So is the project's checkpoint storage quota
+(``app.services.checkpoint_quota``): a checkpoint that would take the project over it is not
+kept, and the run ends with :class:`CheckpointQuotaExceeded`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import contextlib
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy.orm import Session
 
@@ -28,12 +30,15 @@ from app.db import session_scope
 from app.repositories import checkpoints as checkpoints_repo
 from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo
+from app.services import checkpoint_quota
+from app.services.checkpoint_quota import StorageUse
 from app.transitions import add_event
 from app.webhook_outbox import record_job_event
 from app.webhooks import CHECKPOINT_EVENT
 from trainer.callbacks import Callbacks, RolloutSample, RunInfo
 from trainer.checkpoint_files import folder_bytes
 from trainer.config import CheckpointSpec
+from trainer.errors import TrainerError
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.retention import record_checkpoint, remove_folders
@@ -48,6 +53,21 @@ def _steps(steps: list[int], shown: int = 10) -> str:
 
 class LeaseLost(Exception):
     """This worker's attempt no longer owns the job; stop without writing anything more."""
+
+
+class CheckpointQuotaExceeded(TrainerError):
+    """A checkpoint was not kept: with it the project's checkpoints would exceed
+    GRPO_MAX_CHECKPOINT_BYTES_PER_PROJECT. Raised out of the trainer's save, it fails the job."""
+
+    reason = checkpoint_quota.ERROR_CODE
+
+
+class _OverQuota(Exception):
+    """Rolls back a checkpoint's transaction (its row, its retention's marks) over the quota."""
+
+    def __init__(self, use: StorageUse) -> None:
+        super().__init__("checkpoint storage quota exceeded")
+        self.use = use
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float | None]:
@@ -79,6 +99,7 @@ class DatabaseCallbacks(Callbacks):
         self.retention = retention
         self.stop_reason: str | None = None
         self.last_checkpoint_step: int | None = None
+        self._project_id: str | None = None
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -199,9 +220,15 @@ class DatabaseCallbacks(Callbacks):
 
         self._fenced("on_samples", {}, write)
 
+    def _project(self, session: Session) -> str:
+        if self._project_id is None:
+            self._project_id = jobs_repo.project_of(session, job_id=self.job_id) or ""
+        return self._project_id
+
     def on_checkpoint(self, step: int, path: Path) -> None:
         size = folder_bytes(path)
         doomed: list[tuple[int, str]] = []
+        limit = self._ctx.settings.max_checkpoint_bytes_per_project
 
         def write(session: Session) -> None:
             new = progress_repo.checkpoint_at(session, job_id=self.job_id, step=step) is None
@@ -215,6 +242,11 @@ class DatabaseCallbacks(Callbacks):
                 retention=self.retention,
                 now=utcnow(),
             )
+            over = checkpoint_quota.check_recorded(
+                session, project_id=self._project(session), limit=limit
+            )
+            if over is not None:
+                raise _OverQuota(over)
             if new:  # the webhook outbox row commits with the checkpoint row
                 record_job_event(session, self.job_id, CHECKPOINT_EVENT, step=step)
             deleted = sorted(s for s, _ in doomed)
@@ -230,13 +262,61 @@ class DatabaseCallbacks(Callbacks):
                 | ({"deleted_steps": deleted[:100]} if deleted else {}),
             )
 
-        self._fenced("on_checkpoint", {}, write)
+        try:
+            self._fenced("on_checkpoint", {}, write)
+        except _OverQuota as refused:
+            self._refuse_checkpoint(step, path, size, refused.use)
         self.last_checkpoint_step = step
         # Committed: the rows say deleted, so their folders go now (a crash here leaves them
         # to the next attempt's start or the job's purge, invisible to the API meanwhile).
         remove_folders(
             self._ctx.settings.resolved_checkpoint_dir, self.job_id, [p for _, p in doomed]
         )
+
+    def _refuse_checkpoint(
+        self, step: int, path: Path, size: int, would_use: StorageUse
+    ) -> NoReturn:
+        """The checkpoint of `step` took the project over its storage quota and its transaction
+        was rolled back: record why (an error event), remove its folder, and end the run with
+        CheckpointQuotaExceeded (the runner fails the job with the same message)."""
+        message = ""
+
+        def write(session: Session) -> None:
+            nonlocal message
+            # A row of this step from an earlier save points at the folder just replaced.
+            checkpoints_repo.mark_deleted(session, job_id=self.job_id, steps=[step], now=utcnow())
+            stored = checkpoint_quota.use_of(
+                session, project_id=self._project(session), limit=would_use.limit_bytes or 0
+            )
+            kept, _ = progress_repo.checkpoints_before(
+                session, job_id=self.job_id, before_step=None, limit=1
+            )
+            last_kept = kept[0].step if kept else None
+            message = checkpoint_quota.refusal_message(
+                step=step, size=size, would_use=would_use, stored=stored, last_kept=last_kept
+            )
+            add_event(
+                session,
+                self.job_id,
+                checkpoint_quota.ERROR_CODE,
+                message,
+                attempt=self.attempt,
+                level="error",
+                data={
+                    "step": step,
+                    "bytes": size,
+                    "setting": checkpoint_quota.SETTING,
+                    "limit_bytes": would_use.limit_bytes,
+                    "used_bytes": stored.used_bytes,
+                    "used_bytes_with_checkpoint": would_use.used_bytes,
+                    "pending_purge_bytes": stored.pending_purge_bytes,
+                    "last_kept_step": last_kept,
+                },
+            )
+
+        self._fenced("on_checkpoint", {}, write)
+        remove_folders(self._ctx.settings.resolved_checkpoint_dir, self.job_id, [str(path)])
+        raise CheckpointQuotaExceeded(message)
 
     def should_stop(self) -> bool:
         # The heartbeat process's reports first (it may have seen a SIGTERM this process's own

@@ -3,7 +3,9 @@
 - admission's lookup (a job may start from one of its own project's checkpoints);
 - the retention pass of a running job (the metric value a checkpoint ranks by, marking the
   checkpoints it does not keep as deleted);
-- usage: the bytes of a project's kept checkpoints, from the sizes recorded with them.
+- usage: the bytes of a project's kept checkpoints, from the sizes recorded with them;
+- the checkpoint storage quota: the bytes a project stores (deleted jobs' checkpoints too,
+  until their purge), counted under a per-project lock.
 
 A checkpoint row marked deleted stays (its download answers 410) until its job is purged.
 """
@@ -13,10 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import Row, Select, func, select, update
+from sqlalchemy import Integer, Row, Select, case, cast, func, literal, select, update
 from sqlalchemy.orm import Session
 
 from app.models import Checkpoint, Job, JobMetric
+
+# The first key of the transaction-scoped advisory locks of checkpoint storage (the second is
+# the project id's hash): a namespace of this service's own.
+_STORAGE_LOCK_CLASS = 0x6772706F  # "grpo"
 
 
 def checkpoint_of_project_job(
@@ -121,3 +127,33 @@ def usage_by_job(
             .limit(limit)
         )
     )
+
+
+def lock_storage(session: Session, *, project_id: str) -> None:
+    """Serialise, until this transaction ends, the checkpoint writes of the project that count
+    its stored bytes, so two of its jobs saving at once cannot both pass the quota.
+
+    Postgres: a transaction-scoped advisory lock keyed by the project (only checkpoint writers
+    take it, so it waits on nothing else; a hash collision only serialises two projects' saves).
+    SQLite: nothing to take, the caller's fenced update already holds the database's write lock."""
+    if session.get_bind().dialect.name == "postgresql":
+        namespace = cast(literal(_STORAGE_LOCK_CLASS), Integer)
+        session.execute(select(func.pg_advisory_xact_lock(namespace, func.hashtext(project_id))))
+
+
+def stored_bytes(session: Session, *, project_id: str) -> tuple[int, int]:
+    """(bytes, of them the deleted jobs' bytes) of the project's stored checkpoints: every
+    checkpoint row not deleted by its job's retention, of jobs not yet purged (the purge
+    removes the rows), from the sizes recorded with them (null, before sizes were: 0).
+    One query: the jobs of the project joined to their checkpoint rows."""
+    size = func.coalesce(Checkpoint.size_bytes, 0)
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(size), 0),
+            func.coalesce(func.sum(case((Job.deleted_at.is_not(None), size), else_=0)), 0),
+        )
+        .select_from(Checkpoint)
+        .join(Job, Job.id == Checkpoint.job_id)
+        .where(Job.project_id == project_id, Checkpoint.deleted_at.is_(None))
+    ).one()
+    return int(row[0]), int(row[1])

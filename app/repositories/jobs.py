@@ -52,6 +52,11 @@ def get(session: Session, *, job_id: str) -> Job | None:
     return session.get(Job, job_id)
 
 
+def project_of(session: Session, *, job_id: str) -> str | None:
+    """The project id of any job (None: no such job)."""
+    return session.scalar(select(Job.project_id).where(Job.id == job_id))
+
+
 def get_for_project(session: Session, *, project_id: str, job_id: str) -> Job | None:
     """The project's job, unless its owner deleted it (a deleted job is not found)."""
     return session.scalars(
