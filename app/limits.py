@@ -3,10 +3,10 @@ streams in (Content-Length checked first, then the bytes actually received)."""
 
 from __future__ import annotations
 
-import json
-
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.error_handlers import error_response
 
 
 class BodySizeLimit:
@@ -14,28 +14,16 @@ class BodySizeLimit:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def _reject(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "type": "payload_too_large",
-                    "message": f"request body exceeds {self.max_bytes} bytes",
-                    "param": None,
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The one error shape, as the HTTPException below renders through the app's handler.
+        response = error_response(
+            413,
+            "payload_too_large",
+            f"request body exceeds {self.max_bytes} bytes",
+            path=scope.get("path", ""),
         )
-        await send({"type": "http.response.body", "body": body})
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -44,7 +32,7 @@ class BodySizeLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(send)
+            await self._reject(scope, receive, send)
             return
         received = 0
 

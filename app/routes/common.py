@@ -8,6 +8,11 @@ from app.schemas import ErrorResponse
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse, "description": "Missing or invalid API key."},
+    403: {
+        "model": ErrorResponse,
+        "description": "A write signed in by the session cookie without the X-Requested-With "
+        "header (a cross-site request).",
+    },
     404: {"model": ErrorResponse, "description": "No such object in this project."},
     413: {"model": ErrorResponse, "description": "Request body too large."},
     422: {"model": ErrorResponse, "description": "Invalid request; `param` names the field."},

@@ -149,7 +149,13 @@ def download_checkpoint(
     "/{job_id}/stream",
     summary="Server-sent events: status, events and metrics as they happen",
     response_class=StreamingResponse,
-    responses=SSE_RESPONSES,
+    responses={
+        **SSE_RESPONSES,
+        400: {
+            "model": ErrorResponse,
+            "description": "Last-Event-ID (or `after`) is not a cursor this stream sent.",
+        },
+    },
 )
 def stream(
     job: JobDep,

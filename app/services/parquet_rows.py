@@ -159,6 +159,10 @@ def parquet_records(content: bytes, budget: RowBudget) -> Iterator[Record]:
             number += batch.num_rows
     except (pa.ArrowException, OSError) as exc:  # a corrupt page, a lying footer
         raise _refuse(f"the Parquet file could not be read: {exc}") from None
+    except UnicodeDecodeError:
+        # A text column is whatever bytes the writer stored: pyarrow checks none of them, and
+        # decodes them only when a record becomes Python objects.
+        raise _refuse(f"file is not UTF-8 text (a text column after record {number})") from None
 
 
 def _batch_records(

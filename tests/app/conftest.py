@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import build_settings
+from tests.app.fuzz_target import Target
 from tests.cli.conftest import ServerProcess
 from tests.conftest import (
     REDIS_URL,
@@ -42,6 +43,27 @@ def make_api(
     yield start
     for client in clients:
         client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def fuzz_target(pg_url: str, sqlite_dir: Path, queue_name: str) -> Iterator[Target]:
+    """The app on Postgres for the header and upload fuzz tests, with fair-use limits high
+    enough that the fuzzer explores the API, not the 429 path."""
+    cfg = settings_for(
+        "postgres",
+        pg_url,
+        sqlite_dir,
+        queue_name,
+        max_body_bytes=64 * 1024,
+        rate_limit_per_minute=1_000_000,
+        rate_limit_burst=100_000,
+        max_active_jobs_per_project=100_000,
+        max_streams_per_key=1000,
+    )
+    key, _ = new_project_key(cfg)
+    target = Target(create_app(cfg), key)
+    with target.client:
+        yield target
 
 
 @dataclass

@@ -115,6 +115,18 @@ def test_parquet_uploads(api: Api) -> None:
     assert garbage.status_code == 400 and garbage.json()["error"]["param"] == "file"
 
 
+def test_a_parquet_text_column_that_is_not_utf8_is_a_400(api: Api) -> None:
+    """pyarrow writes and reads a string column's bytes unchecked; they were decoded only when a
+    record became Python objects, and the UnicodeDecodeError was a 500 (found by
+    tests/app/test_header_fuzz.py)."""
+    offsets = pa.array([0, 2, 4], pa.int32()).buffers()[1]
+    text = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(b"ok\xff\xfe")])
+    response = upload(api, _parquet(pa.table({"prompt": text})), name="data.parquet")
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "file" and "not UTF-8" in error["message"], error
+
+
 def _parquet(table: pa.Table, **options: Any) -> bytes:
     buffer = io.BytesIO()
     pq.write_table(table, buffer, **options)

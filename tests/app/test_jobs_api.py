@@ -184,7 +184,9 @@ def test_oversized_body_is_413(api: Api) -> None:
     spec = tiny_spec() | {"dataset": {"rows": rows}}
     response = api.client.post("/v1/jobs", json=spec, headers=api.headers)
     assert response.status_code == 413
+    # Refused from Content-Length by the middleware, in the one error shape (it had no `code`).
     assert response.json()["error"]["type"] == "payload_too_large"
+    assert response.json()["error"]["code"] == "payload_too_large"
 
     def chunks():  # no Content-Length: counted while streaming
         yield b'{"model": "tiny-random-llama", "x": "'
@@ -197,3 +199,4 @@ def test_oversized_body_is_413(api: Api) -> None:
     )
     assert streamed.status_code == 413
     assert streamed.json()["error"]["type"] == "payload_too_large"
+    assert streamed.json()["error"]["code"] == "payload_too_large"

@@ -206,6 +206,9 @@ def test_bad_last_event_id_is_400_before_the_stream_starts(api: Api, cursor: str
         )
         assert response.status_code == 400, (cursor, response.text)
         assert response.json()["error"]["param"] == "Last-Event-ID"
+    # A status the published schema lists for the stream (it did not).
+    schema = api.client.get("/openapi.json").json()
+    assert "400" in schema["paths"]["/v1/jobs/{job_id}/stream"]["get"]["responses"]
 
 
 def test_the_largest_cursor_a_column_holds_is_accepted(api: Api) -> None:

@@ -114,6 +114,10 @@ def test_a_cookie_post_without_the_header_is_refused_and_changes_nothing(api: Ap
     cancelled = api.client.post(f"/v1/jobs/{job_id}/cancel", headers=CSRF)
     assert cancelled.status_code == 200, cancelled.text
     assert api.client.delete(f"/v1/jobs/{job_id}").status_code == 403
+    # The published schema says so (it did not: only /v1/session listed the 403).
+    paths = api.client.get("/openapi.json").json()["paths"]
+    for path, method in (("/v1/jobs", "post"), ("/v1/jobs/{job_id}/cancel", "post")):
+        assert "403" in paths[path][method]["responses"], (method, path)
 
     # Bearer requests are unaffected: no header needed (a fresh client, no cookie).
     bearer = TestClient(api.client.app).post("/v1/jobs", json=spec, headers=api.headers)
