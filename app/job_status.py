@@ -19,7 +19,12 @@ class JobStatus(StrEnum):
     PAUSED = "paused"
 
 
-# A worker is on the job (or is stopping it): it holds a dispatch slot of its project.
-RUNNING_STATES = (JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.PAUSING)
-# Not finished: what a project's quota of active jobs counts (queued, sent or waiting; running).
-ACTIVE_STATES = (JobStatus.QUEUED, *RUNNING_STATES)
+# Ordered tuples: SQL filters write them out in this order (the partial index's predicate
+# among them, app.models.is_active).
+#
+# A worker is on the job (or is stopping it): it holds the job's lease, so its writes are
+# fenced by the attempt (app.transitions), and a dispatch slot of its project.
+LEASE_HOLDING_STATES = (JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.PAUSING)
+# What a project's quota of active jobs counts: queued (sent or waiting) or lease-holding;
+# not paused, not finished.
+QUOTA_COUNTED_STATES = (JobStatus.QUEUED, *LEASE_HOLDING_STATES)

@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.clock import utcnow
-from app.job_status import ACTIVE_STATES
+from app.job_status import QUOTA_COUNTED_STATES
 
 # BigInteger autoincrement ids are plain INTEGER on SQLite (where only INTEGER PRIMARY KEY
 # auto-increments) and BIGSERIAL elsewhere.
@@ -116,11 +116,11 @@ class Job(Base):
 
 def is_active(status: SQLColumnExpression[str]) -> ColumnElement[bool]:
     """`status IN ('queued', 'running', ...)`: the job is not finished (app.job_status
-    .ACTIVE_STATES), with the statuses written into the SQL. Literal values, not bound
+    .QUOTA_COUNTED_STATES), with the statuses written into the SQL. Literal values, not bound
     parameters: a planner can only prove that a query's rows are those of the partial index
     below when it sees the values, and the generic plan of a prepared statement (psycopg
     prepares what a connection runs often) does not."""
-    return status.in_([literal_column(f"'{state.value}'") for state in ACTIVE_STATES])
+    return status.in_([literal_column(f"'{state.value}'") for state in QUOTA_COUNTED_STATES])
 
 
 # A project's active jobs alone, with what the dispatch count needs: the quota count under the

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from app import db
 from app.clock import utcnow
 from app.errors import IllegalTransition, NotFound
-from app.job_status import RUNNING_STATES, JobStatus
+from app.job_status import LEASE_HOLDING_STATES, JobStatus
 from app.models import Job, JobEvent
 from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
@@ -36,8 +36,6 @@ from app.webhook_outbox import record_job_event
 from app.webhooks import STATUS_EVENTS
 
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
-# The states in which a worker holds the job's lease (its writes are fenced by the attempt).
-ACTIVE = frozenset(RUNNING_STATES)
 # Entering one of these frees the job's dispatch slot (app.services.dispatch refills it).
 FREES_SLOT = TERMINAL | {JobStatus.PAUSED}
 
@@ -155,7 +153,7 @@ def transition(
     if row is None:
         raise NotFound(f"job {job_id} not found", param="job_id")
     source = JobStatus(row.status)
-    if attempt is not None and (row.attempt != attempt or source not in ACTIVE):
+    if attempt is not None and (row.attempt != attempt or source not in LEASE_HOLDING_STATES):
         # A fenced write is valid only while that attempt holds the lease: the job is running
         # (or cancelling) under the same attempt. A re-queued job keeps its attempt number
         # until the next claim, so the status check matters as much as the number.

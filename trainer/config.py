@@ -87,6 +87,7 @@ from trainer.spec.model_source import (
     looks_like_hub_repo_id,
     revision_problem,
 )
+from trainer.spec.traits import KL_ESTIMATOR_TRAITS, KL_REWARD_PENALTY, ROLLOUT_ENGINE_TRAITS
 
 __all__ = [
     "ALL_LINEAR",
@@ -266,12 +267,19 @@ class JobSpec(StrictModel):
 
     @field_validator("rollout")
     @classmethod
-    def _adapter_sync_needs_lora_on_vllm(
+    def _adapter_sync_needs_lora_and_an_adapter_engine(
         cls, rollout: RolloutSpec, info: ValidationInfo
     ) -> RolloutSpec:
         if rollout.lora_sync == "adapter":
-            if rollout.engine != "vllm":
-                raise ValueError("lora_sync 'adapter' is a vllm engine mode; use engine vllm")
+            if not ROLLOUT_ENGINE_TRAITS[rollout.engine].serves_lora_adapters:
+                serving = " or ".join(
+                    name
+                    for name, traits in ROLLOUT_ENGINE_TRAITS.items()
+                    if traits.serves_lora_adapters
+                )
+                raise ValueError(
+                    f"lora_sync 'adapter' is a {serving} engine mode; use engine {serving}"
+                )
             if info.data.get("lora") is None:
                 raise ValueError("lora_sync 'adapter' needs a LoRA job (set lora)")
         return rollout
@@ -299,12 +307,14 @@ class JobSpec(StrictModel):
         """Legal but probably unintended settings, reported by the validate endpoint."""
         out: list[str] = []
         kl = self.grpo.kl
-        if kl.active and kl.estimator == "k1" and kl.placement == "loss":
+        traits = KL_ESTIMATOR_TRAITS[kl.estimator]
+        if kl.active and traits.loss == "zero" and kl.placement == "loss":
             out.append(
-                "kl.estimator k1 placed in the loss has zero expected gradient on-policy; "
-                "use k1_causal, placement 'reward' or k3_unbiased"
+                f"kl.estimator {kl.estimator} placed in the loss has zero expected gradient "
+                "on-policy; use k1_causal, placement 'reward' or k3_unbiased"
             )
-        if kl.active and kl.estimator in ("k2", "k1_causal") and self.grpo.num_iterations > 1:
+        # Said for either placement.
+        if kl.active and traits.loss_biased_off_policy and self.grpo.num_iterations > 1:
             out.append(
                 f"{kl.estimator} in the loss is biased off-policy (num_iterations > 1); "
                 "prefer k3_unbiased, or placement 'reward'"
@@ -314,10 +324,10 @@ class JobSpec(StrictModel):
                 "kl.flat_groups is ignored: the reward-side KL penalty applies, unscaled, in "
                 "every group"
             )
-        if kl.active and kl.placement == "reward" and kl.estimator != "k1":
+        if kl.active and kl.placement == "reward" and kl.estimator != KL_REWARD_PENALTY:
             out.append(
-                f"kl.placement 'reward' penalises with k1 (log pi - log ref per token), the only "
-                f"estimator whose policy-gradient is exactly grad KL(pi || ref); "
+                f"kl.placement 'reward' penalises with {KL_REWARD_PENALTY} (log pi - log ref per "
+                "token), the only estimator whose policy-gradient is exactly grad KL(pi || ref); "
                 f"kl.estimator {kl.estimator} only names the reported kl metric"
             )
         if kl.beta > 0 and kl.estimator == "none":

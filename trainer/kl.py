@@ -44,8 +44,10 @@ small categorical gives errors of 0.17 (k2) and 0.20 (k3, k3_unbiased). So the r
 penalty is always :data:`REWARD_ESTIMATOR`, whatever estimator a job names for its reported
 ``kl`` metric (tests/trainer/test_kl_reward.py enumerates every combination).
 
-Adding an estimator: one function here, an entry in :data:`KL_ESTIMATORS`, and its name in
-``trainer.config.KLEstimatorName`` (the spec declares the names; a test checks they match).
+Adding an estimator: one function here, an entry in :data:`KL_ESTIMATORS`, its name in
+``trainer.config.KLEstimatorName`` and its exactness per placement (the table above) in
+``trainer.spec.traits.KL_ESTIMATOR_TRAITS``, which validation's warnings read (the spec declares
+the names; a test checks they match).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import torch
 from torch import Tensor
 
 from trainer.config import KLEstimatorName, KLPlacement
+from trainer.spec.traits import KL_REWARD_PENALTY
 
 # Older names, kept importable.
 KLEstimator = KLEstimatorName
@@ -181,10 +184,11 @@ def _k1_causal(
 
 
 # The estimator of the reward-side penalty (see the module docstring): the only one whose
-# score-function gradient is the gradient of KL(pi || ref).
-REWARD_ESTIMATOR: KLEstimatorName = "k1"
+# score-function gradient is the gradient of KL(pi || ref). Declared with the estimators' traits.
+REWARD_ESTIMATOR: KLEstimatorName = KL_REWARD_PENALTY
 
-# Keys must equal trainer.config.KLEstimatorName (tests/trainer/test_registries.py).
+# Keys must equal trainer.config.KLEstimatorName and trainer.spec.traits.KL_ESTIMATOR_TRAITS
+# (how exact each is per placement) (tests/trainer/test_registries.py).
 KL_ESTIMATORS: dict[KLEstimatorName, KLEstimatorFn] = {
     "none": _none,
     "k1": _k1,

@@ -43,6 +43,7 @@ from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.retention import record_checkpoint, remove_folders
 from worker.retry import with_db_retry
+from worker.stop_reasons import StopReason
 from worker.trackers import Exports, Report
 
 
@@ -97,7 +98,7 @@ class DatabaseCallbacks(Callbacks):
         # The job spec's checkpoint section (None: every checkpoint is kept); the runner sets
         # it once the spec is loaded.
         self.retention = retention
-        self.stop_reason: str | None = None
+        self.stop_reason: StopReason | None = None
         self.last_checkpoint_step: int | None = None
         self._project_id: str | None = None
 

@@ -52,6 +52,7 @@ from worker.lease import LeaseKeeper, end_attempt, pause, release
 from worker.progress import DatabaseCallbacks, LeaseLost
 from worker.retry import with_db_retry
 from worker.settings import WorkerSettings
+from worker.stop_reasons import EXPORT_OUTCOMES
 from worker.trackers import Exports, Outcome, start_exports
 
 log = logging.getLogger(__name__)
@@ -314,10 +315,8 @@ def _export_outcome(callbacks: DatabaseCallbacks, error: Exception | None, lost:
         return "stopped"  # another attempt owns the job, and the run
     if error is not None:
         return "failed"
-    if callbacks.stop_reason == "cancelled":
-        return "cancelled"
-    if callbacks.stop_reason in ("paused", "shutdown"):
-        return "stopped"
+    if callbacks.stop_reason is not None:
+        return EXPORT_OUTCOMES[callbacks.stop_reason]
     return "succeeded"
 
 

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, aliased
 
 from app import db
 from app.clock import utcnow
-from app.job_status import RUNNING_STATES, JobStatus
+from app.job_status import LEASE_HOLDING_STATES, JobStatus
 from app.models import Job, is_active
 from app.repositories.new_rows import insert_row
 
@@ -146,7 +146,7 @@ def heartbeat(session: Session, *, job_id: str, attempt: int) -> str | None:
     """Refresh the lease of `attempt`; return the job status, or None when the lease is lost."""
     result = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(RUNNING_STATES))
+        .where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(LEASE_HOLDING_STATES))
         .values(heartbeat_at=utcnow())
         .execution_options(synchronize_session=False)
     )
@@ -159,7 +159,7 @@ def update_progress(session: Session, *, job_id: str, attempt: int, values: dict
     """Progress fields (step, last metrics) of the lease holder; False if the lease is lost."""
     result = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(RUNNING_STATES))
+        .where(Job.id == job_id, Job.attempt == attempt, Job.status.in_(LEASE_HOLDING_STATES))
         .values(**values)
         .execution_options(synchronize_session=False)
     )
@@ -171,7 +171,7 @@ def stale_running(session: Session, *, older_than: datetime) -> list[Job]:
     return list(
         session.scalars(
             select(Job).where(
-                Job.status.in_(RUNNING_STATES),
+                Job.status.in_(LEASE_HOLDING_STATES),
                 or_(
                     Job.heartbeat_at < older_than,
                     and_(Job.heartbeat_at.is_(None), Job.updated_at < older_than),
@@ -203,7 +203,7 @@ def lost_messages(session: Session, *, older_than: datetime, limit: int) -> list
 
 
 def _holds_slot(job: type[Job] = Job) -> ColumnElement[bool]:
-    return job.status.in_(RUNNING_STATES) | (
+    return job.status.in_(LEASE_HOLDING_STATES) | (
         (job.status == JobStatus.QUEUED) & job.dispatched_at.is_not(None)
     )
 

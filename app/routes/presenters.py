@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from app.clock import as_utc, utcnow
+from app.job_status import LEASE_HOLDING_STATES, JobStatus
 from app.models import Job, JobEvent
 from app.schemas import EventOut, JobError, JobOut, JobProgress, JobSummary
-from app.transitions import ACTIVE, JobStatus
 
 
 def _eta(job: Job) -> float | None:
     """Seconds left from the mean step time of this attempt so far."""
     started = as_utc(job.step_started_at)
     done = job.current_step - job.run_started_step
-    if job.status not in ACTIVE or started is None or done <= 0:
+    if job.status not in LEASE_HOLDING_STATES or started is None or done <= 0:
         return None
     per_step = (utcnow() - started).total_seconds() / done
     return round(per_step * max(0, job.total_steps - job.current_step), 1)
@@ -27,7 +27,7 @@ def _eta(job: Job) -> float | None:
 def _job_fields(job: Job) -> dict[str, Any]:
     """Every JobOut field but the spec."""
     heartbeat = as_utc(job.heartbeat_at)
-    active = JobStatus(job.status) in ACTIVE
+    active = JobStatus(job.status) in LEASE_HOLDING_STATES
     return {
         "id": job.id,
         "name": job.name,

@@ -31,8 +31,6 @@ from trainer.config import (
     PACKAGED_MODELS,
     GraderSpecBase,
     JobSpec,
-    MultiGrader,
-    ScoreModelGrader,
     is_hub_repo_id,
     spec_limits_violations,
     text_problem,
@@ -95,18 +93,17 @@ def admit_judge(grader: GraderSpecBase, *, path: str) -> None:
     (GRPO_JUDGE_ENDPOINTS, which the API and the workers share): an unknown name is refused
     now, a 422 naming `<path>.endpoint`, rather than failing every sample on a worker. Job
     submission and POST /v1/graders/validate and /run both apply it."""
-    subs = [(path, grader)]
-    if isinstance(grader, MultiGrader):
-        subs = [(f"{path}.graders.{k}", g) for k, g in grader.graders.items()]
-    judges = [(p, g) for p, g in subs if isinstance(g, ScoreModelGrader)]
+    parts = [(path, grader)]
+    parts += [(f"{path}.graders.{k}", g) for k, g in grader.sub_graders().items()]
+    judges = [(p, e) for p, g in parts if (e := g.judge_endpoint()) is not None]
     if not judges:
         return
     known = set(build_judge_settings().endpoints)
-    for where, judge in judges:
-        if judge.endpoint not in known:
+    for where, endpoint in judges:
+        if endpoint not in known:
             names = ", ".join(sorted(known)) or "none are configured"
             raise InvalidRequest(
-                f"judge endpoint {judge.endpoint!r} is not one of this service's ({names})",
+                f"judge endpoint {endpoint!r} is not one of this service's ({names})",
                 param=f"{where}.endpoint",
             )
 

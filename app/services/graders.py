@@ -65,19 +65,19 @@ def run_grader(
     TooManyRequests or Overloaded when its python needs a sandbox and none is free."""
     validate_grader(spec)
     grader = build_grader(spec)
-    pythons = list(_python_graders(grader))
+    sandboxed = list(_sandboxed(spec, grader))
     try:
-        with _sandbox_slot(sandboxes, project_id, needed=bool(pythons)) as slot:
-            for python in pythons:
-                python.settings = build_sandbox_settings(processes=1)
-                python.slot = slot
+        with _sandbox_slot(sandboxes, project_id, needed=bool(sandboxed)) as slot:
+            for each in sandboxed:
+                each.settings = build_sandbox_settings(processes=1)
+                each.slot = slot
             return _run(spec, grader, completion, item)
     finally:
         close = getattr(grader, "close", None)
         if callable(close):
             close()
-        for python in pythons:
-            python.close()
+        for each in sandboxed:
+            each.close()
 
 
 def _run(
@@ -113,13 +113,16 @@ def _run(
     )
 
 
-def _python_graders(grader: object) -> Iterator[PythonGrade]:
-    """The python graders in ``grader``: itself, or a multi grader's sub-graders."""
-    if isinstance(grader, PythonGrade):
-        yield grader
-    elif isinstance(grader, Multi):
-        for sub in grader.graders.values():
-            yield from _python_graders(sub)
+def _sandboxed(spec: GraderSpecBase, grader: object) -> Iterator[PythonGrade]:
+    """The runtime graders of ``spec`` that grade in a sandbox (the spec's ``sandboxed`` trait):
+    itself, or a multi grader's sub-graders (built under the names of ``spec.sub_graders``)."""
+    if spec.sandboxed:
+        yield cast(PythonGrade, grader)
+    subs = spec.sub_graders()
+    if subs:
+        built = cast(Multi, grader).graders
+        for key, sub in subs.items():
+            yield from _sandboxed(sub, built[key])
 
 
 @contextlib.contextmanager

@@ -243,7 +243,8 @@ def test_racing_finishers_yield_exactly_one_terminal_state(
 
 
 def test_the_lease_holding_states_are_declared_alike_for_queries_and_rules() -> None:
-    """The repositories filter on RUNNING_STATES, the state machine fences on ACTIVE: one set."""
-    from app.repositories.jobs import RUNNING_STATES
+    """The repositories filter on LEASE_HOLDING_STATES, the state machine fences on
+    LEASE_HOLDING_STATES: one set."""
+    from app.repositories.jobs import LEASE_HOLDING_STATES
 
-    assert set(RUNNING_STATES) == {s.value for s in transitions.ACTIVE}
+    assert set(LEASE_HOLDING_STATES) == {s.value for s in transitions.LEASE_HOLDING_STATES}

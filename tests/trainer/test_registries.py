@@ -26,10 +26,11 @@ from trainer.config import (
     SamplerCorrectionMode,
 )
 from trainer.graders import GRADER_BUILDERS
-from trainer.kl import KL_ESTIMATORS, per_token_kl
+from trainer.kl import KL_ESTIMATORS, REWARD_ESTIMATOR, per_token_kl
 from trainer.losses import LOSS_AGGREGATIONS, aggregate
 from trainer.rollout.base import ROLLOUT_ENGINES, make_engine
 from trainer.sampler_correction import SAMPLER_CORRECTIONS
+from trainer.spec.traits import KL_ESTIMATOR_TRAITS, ROLLOUT_ENGINE_TRAITS
 
 
 def _spec_grader_tags() -> set[str]:
@@ -62,6 +63,25 @@ def test_registry_keys_equal_the_spec_names(
     assert spec_names, "the spec Literal is empty"
     assert len(set(spec_names)) == len(spec_names)
     assert set(registry) == set(spec_names)
+
+
+@pytest.mark.parametrize(
+    ("spec_names", "traits", "registry"),
+    [
+        (get_args(KLEstimatorName), KL_ESTIMATOR_TRAITS, KL_ESTIMATORS),
+        (get_args(RolloutEngineName), ROLLOUT_ENGINE_TRAITS, ROLLOUT_ENGINES),
+    ],
+    ids=["kl_estimators", "rollout_engines"],
+)
+def test_trait_tables_cover_the_spec_names_and_their_registry(
+    spec_names: tuple[str, ...], traits: dict[str, Any], registry: dict[str, Any]
+) -> None:
+    """The torch-free trait tables the spec reads name exactly what the registries implement."""
+    assert set(traits) == set(spec_names) == set(registry)
+
+
+def test_the_reward_penalty_is_an_estimator_exact_in_the_reward() -> None:
+    assert KL_ESTIMATOR_TRAITS[REWARD_ESTIMATOR].reward_exact
 
 
 def test_grader_registry_keys_equal_the_spec_tags() -> None:

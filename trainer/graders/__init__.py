@@ -9,7 +9,8 @@
 - :mod:`trainer.graders.score_model`: OpenAI's score_model (a judge on an operator endpoint).
 
 Adding a grader type: its spec class in ``trainer.spec.graders`` (a ``type: Literal["<tag>"]``
-field, and a member of ``GraderSpecUnion``), its runtime class in a module here with a
+field, a member of ``GraderSpecUnion``, and the traits of ``GraderSpecBase`` it differs in:
+``sandboxed``, ``judge_endpoint``, ``sub_graders``), its runtime class in a module here with a
 ``from_spec`` constructor, and an entry in :data:`GRADER_BUILDERS` (a test checks the keys equal
 the tags).
 """

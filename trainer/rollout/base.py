@@ -16,8 +16,9 @@ Sampling semantics every engine follows, so that the trainer can treat them alik
   completions, regardless of what the engine generated before.
 
 Adding an engine: its module under ``trainer/rollout/``, a factory here in
-:data:`ROLLOUT_ENGINES` that imports that module lazily, and its name in
-``trainer.config.RolloutEngineName`` (a test checks the keys equal the spec's names).
+:data:`ROLLOUT_ENGINES` that imports that module lazily, its name in
+``trainer.config.RolloutEngineName`` and its traits (what starting it involves) in
+``trainer.spec.traits.ROLLOUT_ENGINE_TRAITS`` (a test checks the keys equal the spec's names).
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ def _transformers(
     )
 
 
-# Keys must equal trainer.config.RolloutEngineName (tests/trainer/test_registries.py).
+# Keys must equal trainer.config.RolloutEngineName and trainer.spec.traits.ROLLOUT_ENGINE_TRAITS
+# (tests/trainer/test_registries.py).
 ROLLOUT_ENGINES: dict[RolloutEngineName, EngineFactory] = {
     "vllm": _vllm,
     "transformers": _transformers,

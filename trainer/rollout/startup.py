@@ -7,6 +7,9 @@ vLLM-CPU allocates its whole KV cache up front, in host memory the trainer share
 vLLM loads a model folder. A run handed a ready model object (``train(..., model=...)``) has
 none, so the model and tokenizer are saved into a temporary folder under the run's output
 folder for the engine to load, and removed when the engine is closed.
+
+What an engine needs here is read from its traits (``trainer.spec.traits.ROLLOUT_ENGINE_TRAITS``:
+``loads_folder``, ``sizes_kv_cache``, ``colocates_on_cuda``), not from its name.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from trainer.rollout.colocation import (
     sleep_level,
     update_reserve_bytes,
 )
+from trainer.spec.traits import ROLLOUT_ENGINE_TRAITS
 
 KV_HEADROOM = 1.25  # vLLM-CPU stores about 1.2x the bytes per token computed below (measured)
 
@@ -155,45 +159,41 @@ def start_engine(
     of the longest prompt plus ``max_new_tokens``, unless ``rollout.kv_cache_gib`` sets it.
     """
     grpo = spec.grpo
+    traits = ROLLOUT_ENGINE_TRAITS[spec.rollout.engine]
     block = kv_block_tokens(device.type)
-    kv_bytes: int | None = None
     staged: Path | None = None
-    if spec.rollout.engine == "vllm":
-        if model_path is None:
-            if spec.rollout.lora_sync == "adapter":
-                # The staged folder would hold the merged policy: adapters on top of it would
-                # count twice. The base must come from its own folder.
-                raise ValueError(
-                    "rollout.lora_sync 'adapter' needs the model loaded from its folder "
-                    "(config.model); use 'merged' with a ready model object"
-                )
-            if staging_root is None:
-                raise ValueError("a ready model needs staging_root for the vllm engine")
-            staged = model_path = stage_policy(policy, tokenizer, staging_root)
-        if spec.rollout.kv_cache_gib is not None:
-            kv_bytes = int(spec.rollout.kv_cache_gib * (1 << 30))
-        else:
-            kv_bytes = kv_cache_bytes(
-                getattr(policy, "config", None),
-                sequences=max(grpo.completions_per_step, len(eval_prompts)),
-                tokens_per_sequence=max(map(len, [*train_prompts, *eval_prompts]))
-                + grpo.max_new_tokens,
-                dtype=spec.rollout.dtype,
-                block_tokens=block,
+    if traits.loads_folder and model_path is None:
+        if spec.rollout.lora_sync == "adapter":
+            # The staged folder would hold the merged policy: adapters on top of it would
+            # count twice. The base must come from its own folder.
+            raise ValueError(
+                "rollout.lora_sync 'adapter' needs the model loaded from its folder "
+                "(config.model); use 'merged' with a ready model object"
             )
+        if staging_root is None:
+            raise ValueError(
+                f"a ready model needs staging_root for the {spec.rollout.engine} engine"
+            )
+        staged = model_path = stage_policy(policy, tokenizer, staging_root)
+    kv_bytes = (
+        run_kv_cache_bytes(spec, policy, train_prompts, eval_prompts, block)
+        if traits.sizes_kv_cache
+        else None
+    )
     colocation = None
     eager = spec.rollout.enforce_eager
+    # Every engine's options; an engine ignores those it has no use for (EngineFactory).
     engine_options: dict[str, object] = {
         "enforce_eager": eager if eager is not None else default_enforce_eager(device.type)
     }
-    if spec.rollout.engine == "vllm" and device.type == "cuda":
+    if traits.colocates_on_cuda and device.type == "cuda":
         colocation = plan_colocation(spec, policy, device)
         engine_options["gpu_memory_utilization"] = colocation.gpu_memory_utilization
         engine_options["sleep_mode"] = colocation.sleep_level is not None
     try:
         engine = make_engine(
             spec.rollout.engine,
-            # The transformers engine generates with ``policy`` and never reads the folder.
+            # An engine that loads no folder generates with ``policy`` and never reads it.
             model_path if model_path is not None else Path(spec.model),
             tokenizer,
             dtype=spec.rollout.dtype,
@@ -206,13 +206,34 @@ def start_engine(
                 if spec.lora is not None and spec.rollout.lora_sync == "adapter"
                 else None
             ),
-            engine_options=engine_options if spec.rollout.engine == "vllm" else None,
+            engine_options=engine_options,
         )
     except BaseException:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
         raise
     return StartedEngine(engine, kv_bytes, staged_dir=staged, colocation=colocation)
+
+
+def run_kv_cache_bytes(
+    spec: JobSpec,
+    policy: nn.Module,
+    train_prompts: list[list[int]],
+    eval_prompts: list[list[int]],
+    block_tokens: int,
+) -> int:
+    """``rollout.kv_cache_gib`` when set, else a cache that holds the run's largest generate
+    call at once (:func:`kv_cache_bytes`)."""
+    if spec.rollout.kv_cache_gib is not None:
+        return int(spec.rollout.kv_cache_gib * (1 << 30))
+    grpo = spec.grpo
+    return kv_cache_bytes(
+        getattr(policy, "config", None),
+        sequences=max(grpo.completions_per_step, len(eval_prompts)),
+        tokens_per_sequence=max(map(len, [*train_prompts, *eval_prompts])) + grpo.max_new_tokens,
+        dtype=spec.rollout.dtype,
+        block_tokens=block_tokens,
+    )
 
 
 def plan_colocation(spec: JobSpec, policy: nn.Module, device: torch.device) -> Colocation:

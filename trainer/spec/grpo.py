@@ -36,6 +36,7 @@ __all__ = [
 #   RolloutEngineName -> trainer.rollout.base.ROLLOUT_ENGINES
 #   SamplerCorrectionMode -> trainer.sampler_correction.SAMPLER_CORRECTIONS
 # Grader types are the `type` tags of GraderSpecUnion's members (trainer.graders.GRADER_BUILDERS).
+# What engines and estimators are beyond their names (traits) is declared in trainer.spec.traits.
 KLEstimatorName = Literal["none", "k1", "k2", "k3", "k3_unbiased", "k1_causal"]
 KLPlacement = Literal["loss", "reward"]
 AdvantageScale = Literal["group", "batch", "none"]
