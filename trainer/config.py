@@ -313,8 +313,8 @@ class JobSpec(StrictModel):
                 f"kl.estimator {kl.estimator} placed in the loss has zero expected gradient "
                 "on-policy; use k1_causal, placement 'reward' or k3_unbiased"
             )
-        # Said for either placement.
-        if kl.active and traits.loss_biased_off_policy and self.grpo.num_iterations > 1:
+        off_policy = self.grpo.num_iterations > 1
+        if kl.active and kl.placement == "loss" and traits.loss_biased_off_policy and off_policy:
             out.append(
                 f"{kl.estimator} in the loss is biased off-policy (num_iterations > 1); "
                 "prefer k3_unbiased, or placement 'reward'"

@@ -185,3 +185,8 @@ def test_validation_warns_when_the_named_estimator_is_not_the_reward_penalty() -
                                  "flat_groups": "keep"}}}
     )  # fmt: skip
     assert any("flat_groups is ignored" in w for w in flat.warnings())
+    # Off-policy bias is a loss-side matter: in the reward the penalty is k1 whatever is named.
+    for placement, warned in (("loss", True), ("reward", False)):
+        kl = {"estimator": "k1_causal", "beta": 0.1, "placement": placement}
+        spec = JobSpec.model_validate({**base, "grpo": {"num_iterations": 2, "kl": kl}})
+        assert any("biased off-policy" in w for w in spec.warnings()) == warned
