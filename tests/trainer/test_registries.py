@@ -28,7 +28,7 @@ from trainer.config import (
 from trainer.graders import GRADER_BUILDERS
 from trainer.kl import KL_ESTIMATORS, per_token_kl
 from trainer.losses import LOSS_AGGREGATIONS, aggregate
-from trainer.rollout.base import ROLLOUT_ENGINES, make_engine
+from trainer.rollout.registry import ROLLOUT_ENGINES, make_engine
 from trainer.sampler_correction import SAMPLER_CORRECTIONS
 
 
