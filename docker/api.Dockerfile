@@ -20,7 +20,7 @@ COPY app ./app
 # a checkpoint's trainer-only files, the fair slots of shared capacities, and the graders (with their templates, formulas, sandbox,
 # subprocess pool and judge client) that POST /v1/graders/run runs.
 COPY trainer/__init__.py trainer/config.py trainer/model_paths.py trainer/checkpoint_files.py \
-     trainer/expressions.py trainer/templates.py trainer/grader_pool.py trainer/fair_slots.py \
+     trainer/expressions.py trainer/templates.py trainer/fair_slots.py \
      ./trainer/
 COPY trainer/spec ./trainer/spec
 COPY trainer/graders ./trainer/graders

@@ -179,7 +179,7 @@ def test_the_spec_and_the_graders_load_no_torch() -> None:
     import sys
 
     code = (
-        "import sys, trainer.config, trainer.graders, trainer.grader_pool; "
+        "import sys, trainer.config, trainer.graders, trainer.graders.pool; "
         "print(','.join(sorted(m for m in ('torch', 'numpy', 'transformers', 'vllm') "
         "if m in sys.modules)))"
     )
