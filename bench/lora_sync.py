@@ -24,7 +24,7 @@ import torch
 
 from trainer.lora import apply_lora
 from trainer.models import load_policy, resolve_model
-from trainer.rollout.base import make_engine
+from trainer.rollout.registry import make_engine
 from trainer.spec.adaptation import LoraSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from trainer.config import DatasetSpec, PromptRow
     from trainer.data import Example, encode_prompts
     from trainer.models import load_policy, resolve_model
-    from trainer.rollout.base import make_engine
+    from trainer.rollout.registry import make_engine
 
     before = load_snapshot()
     threads_at_start = torch.get_num_threads()
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "max_model_len": max_model_len,
             "kv_cache_gib": args.kv_cache_gib,
             "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
-            "interface": "trainer.rollout.base.make_engine(...).generate(prompts, n, ...)",
+            "interface": "trainer.rollout.registry.make_engine(...).generate(prompts, n, ...)",
         },
         "machine": machine_info(),
         "torch_threads": {"start": threads_at_start, "after_engines": threads_after},

@@ -6,7 +6,8 @@ WORKDIR /build/dashboard
 COPY dashboard/package.json dashboard/package-lock.json ./
 RUN npm ci --no-audit --no-fund --omit=dev
 COPY dashboard/index.html dashboard/style.css dashboard/app.js dashboard/api.js dashboard/dom.js \
-     dashboard/job.js dashboard/spec.js dashboard/charts.js dashboard/docs.html dashboard/docs.js ./
+     dashboard/job.js dashboard/job_parts.js dashboard/spec.js dashboard/charts.js \
+     dashboard/docs.html dashboard/docs.js ./
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
@@ -20,7 +21,7 @@ COPY app ./app
 # a checkpoint's trainer-only files, the fair slots of shared capacities, and the graders (with their templates, formulas, sandbox,
 # subprocess pool and judge client) that POST /v1/graders/run runs.
 COPY trainer/__init__.py trainer/config.py trainer/model_paths.py trainer/checkpoint_files.py \
-     trainer/expressions.py trainer/templates.py trainer/grader_pool.py trainer/fair_slots.py \
+     trainer/expressions.py trainer/templates.py trainer/fair_slots.py \
      ./trainer/
 COPY trainer/spec ./trainer/spec
 COPY trainer/graders ./trainer/graders

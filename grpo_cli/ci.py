@@ -22,25 +22,8 @@ import httpx
 from grpo_cli import ci_env, gates, render
 from grpo_cli.ci_args import WEBHOOK_EVENTS, Exit
 from grpo_cli.client import ApiError, Client
+from grpo_cli.output import Output
 from grpo_cli.waiting import TERMINAL, is_transient, retrying, stream_patiently, wait_for_job
-
-
-class Output:
-    def __init__(self, as_json: bool) -> None:
-        self.json = as_json
-
-    def text(self, line: str = "") -> None:
-        if not self.json:
-            print(line, flush=True)
-
-    def doc(self, body: object) -> None:
-        print(json.dumps(body, indent=2, default=str), flush=True)
-
-    def error(self, message: str, code: Exit) -> int:
-        if self.json:
-            self.doc({"error": message, "exit_code": int(code)})
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        return int(code)
 
 
 @contextmanager
@@ -61,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "logs":
             return logs(args, out)
         if args.command == "download":
-            from grpo_cli.download import download
+            from grpo_cli.download import download  # tqdm: loaded only for a download
 
             with _client(args) as client:
                 return download(args, out, client)

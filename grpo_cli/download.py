@@ -17,17 +17,14 @@ import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
 from grpo_cli.ci_args import Exit
 from grpo_cli.ci_env import UsageError
 from grpo_cli.client import Client
+from grpo_cli.output import Output
 from grpo_cli.waiting import retrying
-
-if TYPE_CHECKING:
-    from grpo_cli.ci import Output
 
 ADAPTER_CONFIG = "adapter_config.json"
 

@@ -4,6 +4,7 @@ service (queries in repositories, commits at the boundary) checked on the source
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -29,6 +30,77 @@ def test_import_contracts_are_kept() -> None:
     out = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "0 broken" in out.stdout
+
+
+def import_cycles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles among `imports` (module -> the modules it imports), each a sorted list
+    of its modules (Tarjan's strongly connected components of more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in imports.get(module, ()):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = [stack.pop()]
+            while component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(imports):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def project_imports() -> dict[str, set[str]]:
+    """Every import between the project's modules, at any level (in functions, under
+    TYPE_CHECKING), as Python runs it: importing `a.b.c` runs `a` and `a.b` first, so each
+    import also reaches the packages above its target, except the importer's own packages
+    (they are already running when it loads)."""
+    import grimp
+
+    for package in PACKAGES:  # the graph must be this tree's, not an installed copy's
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.origin == str(ROOT / package / "__init__.py")
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    imports: dict[str, set[str]] = {}
+    for module in graph.modules:
+        if module.split(".")[0] not in PACKAGES:
+            continue
+        reached = imports.setdefault(module, set())
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported.split(".")[0] not in PACKAGES or imported == module:
+                continue
+            reached.add(imported)
+            parts = imported.split(".")
+            for depth in range(1, len(parts)):
+                package = ".".join(parts[:depth])
+                if not module.startswith(package + "."):  # its own packages ran already
+                    reached.add(package)
+    return imports
+
+
+def test_no_import_cycles() -> None:
+    """No module imports itself back through others, function-level imports included. The
+    acyclic_siblings contract checks the same between the children of each package; this also
+    covers a package's __init__ with its own modules, and the four top-level packages."""
+    cycles = import_cycles(project_imports())
+    assert cycles == [], "\n".join(" <-> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_catches_a_circle() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
 
 
 # -- queries live in repositories; transactions end at a boundary ---------------------------

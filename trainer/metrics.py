@@ -5,7 +5,7 @@ Names emitted by the loop:
 ``reward/<grader>/errors`` (how many of the step's calls of that grader failed and scored 0:
 it raised, returned something that is not a score in [0, 1], or ran past its time limit),
 ``reward/errors`` (the sum over graders) and ``reward/timeouts`` (of those, the calls that ran
-past their time limit; only isolated graders have one, see ``trainer.grader_pool``), and
+past their time limit; only isolated graders have one, see ``trainer.graders.pool``), and
 ``frac_zero_std_groups``, ``completion_len/mean``, ``completion_len/max``, ``truncated_frac``
 over EVERY completion sampled in the step (all dynamic-sampling rounds, kept or dropped: the
 honest learning curve; rewards before overlong/KL shaping);

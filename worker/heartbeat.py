@@ -316,7 +316,7 @@ class _Heartbeat:
         # Imported here: the hand-back needs the broker client, which only this path uses.
         from app.live import TailPublisher
         from app.queue import CeleryDispatcher
-        from worker.lease import end_attempt, pause, release
+        from worker.attempts import end_attempt, pause, release
 
         waited = f"the trainer did not stop within {self.grace:g}s"
         # A cancel or a pause is ended only once it is recorded: then the worker may be killed.

@@ -47,8 +47,9 @@ from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from trainer.errors import ModelNotAllowed, TrainerError
 from trainer.model_paths import allowed_dataset_folder, dataset_refusal
 from trainer.saved_datasets import hub_dataset_folder, saved_dataset_rows
+from worker.attempts import end_attempt, pause, release
 from worker.context import WorkerContext
-from worker.lease import LeaseKeeper, end_attempt, pause, release
+from worker.lease import LeaseKeeper
 from worker.progress import DatabaseCallbacks, LeaseLost
 from worker.retry import with_db_retry
 from worker.settings import WorkerSettings

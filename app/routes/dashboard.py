@@ -32,6 +32,7 @@ ASSETS: dict[str, tuple[str, str]] = {
     "api.js": ("api.js", "text/javascript"),
     "dom.js": ("dom.js", "text/javascript"),
     "job.js": ("job.js", "text/javascript"),
+    "job_parts.js": ("job_parts.js", "text/javascript"),
     "spec.js": ("spec.js", "text/javascript"),
     "charts.js": ("charts.js", "text/javascript"),
     "style.css": ("style.css", "text/css"),

@@ -2,7 +2,7 @@
 
 Pausing a queued job parks it at once. Pausing a running one asks its worker to stop (pausing);
 the trainer finishes its step, writes a checkpoint, and the worker records the job as paused
-and releases the lease, without counting the attempt against the job (worker.lease.pause).
+and releases the lease, without counting the attempt against the job (worker.attempts.pause).
 Resuming a paused job queues it again under the project's quota and fair dispatch, and the next
 worker continues from the last checkpoint, as after any hand-over. Resuming a job that is still
 pausing takes the pause back. Both are idempotent; a finished or cancelling job is a 409.

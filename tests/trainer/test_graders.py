@@ -14,7 +14,6 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from trainer.config import GraderSpec, JobSpec
-from trainer.grader_pool import IsolatedGrader
 from trainer.graders import (
     MAX_GRADED_CHARS,
     GraderSet,
@@ -24,6 +23,7 @@ from trainer.graders import (
     grade_one,
     last_number,
 )
+from trainer.graders.pool import IsolatedGrader
 from trainer.rewards import RewardFunction, score_batch
 
 _SPEC = TypeAdapter(GraderSpec)

@@ -20,7 +20,8 @@ from tests.trainer.test_loop import Recorder, _one_torch_thread, tiny_spec  # no
 from trainer.loop import train
 from trainer.models import load_policy, resolve_model
 from trainer.rewards import RewardFunction, resolve_scorer
-from trainer.rollout.base import Completion, RolloutEngine, make_engine
+from trainer.rollout.base import Completion, RolloutEngine
+from trainer.rollout.registry import make_engine
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8}
 # An absolute path (the spec accepts it) where no model exists: loading it would fail.

@@ -23,7 +23,8 @@ from trainer.config import JobSpec
 from trainer.data import PromptsTooLong
 from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.loop import train
-from trainer.rollout.base import Completion, RolloutEngine, make_engine
+from trainer.rollout.base import Completion, RolloutEngine
+from trainer.rollout.registry import make_engine
 
 CATALOG = {
     "reward/mean", "reward/std", "reward/has_seven/mean", "frac_zero_std_groups",

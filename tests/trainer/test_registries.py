@@ -28,7 +28,7 @@ from trainer.config import (
 from trainer.graders import GRADER_BUILDERS
 from trainer.kl import KL_ESTIMATORS, REWARD_ESTIMATOR, per_token_kl
 from trainer.losses import LOSS_AGGREGATIONS, aggregate
-from trainer.rollout.base import ROLLOUT_ENGINES, make_engine
+from trainer.rollout.registry import ROLLOUT_ENGINES, make_engine
 from trainer.sampler_correction import SAMPLER_CORRECTIONS
 from trainer.spec.traits import KL_ESTIMATOR_TRAITS, ROLLOUT_ENGINE_TRAITS
 
@@ -199,7 +199,7 @@ def test_the_spec_and_the_graders_load_no_torch() -> None:
     import sys
 
     code = (
-        "import sys, trainer.config, trainer.graders, trainer.grader_pool; "
+        "import sys, trainer.config, trainer.graders, trainer.graders.pool; "
         "print(','.join(sorted(m for m in ('torch', 'numpy', 'transformers', 'vllm') "
         "if m in sys.modules)))"
     )

@@ -7,6 +7,7 @@
 - :mod:`trainer.graders.python`: OpenAI's python (user code in :mod:`trainer.sandbox`);
 - :mod:`trainer.graders.math`: symbolic equivalence (math-verify, in a subprocess);
 - :mod:`trainer.graders.score_model`: OpenAI's score_model (a judge on an operator endpoint).
+- :mod:`trainer.graders.pool`: isolation, graders not known to finish in killable subprocesses.
 
 Adding a grader type: its spec class in ``trainer.spec.graders`` (a ``type: Literal["<tag>"]``
 field, a member of ``GraderSpecUnion``, and the traits of ``GraderSpecBase`` it differs in:

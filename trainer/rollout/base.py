@@ -11,33 +11,29 @@ Sampling semantics every engine follows, so that the trainer can treat them alik
   ``max_new_tokens`` tokens (finish "length"). The end tokens are every one the model declares
   (the tokenizer's eos, the generation config's eos list, the chat template's end-of-turn
   token), computed once by :func:`trainer.rollout.stop_tokens.stop_token_ids` in
-  :func:`make_engine` and handed to the engine.
+  :func:`trainer.rollout.registry.make_engine` and handed to the engine.
 - ``seed`` fixes the samples of one call: same seed, same weights and same prompts give the same
   completions, regardless of what the engine generated before.
 
-Adding an engine: its module under ``trainer/rollout/``, a factory here in
-:data:`ROLLOUT_ENGINES` that imports that module lazily, its name in
-``trainer.config.RolloutEngineName`` and its traits (what starting it involves) in
-``trainer.spec.traits.ROLLOUT_ENGINE_TRAITS`` (a test checks the keys equal the spec's names).
+Adding an engine: its module under ``trainer/rollout/`` (built on this interface), a factory in
+:data:`trainer.rollout.registry.ROLLOUT_ENGINES` that imports that module lazily, and its name
+in ``trainer.config.RolloutEngineName`` (a test checks the keys equal the spec's names).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from trainer.config import RolloutEngineName
-from trainer.rollout.stop_tokens import stop_token_ids as declared_stop_token_ids
 
 EngineKind = RolloutEngineName  # older name, kept importable
-DEFAULT_KV_BYTES = 2 << 30  # vLLM KV cache when the caller does not size it
 FinishReason = Literal["stop", "length"]
 
 
@@ -143,140 +139,3 @@ def completion_from_tokens(
     content = kept if end is None else kept[:-1]
     text = str(tokenizer.decode(content, skip_special_tokens=True))
     return Completion(token_ids=kept, logprobs=kept_logprobs, text=text, finish_reason=reason)
-
-
-class EngineFactory(Protocol):
-    """Builds one engine; takes every engine's options and ignores those it has no use for."""
-
-    def __call__(
-        self,
-        model_path: Path,
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        dtype: str,
-        max_model_len: int,
-        policy_model: nn.Module | None,
-        kv_cache_bytes: int | None,
-        kv_block_tokens: int | None,
-        stop_token_ids: Sequence[int],
-        lora_rank: int | None,
-        engine_options: Mapping[str, Any],
-    ) -> RolloutEngine: ...
-
-
-def _vllm(
-    model_path: Path,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    dtype: str,
-    max_model_len: int,
-    policy_model: nn.Module | None,
-    kv_cache_bytes: int | None,
-    kv_block_tokens: int | None,
-    stop_token_ids: Sequence[int],
-    lora_rank: int | None,
-    engine_options: Mapping[str, Any],
-) -> RolloutEngine:
-    # Imported here so that importing this module never imports vllm.
-    from trainer.rollout.vllm_engine import VLLMEngine
-
-    return VLLMEngine(
-        model_path,
-        tokenizer,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        kv_cache_bytes=kv_cache_bytes if kv_cache_bytes is not None else DEFAULT_KV_BYTES,
-        block_tokens=kv_block_tokens,
-        stop_token_ids=stop_token_ids,
-        lora_rank=lora_rank,
-        **engine_options,
-    )
-
-
-def _transformers(
-    model_path: Path,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    dtype: str,
-    max_model_len: int,
-    policy_model: nn.Module | None,
-    kv_cache_bytes: int | None,
-    kv_block_tokens: int | None,
-    stop_token_ids: Sequence[int],
-    lora_rank: int | None,
-    engine_options: Mapping[str, Any],
-) -> RolloutEngine:
-    from trainer.rollout.hf_engine import HFEngine
-
-    if policy_model is None:
-        raise ValueError("the transformers engine needs policy_model")
-    return HFEngine(
-        policy_model,
-        tokenizer,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        stop_token_ids=stop_token_ids,
-    )
-
-
-# Keys must equal trainer.config.RolloutEngineName and trainer.spec.traits.ROLLOUT_ENGINE_TRAITS
-# (tests/trainer/test_registries.py).
-ROLLOUT_ENGINES: dict[RolloutEngineName, EngineFactory] = {
-    "vllm": _vllm,
-    "transformers": _transformers,
-}
-
-
-def make_engine(
-    kind: RolloutEngineName,
-    model_path: Path,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    dtype: str,
-    max_model_len: int,
-    policy_model: nn.Module | None = None,
-    kv_cache_bytes: int | None = None,
-    kv_block_tokens: int | None = None,
-    stop_token_ids: Sequence[int] | None = None,
-    lora_rank: int | None = None,
-    engine_options: Mapping[str, Any] | None = None,
-) -> RolloutEngine:
-    """Create the rollout engine named ``kind`` (a key of :data:`ROLLOUT_ENGINES`).
-
-    ``vllm`` loads ``model_path`` into an in-process vLLM engine (call ``sync_weights`` to push
-    trained weights) with a KV cache of ``kv_cache_bytes`` (default 2 GiB) in blocks of
-    ``kv_block_tokens`` (default: vLLM's); ``transformers`` generates with ``policy_model`` itself
-    (required) and ignores both.
-
-    ``lora_rank`` (vllm only): serve LoRA adapters up to that rank, hot-swapped by
-    ``sync_weights`` instead of merged weights (``rollout.lora_sync: adapter``).
-    ``engine_options`` (vllm only): ``enforce_eager``, ``gpu_memory_utilization``,
-    ``sleep_mode`` (``trainer.rollout.colocation``).
-
-    Both stop on the same end tokens: ``stop_token_ids``, by default every end token the model
-    declares (:func:`trainer.rollout.stop_tokens.stop_token_ids` of ``tokenizer`` and
-    ``policy_model``'s generation config, or ``model_path``'s when no model object is given).
-    """
-    factory = ROLLOUT_ENGINES.get(kind)
-    if factory is None:
-        raise ValueError(
-            f"unknown rollout engine {kind!r}; expected one of {', '.join(ROLLOUT_ENGINES)}"
-        )
-    if stop_token_ids is None:
-        stop_token_ids = declared_stop_token_ids(
-            tokenizer,
-            model=policy_model,
-            model_path=model_path if policy_model is None else None,
-        )
-    return factory(
-        model_path,
-        tokenizer,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        policy_model=policy_model,
-        kv_cache_bytes=kv_cache_bytes,
-        kv_block_tokens=kv_block_tokens,
-        stop_token_ids=list(stop_token_ids),
-        lora_rank=lora_rank,
-        engine_options=dict(engine_options or {}),
-    )

@@ -27,18 +27,14 @@ from transformers import PreTrainedTokenizerBase
 
 from trainer.config import JobSpec
 from trainer.lora import merged_model
-from trainer.rollout.base import (
-    RolloutEngine,
-    default_enforce_eager,
-    make_engine,
-    torch_dtype,
-)
+from trainer.rollout.base import RolloutEngine, default_enforce_eager, torch_dtype
 from trainer.rollout.colocation import (
     Colocation,
     engine_memory_share,
     sleep_level,
     update_reserve_bytes,
 )
+from trainer.rollout.registry import make_engine
 from trainer.spec.traits import ROLLOUT_ENGINE_TRAITS
 
 KV_HEADROOM = 1.25  # vLLM-CPU stores about 1.2x the bytes per token computed below (measured)

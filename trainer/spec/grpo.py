@@ -33,7 +33,7 @@ __all__ = [
 #   KLEstimatorName   -> trainer.kl.KL_ESTIMATORS
 #   AdvantageScale    -> trainer.advantages.ADVANTAGE_SCALES
 #   LossAggregation   -> trainer.losses.LOSS_AGGREGATIONS
-#   RolloutEngineName -> trainer.rollout.base.ROLLOUT_ENGINES
+#   RolloutEngineName -> trainer.rollout.registry.ROLLOUT_ENGINES
 #   SamplerCorrectionMode -> trainer.sampler_correction.SAMPLER_CORRECTIONS
 # Grader types are the `type` tags of GraderSpecUnion's members (trainer.graders.GRADER_BUILDERS).
 # What engines and estimators are beyond their names (traits) is declared in trainer.spec.traits.

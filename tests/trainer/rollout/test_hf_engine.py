@@ -8,8 +8,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tests.trainer.rollout.conftest import chat_prompts, teacher_forced_logprobs
 from trainer.models import load_policy
-from trainer.rollout.base import Completion, make_engine
+from trainer.rollout.base import Completion
 from trainer.rollout.hf_engine import HFEngine
+from trainer.rollout.registry import make_engine
 
 QUESTIONS = ["what is 2+3?", "hi", "count: 1, 2, 3"]
 

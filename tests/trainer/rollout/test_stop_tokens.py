@@ -18,8 +18,9 @@ from tests.trainer.rollout.conftest import (
     save_qwen_style_model,
 )
 from trainer.models import build_tiny_tokenizer
-from trainer.rollout.base import completion_from_tokens, make_engine
+from trainer.rollout.base import completion_from_tokens
 from trainer.rollout.hf_engine import HFEngine
+from trainer.rollout.registry import make_engine
 from trainer.rollout.stop_tokens import declared_eos_ids, end_of_turn_token_id, stop_token_ids
 
 

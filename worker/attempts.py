@@ -1,0 +1,101 @@
+"""The fenced ways a job attempt ends, shared by the runner and by the heartbeat process
+(`worker.heartbeat`) when it has to end the attempt of a trainer that did not stop in time:
+
+- `end_attempt`: to a final state (or back to the queue through a failure), fenced by the attempt;
+- `pause`: paused, the lease released and the attempt not counted against the job;
+- `release`: handed back to the queue without spending an attempt (paused instead when the job
+  is being paused).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import transitions
+from app.db import session_scope
+from app.errors import IllegalTransition
+from app.queue import Dispatcher
+from app.repositories import jobs as jobs_repo
+from app.services.dispatch import send_after_commit
+from app.transitions import JobStatus
+
+log = logging.getLogger(__name__)
+
+
+def end_attempt(
+    sessions: sessionmaker[Session],
+    job_id: str,
+    attempt: int,
+    target: JobStatus,
+    *,
+    message: str,
+    error_code: str | None = None,
+) -> bool:
+    """Move the job to `target`, fenced by `attempt`; False (logged) when the attempt no longer
+    holds the lease or the change is not allowed any more."""
+    try:
+        with session_scope(sessions) as session:
+            transitions.transition(
+                session, job_id, target, attempt=attempt, message=message, error_code=error_code
+            )
+    except IllegalTransition as exc:
+        log.warning("job %s could not end as %s: %s", job_id, target, exc)
+        return False
+    return True
+
+
+def _hand_back(
+    sessions: sessionmaker[Session],
+    job_id: str,
+    attempt: int,
+    target: JobStatus,
+    message: str,
+    dispatcher: Dispatcher | None = None,
+) -> bool:
+    """Move the job out of this attempt to `target` (paused, or queued and re-sent through
+    `dispatcher` after the commit), releasing the lease without counting the attempt against
+    the job. False (logged) when the attempt no longer holds the lease or the move is not
+    allowed any more."""
+    try:
+        with session_scope(sessions) as session:
+            job = jobs_repo.get(session, job_id=job_id)
+            if job is None:
+                return False
+            transitions.transition(
+                session,
+                job_id,
+                target,
+                attempt=attempt,
+                message=message,
+                values={"lease_owner": None, "max_attempts": job.max_attempts + 1},
+            )
+            if dispatcher is not None:
+                send_after_commit(session, dispatcher, job_id=job_id, queue=job.queue)
+    except IllegalTransition as exc:
+        log.warning("job %s could not go to %s: %s", job_id, target, exc)
+        return False
+    return True
+
+
+def pause(sessions: sessionmaker[Session], job_id: str, attempt: int, message: str) -> bool:
+    """End a pausing attempt as paused: the lease is released and the attempt is not counted
+    against the job (a pause is not a failure); a resume queues it again, and the next claim
+    continues from its last checkpoint. False (logged) when the attempt no longer holds the
+    lease or the pause was taken back meanwhile."""
+    return _hand_back(sessions, job_id, attempt, JobStatus.PAUSED, message)
+
+
+def release(
+    sessions: sessionmaker[Session], dispatcher: Dispatcher, job_id: str, attempt: int, message: str
+) -> bool:
+    """Hand the job back to the queue without spending one of its attempts; it is re-sent once
+    the hand-over is committed. A job being paused is paused instead (that is what its owner
+    asked for). False (logged) when the attempt no longer holds the lease."""
+    with session_scope(sessions) as session:
+        job = jobs_repo.get(session, job_id=job_id)
+        pausing = job is not None and job.status == JobStatus.PAUSING
+    if pausing:
+        return pause(sessions, job_id, attempt, f"{message.split(';')[0]} while pausing; paused")
+    return _hand_back(sessions, job_id, attempt, JobStatus.QUEUED, message, dispatcher)
