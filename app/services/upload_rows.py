@@ -10,7 +10,9 @@ cells that hold a JSON object or list (written as JSON), and empty cells are lef
 Every reader streams: a line (a CSV record, a Parquet record) over the row limit is refused
 before it is decoded, and what is decoded is charged to a
 :class:`~trainer.spec.row_budget.RowBudget`, so an upload costs at most its body plus the
-budget (trainer/spec/row_budget.py says why the numbers are what they are).
+budget (trainer/spec/row_budget.py says why the numbers are what they are). JSONL and CSV are
+charged whole, from byte counts, before their first row is decoded: a file that could expand
+past the budget is refused in one pass over its bytes (well under a second for 16 MiB).
 """
 
 from __future__ import annotations
@@ -69,18 +71,26 @@ def _not_utf8(where: str) -> InvalidRequest:
     return InvalidRequest(f"file is not UTF-8 text ({where})", param="file")
 
 
-def _jsonl_rows(content: bytes, budget: RowBudget) -> Iterator[Parsed]:
+def _jsonl_lines(content: bytes) -> Iterator[tuple[int, bytes]]:
     # JSONL lines end with \n (or \r\n) only: str.splitlines would also split inside a JSON
     # string holding U+2028 or \x1c, which JSON allows unescaped. Lines are read one at a
     # time from the body, never as one decoded copy of it.
-    for number, raw in enumerate(io.BytesIO(content), start=1):
+    return enumerate(io.BytesIO(content), start=1)
+
+
+def _jsonl_rows(content: bytes, budget: RowBudget) -> Iterator[Parsed]:
+    # Every line is charged (at its bound, from byte counts) before any is decoded: a file
+    # whose rows could decode past the budget is refused in one pass over its bytes, not
+    # after validating the rows that fit.
+    for number, raw in _jsonl_lines(content):
         where = f"line {number}"
         budget.check_row_text(len(raw), where)
-        budget.charge_text(raw, where)  # before decoding: a line past the budget stays bytes
+        budget.charge_text(raw, where)
+    for number, raw in _jsonl_lines(content):
         try:
             line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
         except UnicodeDecodeError:
-            raise _not_utf8(where) from None
+            raise _not_utf8(f"line {number}") from None
         if line.strip():
             yield number, *_parse_line(line.removesuffix("\n").removesuffix("\r"))
 
@@ -95,27 +105,38 @@ def _csv_cell(name: str, value: str) -> Any:
     return value
 
 
-def _csv_rows(content: bytes, budget: RowBudget) -> Iterator[Parsed]:
+def _csv_records(content: bytes) -> Iterator[tuple[int, dict[str, str] | None]]:
+    """(line number, the record's non-empty cells) per record; None for a record with more
+    cells than the header names."""
     text = io.TextIOWrapper(io.BytesIO(content), encoding="utf-8-sig", newline="")
     reader = csv.DictReader(text)
     try:
         if not reader.fieldnames:
             return
         for record in reader:
-            line = reader.line_num
-            where = f"line {line}"
             if None in record:  # more cells than the header names
-                yield line, None, "more cells than the header has columns"
+                yield reader.line_num, None
                 continue
-            cells = {k: v for k, v in record.items() if v not in ("", None)}
-            # The csv module caps each cell (131,072 characters); the row's cells together
-            # are capped and charged here, before any of them is parsed as JSON.
-            budget.check_row_text(sum(len(k) + len(v) for k, v in cells.items()), where)
-            budget.charge_row(text_record_bound(cells), where)
-            data = {k: _csv_cell(k, v) for k, v in cells.items()}
-            yield line, *_validate_row(data)
+            yield reader.line_num, {k: v for k, v in record.items() if v not in ("", None)}
     except UnicodeDecodeError:
         raise _not_utf8(f"after line {reader.line_num}") from None
+
+
+def _csv_rows(content: bytes, budget: RowBudget) -> Iterator[Parsed]:
+    # As for JSONL, every record is charged before any is decoded. The csv module caps each
+    # cell (131,072 characters); a record's cells together are capped and charged here, before
+    # any of them is parsed as JSON.
+    for line, cells in _csv_records(content):
+        if cells is not None:
+            where = f"line {line}"
+            budget.check_row_text(sum(len(k) + len(v) for k, v in cells.items()), where)
+            budget.charge_row(text_record_bound(cells), where)
+    for line, cells in _csv_records(content):
+        if cells is None:
+            yield line, None, "more cells than the header has columns"
+            continue
+        data = {k: _csv_cell(k, v) for k, v in cells.items()}
+        yield line, *_validate_row(data)
 
 
 def _parquet_rows(content: bytes, budget: RowBudget) -> Iterator[Parsed]:

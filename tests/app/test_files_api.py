@@ -8,9 +8,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from app.db import make_engine, make_session_factory, session_scope
+from app.errors import PayloadTooLarge
 from app.models import File
+from app.services import upload_rows
 from tests.conftest import Api, tiny_spec
 
 
@@ -186,6 +189,29 @@ def test_text_rows_that_expand_past_the_budget_are_refused(make_api: Any) -> Non
     cell = '"' + json.dumps([[]] * 30_000).replace('"', '""') + '"'
     csv_rows = ("prompt,a,b,c,d,e\n" + "p," + ",".join([cell] * 5) + "\n").encode()
     assert upload(api, csv_rows, name="x.csv").status_code == 413
+
+
+@pytest.mark.parametrize("name", ["rows.jsonl", "rows.csv"])
+def test_a_file_that_could_expand_past_the_budget_is_refused_before_any_row_is_decoded(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows each within their own bounds whose total could pass the dataset's budget: the 413
+    comes from the byte counts alone, before the first row is parsed or validated (before,
+    the rows that fitted were validated first: seconds of CPU for a 16 MiB file)."""
+    pad = [[]] * 24_000
+    if name.endswith(".jsonl"):
+        line = json.dumps({"prompt": "a", "p0": pad, "p1": pad, "p2": pad}) + "\n"
+        content = (line * 60).encode()
+    else:
+        cell = '"' + json.dumps(pad).replace('"', '""') + '"'
+        content = ("prompt,p0,p1,p2\n" + ("a," + ",".join([cell] * 3) + "\n") * 60).encode()
+    decoded: list[object] = []
+    monkeypatch.setattr(upload_rows, "_validate_row", lambda data: decoded.append(data))
+    monkeypatch.setattr(upload_rows.json, "loads", lambda *a, **k: decoded.append(a))
+    with pytest.raises(PayloadTooLarge) as refused:
+        upload_rows.parse_rows(content, name)
+    assert "decode to more than 256 MiB" in refused.value.message
+    assert decoded == []
 
 
 def test_uploads_wait_for_a_decoding_slot_then_get_429_or_503(make_api: Any) -> None:
