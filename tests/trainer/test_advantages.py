@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.advantages import AdvantageScale, group_advantages, zero_variance_groups
+from trainer.update.advantages import AdvantageScale, group_advantages, zero_variance_groups
 
 TOL = 1e-6
 

@@ -209,7 +209,7 @@ def test_math_equivalence(completion: str, answer: str, expected: float) -> None
 
 
 def test_the_math_grader_runs_isolated_with_its_time_limit() -> None:
-    from trainer.grader_pool import IsolatedGrader
+    from trainer.scoring.grader_pool import IsolatedGrader
 
     built = grader({"type": "math", "timeout_s": 3})
     try:

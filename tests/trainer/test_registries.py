@@ -12,8 +12,6 @@ import torch
 from pydantic import ValidationError
 
 from app.field_paths import field_path
-from trainer.advantages import ADVANTAGE_SCALES, group_advantages
-from trainer.cli import build_parser
 from trainer.config import (
     GRADER_TYPES,
     AdvantageScale,
@@ -26,10 +24,12 @@ from trainer.config import (
     SamplerCorrectionMode,
 )
 from trainer.graders import GRADER_BUILDERS
-from trainer.kl import KL_ESTIMATORS, per_token_kl
-from trainer.losses import LOSS_AGGREGATIONS, aggregate
 from trainer.rollout.base import ROLLOUT_ENGINES, make_engine
-from trainer.sampler_correction import SAMPLER_CORRECTIONS
+from trainer.run.cli import build_parser
+from trainer.update.advantages import ADVANTAGE_SCALES, group_advantages
+from trainer.update.kl import KL_ESTIMATORS, per_token_kl
+from trainer.update.losses import LOSS_AGGREGATIONS, aggregate
+from trainer.update.sampler_correction import SAMPLER_CORRECTIONS
 
 
 def _spec_grader_tags() -> set[str]:
@@ -179,7 +179,7 @@ def test_the_spec_and_the_graders_load_no_torch() -> None:
     import sys
 
     code = (
-        "import sys, trainer.config, trainer.graders, trainer.grader_pool; "
+        "import sys, trainer.config, trainer.graders, trainer.scoring.grader_pool; "
         "print(','.join(sorted(m for m in ('torch', 'numpy', 'transformers', 'vllm') "
         "if m in sys.modules)))"
     )

@@ -18,10 +18,10 @@ from torch import Tensor
 
 from tests.trainer.conftest import tiny_llama
 from trainer.config import GRPOSpec
-from trainer.logprobs import completion_logprobs
-from trainer.sampler_correction import correction_weights, mismatch_metrics
-from trainer.step import pack_batch
-from trainer.update import NonFiniteGuard, run_updates
+from trainer.update.logprobs import completion_logprobs
+from trainer.update.passes import NonFiniteGuard, run_updates
+from trainer.update.sampler_correction import correction_weights, mismatch_metrics
+from trainer.update.step import pack_batch
 
 VOCAB = 24
 PROMPT = [1, 2, 3]

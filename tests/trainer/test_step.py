@@ -9,9 +9,10 @@ from transformers import LlamaForCausalLM
 from tests.trainer.conftest import tiny_llama
 from trainer.config import GRPOSpec
 from trainer.errors import NonFiniteLossError
-from trainer.logprobs import completion_logprobs
-from trainer.models import enable_gradient_checkpointing
-from trainer.step import (
+from trainer.models.loading import enable_gradient_checkpointing
+from trainer.update.logprobs import completion_logprobs
+from trainer.update.passes import NonFiniteGuard, run_updates
+from trainer.update.step import (
     Batch,
     by_length,
     derive_seed,
@@ -20,7 +21,6 @@ from trainer.step import (
     make_scheduler,
     pack_batch,
 )
-from trainer.update import NonFiniteGuard, run_updates
 
 
 def test_lr_schedules() -> None:

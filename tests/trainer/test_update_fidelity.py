@@ -10,12 +10,12 @@ from transformers import LlamaForCausalLM
 
 from tests.trainer.conftest import tiny_llama
 from trainer.config import GRPOSpec
-from trainer.lora import apply_lora
-from trainer.models import disable_dropout
-from trainer.optim import build_optimizer, decay_groups
+from trainer.models.loading import disable_dropout
+from trainer.models.lora import apply_lora
 from trainer.spec.adaptation import LoraSpec
-from trainer.step import Batch, forward_logprobs, pack_batch
-from trainer.update import NonFiniteGuard, UpdateStats, run_updates
+from trainer.update.optim import build_optimizer, decay_groups
+from trainer.update.passes import NonFiniteGuard, UpdateStats, run_updates
+from trainer.update.step import Batch, forward_logprobs, pack_batch
 
 VOCAB = 40
 

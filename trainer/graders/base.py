@@ -11,7 +11,7 @@ fails a training job, and never goes unnoticed.
 Where graders run. Built-in graders are trusted, linear-time code on bounded input
 (:data:`MAX_GRADED_CHARS`) and run inline. A grader that is not known to be bounded (user code,
 symbolic math) grades whole batches itself (the :class:`BatchGrader` protocol), in a subprocess
-with deadlines (``trainer.grader_pool``), and :class:`GraderSet` lets it.
+with deadlines (``trainer.scoring.grader_pool``), and :class:`GraderSet` lets it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from trainer.spec.graders import MathGrader as MathGraderSpec
 from trainer.templates import render, sample_namespace
 
 if TYPE_CHECKING:
-    from trainer.grader_pool import IsolatedGrader
+    from trainer.scoring.grader_pool import IsolatedGrader
 
 __all__ = ["MathEquivalence", "math_grader"]
 
@@ -34,7 +34,7 @@ class MathEquivalence:
 
     def warm(self) -> None:
         """Import math-verify (sympy: seconds) before the first check, so the first check's
-        time limit measures the check (``trainer.grader_pool`` calls it before taking work)."""
+        time limit measures the check (``trainer.scoring.grader_pool`` calls it before taking work)."""
         import math_verify  # noqa: F401
 
     def __call__(self, completion: str, item: Item) -> float:
@@ -55,8 +55,8 @@ class MathEquivalence:
 def math_grader(spec: MathGraderSpec, name: str) -> IsolatedGrader:
     """The grader of a ``math`` spec: :class:`MathEquivalence` in a subprocess, each check
     killed past ``spec.timeout_s`` (scored 0, counted as a timeout)."""
-    # Imported here: trainer.grader_pool imports this package (its grade_one) when it loads.
-    from trainer.grader_pool import IsolatedGrader
+    # Imported here: trainer.scoring.grader_pool imports this package (its grade_one) when it loads.
+    from trainer.scoring.grader_pool import IsolatedGrader
 
     inner = MathEquivalence(name, spec.weight, spec.input, spec.reference)
     return IsolatedGrader(inner, timeout_s=spec.timeout_s, batch_timeout_s=600.0)

@@ -17,7 +17,7 @@ from tests.trainer.rollout.conftest import (
     qwen_style_tokenizer,
     save_qwen_style_model,
 )
-from trainer.models import build_tiny_tokenizer
+from trainer.models.loading import build_tiny_tokenizer
 from trainer.rollout.base import completion_from_tokens, make_engine
 from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.stop_tokens import declared_eos_ids, end_of_turn_token_id, stop_token_ids

@@ -5,7 +5,7 @@ Names emitted by the loop:
 ``reward/<grader>/errors`` (how many of the step's calls of that grader failed and scored 0:
 it raised, returned something that is not a score in [0, 1], or ran past its time limit),
 ``reward/errors`` (the sum over graders) and ``reward/timeouts`` (of those, the calls that ran
-past their time limit; only isolated graders have one, see ``trainer.grader_pool``), and
+past their time limit; only isolated graders have one, see ``trainer.scoring.grader_pool``), and
 ``frac_zero_std_groups``, ``completion_len/mean``, ``completion_len/max``, ``truncated_frac``
 over EVERY completion sampled in the step (all dynamic-sampling rounds, kept or dropped: the
 honest learning curve; rewards before overlong/KL shaping);
@@ -20,16 +20,16 @@ rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen es
 ``kl_k3`` (always k3; only with a reference model), ``logprob_diff/engine_vs_trainer`` (mean
 |engine - trainer| logprob of the sampled tokens before the update), ``mismatch/kl``,
 ``mismatch/ratio_mean``, ``mismatch/ratio_max`` and ``mismatch/capped_frac`` (the engine
-against the trainer's pi_old, see ``trainer.sampler_correction``), over the completions
+against the trainer's pi_old, see ``trainer.update.sampler_correction``), over the completions
 trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
 ``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``; ``tokens/trained``
 (prompt plus completion tokens of the batch trained on, times num_iterations; absent on a step
 with nothing to train on);
 ``update/skipped`` (1 when the step ran no update: no group to train on, or every advantage 0
-with no loss-side term, see ``trainer.phases.has_signal``; then the update's metrics above are
+with no loss-side term, see ``trainer.update.phases.has_signal``; then the update's metrics above are
 absent; 0 otherwise); ``data/skipped_prompts`` (dataset rows the run skipped because their formatted prompt is longer
 than ``max_prompt_tokens``: the same value every step, 0 when none; a ``dataset`` event lists
-them by row number, see ``trainer.data.prompts_for_run``); ``eval/accuracy`` on
+them by row number, see ``trainer.data.dataset.prompts_for_run``); ``eval/accuracy`` on
 evaluation steps (greedy decoding of the held-out rows; a row counts as correct when its total
 reward reaches the scorer's ``max_total``: for graders, the sum of the positive weights, i.e.
 every positively weighted grader gave full marks; with a ``max_total`` of 0 or less, the mean
@@ -44,15 +44,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from trainer import kl as kl_math
-from trainer.callbacks import CompletionSample, RolloutSample
-from trainer.collect import Collected
 from trainer.config import GRPOSpec, KLEstimatorName
 from trainer.graders import Item
-from trainer.losses import masked_mean
-from trainer.rewards import Scorer
 from trainer.rollout.base import RolloutEngine
-from trainer.update import UpdateStats
+from trainer.run.callbacks import CompletionSample, RolloutSample
+from trainer.scoring.collect import Collected
+from trainer.scoring.rewards import Scorer
+from trainer.update import kl as kl_math
+from trainer.update.losses import masked_mean
+from trainer.update.passes import UpdateStats
 
 __all__ = [
     "build_samples",

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.advantages import zero_variance_groups
 from trainer.config import GRPOSpec
-from trainer.data import Example, PromptSampler
-from trainer.memory import release_free_memory
-from trainer.rewards import Scorer, score_batch
+from trainer.data.dataset import Example, PromptSampler
+from trainer.models.memory import release_free_memory
 from trainer.rollout.base import Completion, RolloutEngine
-from trainer.step import derive_seed
+from trainer.scoring.rewards import Scorer, score_batch
+from trainer.update.advantages import zero_variance_groups
+from trainer.update.step import derive_seed
 
 __all__ = ["Collected", "Group", "collect_groups", "prompts_for_round"]
 
@@ -84,7 +84,7 @@ def collect_groups(
     should_stop: Callable[[], bool],
 ) -> Collected:
     """Sample ``spec.prompts_per_step`` groups for training step ``step`` and score them with
-    ``scorer`` (graders, or a reward function: ``trainer.rewards``).
+    ``scorer`` (graders, or a reward function: ``trainer.scoring.rewards``).
 
     Round r of step s samples with the engine seed ``derive_seed(seed, s, r)``. Without dynamic
     sampling every group is kept. With it, zero-variance groups (judged on the task reward, the

@@ -2,7 +2,7 @@
 
 One step: sample prompts -> G completions each from the rollout engine -> scores (graders or a
 reward function; with DAPO dynamic sampling, zero-variance groups are dropped and refilled) ->
-the update phases of ``trainer.phases`` -> metrics, samples, evaluation, checkpoint.
+the update phases of ``trainer.update.phases`` -> metrics, samples, evaluation, checkpoint.
 
 The worker and the CLI pass the job spec and everything is built from it; a caller with pieces
 of its own (a notebook) passes them to :func:`train` as keyword arguments.
@@ -22,28 +22,40 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from trainer.callbacks import Callbacks, RunInfo
-from trainer.checkpoint import (
+from trainer.checkpoint.store import (
     RETENTION_METRIC,
     load_checkpoint,
     save_checkpoint,
     sweep_temp_dirs,
 )
-from trainer.collect import Collected, collect_groups
 from trainer.config import JobSpec
-from trainer.data import PromptSampler, SamplerState, dataset_rows, prompts_for_run, split_holdout
+from trainer.data.dataset import (
+    PromptSampler,
+    SamplerState,
+    dataset_rows,
+    prompts_for_run,
+    split_holdout,
+)
 from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.graders import Grader
-from trainer.lora import apply_lora
-from trainer.metrics import build_samples, evaluate, rollout_metrics
-from trainer.models import (
+from trainer.models.loading import (
     disable_dropout,
     enable_gradient_checkpointing,
     load_policy,
     resolve_model,
 )
-from trainer.optim import build_optimizer
-from trainer.phases import (
+from trainer.models.lora import apply_lora
+from trainer.models.precision import enable_tf32
+from trainer.models.reference import Reference, reference_for
+from trainer.rollout.base import RolloutEngine
+from trainer.rollout.startup import StartedEngine, start_engine
+from trainer.run.callbacks import Callbacks, RunInfo
+from trainer.run.metrics import build_samples, evaluate, rollout_metrics
+from trainer.scoring.collect import Collected, collect_groups
+from trainer.scoring.rewards import RewardFn, Scorer, resolve_scorer
+from trainer.update.optim import build_optimizer
+from trainer.update.passes import NonFiniteGuard, run_updates
+from trainer.update.phases import (
     advantages_by_group,
     compute_advantages,
     has_signal,
@@ -54,13 +66,7 @@ from trainer.phases import (
     shaped_rewards,
     update_step_metrics,
 )
-from trainer.precision import enable_tf32
-from trainer.reference import Reference, reference_for
-from trainer.rewards import RewardFn, Scorer, resolve_scorer
-from trainer.rollout.base import RolloutEngine
-from trainer.rollout.startup import StartedEngine, start_engine
-from trainer.step import derive_seed, make_scheduler
-from trainer.update import NonFiniteGuard, run_updates
+from trainer.update.step import derive_seed, make_scheduler
 
 __all__ = ["NonFiniteLossError", "TrainResult", "TrainerError", "train"]
 
@@ -110,7 +116,7 @@ def train(
 
     Everything else comes from ``config`` unless given here:
 
-    - ``graders``: a list of graders or a Scorer (``trainer.rewards``) instead of
+    - ``graders``: a list of graders or a Scorer (``trainer.scoring.rewards``) instead of
       ``config.graders``; or ``reward_fn(completions, items) -> rewards``, one float each
       (metric ``reward/<function name>/mean``). Not both.
     - ``model`` and ``tokenizer`` (together): a ready Hugging Face causal LM, trained in place
@@ -239,7 +245,7 @@ class _Run:
 
     def _reference(self) -> Reference | None:
         """The KL reference: the policy as the run starts (the base model, also when resuming,
-        since checkpoints are loaded after this; ``trainer.reference``); None when the KL is
+        since checkpoints are loaded after this; ``trainer.models.reference``); None when the KL is
         off."""
         if not self.spec.kl.active:
             return None
@@ -444,10 +450,10 @@ class _Run:
     def _train_on(
         self, col: Collected, step: int, metrics: dict[str, float]
     ) -> tuple[dict[int, list[float]], bool]:
-        """The update phases (``trainer.phases``) on the kept groups, in order; fills
+        """The update phases (``trainer.update.phases``) on the kept groups, in order; fills
         ``metrics`` and returns the advantages by group position in ``col.kept`` and whether
         an update ran (False when the batch has no signal: every advantage 0 and no loss-side
-        term, see :func:`trainer.phases.has_signal`)."""
+        term, see :func:`trainer.update.phases.has_signal`)."""
         spec = self.spec
         assert self.engine is not None
         clock = time.perf_counter()

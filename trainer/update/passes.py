@@ -15,15 +15,15 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from trainer import kl as kl_math
-from trainer import losses
 from trainer.config import GRPOSpec
 from trainer.errors import NonFiniteLossError
-from trainer.logprobs import completion_logprobs
-from trainer.memory import release_free_memory
-from trainer.precision import autocast
-from trainer.sampler_correction import correction_weights
-from trainer.step import Batch, by_length, derive_seed, micro_inputs
+from trainer.models.memory import release_free_memory
+from trainer.models.precision import autocast
+from trainer.update import kl as kl_math
+from trainer.update import losses
+from trainer.update.logprobs import completion_logprobs
+from trainer.update.sampler_correction import correction_weights
+from trainer.update.step import Batch, by_length, derive_seed, micro_inputs
 
 __all__ = ["NON_FINITE_LIMIT", "NonFiniteGuard", "PreUpdate", "UpdateStats", "run_updates"]
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.precision import exact_float32_matmuls
+from trainer.models.precision import exact_float32_matmuls
 from trainer.rollout.colocation import head_chunk_rows_for
 
 
@@ -101,7 +101,7 @@ def _head_chunk(
 
     Outside any autocast, in the head's own dtype (float32 under bfloat16 mixed precision),
     and without TF32: bfloat16 logits would carry errors as large as a clip range of ratio
-    (``trainer.precision``). The scope covers the forward pass (and its recomputation under
+    (``trainer.models.precision``). The scope covers the forward pass (and its recomputation under
     checkpointing): the log-probabilities are exact; the head's gradients follow the process's
     setting like every other gradient."""
     weight = getattr(lm_head, "weight", None)
