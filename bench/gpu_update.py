@@ -35,7 +35,7 @@ from trainer.config import GRPOSpec, LoraSpec
 from trainer.models.loading import disable_dropout, enable_gradient_checkpointing
 from trainer.models.lora import apply_lora
 from trainer.update.optim import build_optimizer
-from trainer.update.passes import NonFiniteGuard, run_updates
+from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
 from trainer.update.step import pack_batch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_update.json"
@@ -201,18 +201,20 @@ def run_config(
         _synchronize(device)
         start = time.perf_counter()
         stats, _ = run_updates(
-            model,
-            optimizer,
-            batch,
-            advantages,
-            spec=spec,
-            step=step,
-            seed=0,
-            old_logprobs=None,
-            ref_logprobs=None,
-            pad_id=0,
-            guard=NonFiniteGuard(lambda *args, **kwargs: None),
-            collect_pre_update=False,
+            UpdateInputs(
+                model=model,
+                optimizer=optimizer,
+                batch=batch,
+                advantages=advantages,
+                step=step,
+                seed=0,
+                old_logprobs=None,
+                ref_logprobs=None,
+                pad_id=0,
+                guard=NonFiniteGuard(lambda *args, **kwargs: None),
+                collect_pre_update=False,
+            ),
+            spec,
         )
         _synchronize(device)
         if step > 0:  # the first is the warm-up (allocations, kernel selection)

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import trainer.rollout.startup as startup_module
-import trainer.run.loop as loop_module
+import trainer.run.setup as loop_module
 from tests.trainer.test_loop import Recorder, _one_torch_thread, tiny_spec  # noqa: F401
 from trainer.models.loading import load_policy, resolve_model
 from trainer.rollout.base import Completion, RolloutEngine, make_engine

@@ -13,7 +13,8 @@ from tests.trainer.conftest import tiny_llama
 from tests.trainer.test_loop import Recorder, tiny_spec
 from trainer.models.loading import load_policy, resolve_model
 from trainer.models.precision import autocast, frozen_reference
-from trainer.run.loop import _Given, _Run, train
+from trainer.run.loop import _Run, train
+from trainer.run.setup import Given as _Given
 from trainer.update.kl import per_token_kl
 from trainer.update.logprobs import completion_logprobs
 
