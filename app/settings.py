@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from trainer.model_paths import hub_allowlist, hub_model_refusal
+from trainer.models.paths import hub_allowlist, hub_model_refusal
 from trainer.spec.integrations import IntegrationSpecUnion, integration_refusal, normalized_uri
 
 
@@ -288,7 +288,7 @@ class Settings(BaseSettings):
 
     def hub_model_refusal(self, repo_id: str) -> str | None:
         """Why this deployment refuses the Hub repo id `repo_id`, or None (the one rule, in
-        trainer.model_paths, that the API and the worker both apply)."""
+        trainer.models.paths, that the API and the worker both apply)."""
         return hub_model_refusal(
             repo_id,
             allow_hub=self.allow_hub_models,

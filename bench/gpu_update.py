@@ -1,5 +1,5 @@
 """The trainer's update on a GPU: step time, tokens/s, MFU and peak memory of one GRPO update
-(``trainer.update.run_updates``, bfloat16 mixed precision) on a randomly initialised model of
+(``trainer.update.passes.run_updates``, bfloat16 mixed precision) on a randomly initialised model of
 Qwen2.5-0.5B's shapes, for a full fine-tune and LoRA at rank 16 and 64.
 
     python -m bench.gpu_update                  # needs a CUDA device
@@ -32,11 +32,11 @@ from torch import nn
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from trainer.config import GRPOSpec, LoraSpec
-from trainer.lora import apply_lora
-from trainer.models import disable_dropout, enable_gradient_checkpointing
-from trainer.optim import build_optimizer
-from trainer.step import pack_batch
-from trainer.update import NonFiniteGuard, run_updates
+from trainer.models.loading import disable_dropout, enable_gradient_checkpointing
+from trainer.models.lora import apply_lora
+from trainer.update.optim import build_optimizer
+from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
+from trainer.update.step import pack_batch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_update.json"
 CONFIGS = ("full", "lora16", "lora64")
@@ -95,7 +95,7 @@ def update_flops(config: Qwen2Config, shape: Shape, *, lora_params: int | None) 
 
     Forward: 2 per multiply-add of every decoder linear weight at every token, causal
     attention's QK^T and AV (2 * S^2 * heads * head_dim per layer and sequence), and the output
-    head at the completion positions only (``trainer.logprobs`` applies it nowhere else). A
+    head at the completion positions only (``trainer.update.logprobs`` applies it nowhere else). A
     full fine-tune's backward costs twice the forward (input and weight gradients); with LoRA
     the frozen base needs input gradients only (once the forward), plus 6 FLOPs per adapter
     parameter and token."""
@@ -201,18 +201,20 @@ def run_config(
         _synchronize(device)
         start = time.perf_counter()
         stats, _ = run_updates(
-            model,
-            optimizer,
-            batch,
-            advantages,
-            spec=spec,
-            step=step,
-            seed=0,
-            old_logprobs=None,
-            ref_logprobs=None,
-            pad_id=0,
-            guard=NonFiniteGuard(lambda *args, **kwargs: None),
-            collect_pre_update=False,
+            UpdateInputs(
+                model=model,
+                optimizer=optimizer,
+                batch=batch,
+                advantages=advantages,
+                step=step,
+                seed=0,
+                old_logprobs=None,
+                ref_logprobs=None,
+                pad_id=0,
+                guard=NonFiniteGuard(lambda *args, **kwargs: None),
+                collect_pre_update=False,
+            ),
+            spec,
         )
         _synchronize(device)
         if step > 0:  # the first is the warm-up (allocations, kernel selection)

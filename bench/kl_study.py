@@ -29,10 +29,10 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from trainer.callbacks import Callbacks
 from trainer.config import JobSpec
-from trainer.loop import train
-from trainer.models import load_policy, resolve_model
+from trainer.models.loading import load_policy, resolve_model
+from trainer.run.callbacks import Callbacks
+from trainer.run.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2-arithmetic.yaml"

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from trainer.lora import apply_lora
-from trainer.models import load_policy, resolve_model
+from trainer.models.loading import load_policy, resolve_model
+from trainer.models.lora import apply_lora
 from trainer.rollout.registry import make_engine
 from trainer.spec.adaptation import LoraSpec
 

@@ -1,4 +1,4 @@
-"""Our side of ``bench.step_vs_trl``: ``trainer.loop.train`` for a few steps, timed.
+"""Our side of ``bench.step_vs_trl``: ``trainer.run.loop.train`` for a few steps, timed.
 
 Started by ``bench.step_vs_trl`` in a fresh process per configuration (so the peak RSS is that
 configuration's alone):
@@ -107,9 +107,9 @@ def main() -> None:
 
     import torch
 
-    from trainer.callbacks import Callbacks, RunInfo
     from trainer.config import JobSpec
-    from trainer.loop import train
+    from trainer.run.callbacks import Callbacks, RunInfo
+    from trainer.run.loop import train
 
     spec = JobSpec.model_validate(
         job_spec_dict(

@@ -183,7 +183,7 @@ def _summarise_trl(raw: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _parse(argv)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    from trainer.models import resolve_model
+    from trainer.models.loading import resolve_model
 
     model_path = resolve_model("smollm2-135m-instruct")
     settings = {

@@ -115,7 +115,7 @@ def _save(client: Client, args: argparse.Namespace, step: int, out: Path, show: 
 
 
 def _merge(adapter: Path, out: Path) -> None:
-    from trainer.export import merge_adapter_folder
+    from trainer.checkpoint.export import merge_adapter_folder
 
     merge_adapter_folder(adapter, out)
 

@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "train":
-        from trainer.cli import main as train_main
+        from trainer.run.cli import main as train_main
 
         return train_main(argv[1:])
     args = _parser().parse_args(argv)
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from trainer.export import export_checkpoint
+    from trainer.checkpoint.export import export_checkpoint
 
     base = Path(args.base) if args.base else None
     try:

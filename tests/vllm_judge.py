@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.conftest import free_port, wait_until
-from trainer.models import resolve_model
+from trainer.models.loading import resolve_model
 
 
 @contextmanager

@@ -35,10 +35,10 @@ from app.services.checkpoint_quota import StorageUse
 from app.transitions import add_event
 from app.webhook_outbox import record_job_event
 from app.webhooks import CHECKPOINT_EVENT
-from trainer.callbacks import Callbacks, RolloutSample, RunInfo
-from trainer.checkpoint_files import folder_bytes
+from trainer.checkpoint.files import folder_bytes
 from trainer.config import CheckpointSpec
 from trainer.errors import TrainerError
+from trainer.run.callbacks import Callbacks, RolloutSample, RunInfo
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.retention import record_checkpoint, remove_folders

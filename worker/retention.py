@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from app.repositories import checkpoints as checkpoints_repo
 from app.repositories import progress as progress_repo
-from trainer.checkpoint_files import TRASH_PREFIX, remove_folder
+from trainer.checkpoint.files import TRASH_PREFIX, remove_folder
 from trainer.config import CheckpointSpec
 
 log = logging.getLogger(__name__)

@@ -42,11 +42,11 @@ from app.repositories import files as files_repo
 from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo
 from app.transitions import JobStatus
-from trainer.callbacks import Callbacks
 from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
+from trainer.data.saved_datasets import hub_dataset_folder, saved_dataset_rows
 from trainer.errors import ModelNotAllowed, TrainerError
-from trainer.model_paths import allowed_dataset_folder, dataset_refusal
-from trainer.saved_datasets import hub_dataset_folder, saved_dataset_rows
+from trainer.models.paths import allowed_dataset_folder, dataset_refusal
+from trainer.run.callbacks import Callbacks
 from worker.attempts import end_attempt, pause, release
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
@@ -88,7 +88,7 @@ class Train(Protocol):
 
 def load_trainer() -> Train:
     """The real trainer; torch is imported only once a job really runs."""
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     return train
 
@@ -180,7 +180,7 @@ def confine_model(spec: JobSpec, settings: WorkerSettings) -> JobSpec:
         refusal = settings.hub_model_refusal(spec.model)
         if refusal is not None:
             raise ModelNotAllowed(refusal)
-    from trainer.models import resolve_model  # torch: only for a job that names a folder
+    from trainer.models.loading import resolve_model  # torch: only for a job that names a folder
 
     folder = resolve_model(
         spec.model,

@@ -7,7 +7,7 @@ a job may be. `admit` checks both, at submission (`POST /v1/jobs`) and in the dr
 again before it loads anything (defense in depth), so this is the first gate, not the only one.
 
 Model folders: a job may name a packaged model, or a Hugging Face folder under one of the
-operator's model roots (`GRPO_MODEL_ROOTS`), by the rule of `trainer.model_paths`, which the
+operator's model roots (`GRPO_MODEL_ROOTS`), by the rule of `trainer.models.paths`, which the
 worker applies again: every refusal gives the same message, which names no path. Or a Hugging
 Face Hub repo id, when the operator allows Hub models (`GRPO_ALLOW_HUB_MODELS`) and the id
 matches `GRPO_HUB_MODEL_ALLOWLIST` (when set); whether the worker's cache holds it is only known
@@ -36,7 +36,7 @@ from trainer.config import (
     text_problem,
 )
 from trainer.judge import build_judge_settings
-from trainer.model_paths import (
+from trainer.models.paths import (
     allowed_dataset_folder,
     allowed_model_folder,
     dataset_refusal,
@@ -59,7 +59,7 @@ def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Sessio
 
 def _admit_dataset(spec: JobSpec, settings: Settings) -> None:
     """A saved dataset only from under the operator's dataset roots (the rule of
-    trainer.model_paths; the worker applies it again); the refusal names no path."""
+    trainer.models.paths; the worker applies it again); the refusal names no path."""
     dataset = getattr(spec, "dataset", None)
     source = getattr(dataset, "saved_dataset", None)
     if source is None:

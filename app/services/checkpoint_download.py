@@ -3,7 +3,7 @@
 The archive holds the checkpoint's model: a Hugging Face model folder, or for a LoRA job the
 adapter folder (`adapter_config.json`, `adapter_model.safetensors`) and the tokenizer, under one
 top folder `<job_id>-step<step>/`. The trainer's resume state (optimizer, RNG states, manifest:
-`trainer.checkpoint_files`) is left out.
+`trainer.checkpoint.files`) is left out.
 
 It is never built in memory or on disk: `locate` checks the folder and lists its files (with the
 caller's session), then `CheckpointArchive.chunks` writes each member's tar header, the file's
@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import Gone, NotFound
 from app.repositories import progress as progress_repo
-from trainer.checkpoint_files import is_model_file
+from trainer.checkpoint.files import is_model_file
 
 log = logging.getLogger(__name__)
 

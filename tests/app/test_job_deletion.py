@@ -12,7 +12,7 @@ from app.db import make_engine, make_session_factory, session_scope
 from app.models import Checkpoint, Job, JobEvent, JobMetric, JobMetricRollup, JobSample
 from tests.app.test_progress_api import finish, running_job
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
-from trainer.callbacks import CompletionSample, RolloutSample
+from trainer.run.callbacks import CompletionSample, RolloutSample
 from worker.context import WorkerContext
 from worker.maintenance import purge_deleted_jobs
 from worker.progress import DatabaseCallbacks

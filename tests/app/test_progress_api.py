@@ -11,7 +11,7 @@ from app import transitions
 from app.db import make_engine, make_session_factory, session_scope
 from app.transitions import JobStatus
 from tests.conftest import Api, tiny_spec
-from trainer.callbacks import CompletionSample, RolloutSample, RunInfo
+from trainer.run.callbacks import CompletionSample, RolloutSample, RunInfo
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.progress import DatabaseCallbacks

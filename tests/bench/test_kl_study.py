@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.kl_study import CONFIGS, exact_kl, study_spec
-from trainer.models import load_policy, resolve_model
+from trainer.models.loading import load_policy, resolve_model
 
 
 def test_exact_kl_is_zero_against_itself_and_grows_with_a_perturbation() -> None:

@@ -91,7 +91,7 @@ def test_download_merge_gives_the_adapter_models_logprobs(served: Api, tmp_path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tests.trainer.test_lora import _logprobs, _tiny_lora
-    from trainer.models import resolve_model
+    from trainer.models.loading import resolve_model
 
     _, lora = _tiny_lora()
     job_id, callbacks, _ = running_job(served)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from trainer.advantages import AdvantageScale, group_advantages, zero_variance_groups
+from trainer.scoring.collect import zero_variance_groups
+from trainer.update.advantages import AdvantageScale, group_advantages
 
 TOL = 1e-6
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import (
+from trainer.checkpoint.store import (
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
@@ -15,7 +15,7 @@ from trainer.checkpoint import (
     sweep_temp_dirs,
 )
 from trainer.config import CheckpointSpec
-from trainer.models import load_policy, resolve_model
+from trainer.models.loading import load_policy, resolve_model
 
 
 @pytest.fixture(scope="module")

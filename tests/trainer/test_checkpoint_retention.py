@@ -13,16 +13,16 @@ import torch
 from pydantic import ValidationError
 
 from tests.conftest import tiny_spec
-from trainer.checkpoint import (
+from trainer.checkpoint.files import folder_bytes, remove_folder
+from trainer.checkpoint.store import (
     RETENTION_METRIC,
     list_checkpoints,
     prune_checkpoints,
     save_checkpoint,
     sweep_temp_dirs,
 )
-from trainer.checkpoint_files import folder_bytes, remove_folder
 from trainer.config import CheckpointSpec, JobSpec
-from trainer.models import load_policy, resolve_model
+from trainer.models.loading import load_policy, resolve_model
 
 
 def test_keeps_the_newest_n_and_the_best_by_the_metric() -> None:

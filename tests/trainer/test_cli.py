@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint import latest_checkpoint, load_checkpoint
-from trainer.cli import load_recipe, main
-from trainer.models import load_policy
+from trainer.checkpoint.store import latest_checkpoint, load_checkpoint
+from trainer.models.loading import load_policy
+from trainer.run.cli import load_recipe, main
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from trainer.config import DatasetSpec, PromptRow
-from trainer.data import (
+from trainer.data.dataset import (
     Example,
     PromptSampler,
     PromptsTooLong,
@@ -20,7 +20,7 @@ from trainer.data import (
     with_rows,
 )
 from trainer.errors import TrainerError
-from trainer.models import build_tiny_tokenizer
+from trainer.models.loading import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +185,7 @@ def test_sampler_refuses_a_state_for_other_data() -> None:
 
 
 def test_a_conversation_row_is_formatted_with_its_own_system_turn() -> None:
-    from trainer.models import load_policy, resolve_model
+    from trainer.models.loading import load_policy, resolve_model
 
     _, tokenizer = load_policy(resolve_model("tiny-random-llama"))
     own = [{"role": "system", "content": "row sys"}, {"role": "user", "content": "hi"}]

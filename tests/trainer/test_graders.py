@@ -24,7 +24,7 @@ from trainer.graders import (
     last_number,
 )
 from trainer.graders.pool import IsolatedGrader
-from trainer.rewards import RewardFunction, score_batch
+from trainer.scoring.rewards import RewardFunction, score_batch
 
 _SPEC = TypeAdapter(GraderSpec)
 
@@ -377,11 +377,11 @@ def test_score_batch_of_a_reward_function_counts_nothing() -> None:
 
 def test_step_metrics_count_grader_failures() -> None:
     # torch comes with these: imported here, not at the top (see the module docstring).
-    from trainer.collect import collect_groups
     from trainer.config import GRPOSpec
-    from trainer.data import Example, PromptSampler
-    from trainer.metrics import rollout_metrics
+    from trainer.data.dataset import Example, PromptSampler
     from trainer.rollout.base import Completion
+    from trainer.run.metrics import rollout_metrics
+    from trainer.scoring.collect import collect_groups
 
     texts = iter(["ok", "raise", "nan", "ok"])
 

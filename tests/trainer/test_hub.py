@@ -11,8 +11,8 @@ import torch
 
 from tests.hub_cache import add_snapshot
 from trainer.errors import ModelNotCached
-from trainer.hub import hub_cache_dir, resolve_hub_model
-from trainer.models import load_policy, resolve_model
+from trainer.models.hub import hub_cache_dir, resolve_hub_model
+from trainer.models.loading import load_policy, resolve_model
 
 REPO = "tiny-org/Tiny-Llama-2L"
 COMMIT_A = "a" * 40

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from trainer.kl import KL_ESTIMATORS, KLEstimator, kl_reward_penalty, per_token_kl
+from trainer.update.kl import KL_ESTIMATORS, KLEstimator, kl_reward_penalty, per_token_kl
 
 K = 5  # outcomes of the small categorical distributions
 TOL = 1e-6

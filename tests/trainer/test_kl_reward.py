@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import Tensor
 
-from trainer import kl as kl_math
 from trainer.config import AdvantageScale, GRPOSpec, JobSpec, KLEstimatorName
-from trainer.phases import Scored, compute_advantages, reward_kl_penalty
-from trainer.step import Batch
+from trainer.update import kl as kl_math
+from trainer.update.phases import Scored, compute_advantages, reward_kl_penalty
+from trainer.update.step import Batch
 
 K = 6  # outcomes of the small categorical: K one-token completions
 BETA = 0.3

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from trainer.kl import per_token_kl
+from trainer.update.kl import per_token_kl
 
 K = 4
 

@@ -14,14 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import trainer.loop as loop_module
 import trainer.rollout.startup as startup_module
+import trainer.run.setup as loop_module
 from tests.trainer.test_loop import Recorder, _one_torch_thread, tiny_spec  # noqa: F401
-from trainer.loop import train
-from trainer.models import load_policy, resolve_model
-from trainer.rewards import RewardFunction, resolve_scorer
+from trainer.models.loading import load_policy, resolve_model
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.rollout.registry import make_engine
+from trainer.run.loop import train
+from trainer.scoring.rewards import RewardFunction, resolve_scorer
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8}
 # An absolute path (the spec accepts it) where no model exists: loading it would fail.

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
 from tests.trainer.conftest import tiny_llama
-from trainer.logprobs import (
+from trainer.update.logprobs import (
     completion_logprobs,
     entropy_from_logits,
     head_chunk_rows,

@@ -16,15 +16,15 @@ import pytest
 import torch
 
 import trainer.rollout.startup as startup_module
-from trainer import losses
-from trainer.callbacks import Callbacks, RolloutSample, RunInfo
-from trainer.checkpoint import RETENTION_METRIC
+from trainer.checkpoint.store import RETENTION_METRIC
 from trainer.config import JobSpec
-from trainer.data import PromptsTooLong
+from trainer.data.dataset import PromptsTooLong
 from trainer.errors import NonFiniteLossError, TrainerError
-from trainer.loop import train
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.rollout.registry import make_engine
+from trainer.run.callbacks import Callbacks, RolloutSample, RunInfo
+from trainer.run.loop import train
+from trainer.update import losses
 
 CATALOG = {
     "reward/mean", "reward/std", "reward/has_seven/mean", "frac_zero_std_groups",
@@ -536,7 +536,7 @@ def test_momentum_does_not_carry_a_step_without_signal(
 ) -> None:
     """Step 1 trains; step 2's advantages are all 0. Before the fix AdamW's momentum moved
     every weight again at step 2 (about 77% of step 1's move)."""
-    import trainer.loop as loop_module
+    import trainer.run.loop as loop_module
 
     calls = {"n": 0}
     real = loop_module.compute_advantages
@@ -621,7 +621,7 @@ def test_smollm2_recipe_runs_two_steps(tmp_path: Path) -> None:
     """The real recipe for two steps: about 3 minutes on an otherwise idle 2-core CPU (start-up
     ~25 s, 60-75 s per step, greedy evaluation of 32 held-out rows at the end); up to ~12 minutes
     on a heavily shared one (step 1 took 270 s at load average 6)."""
-    from trainer.cli import load_recipe
+    from trainer.run.cli import load_recipe
 
     recipes = Path(__file__).resolve().parents[2] / "recipes"
     spec = load_recipe(recipes / "smollm2-arithmetic.yaml", steps=2)
@@ -639,7 +639,7 @@ def test_smollm2_recipe_runs_two_steps(tmp_path: Path) -> None:
 
 
 def test_prompts_for_round_oversamples_by_the_keep_rate() -> None:
-    from trainer.collect import prompts_for_round
+    from trainer.scoring.collect import prompts_for_round
 
     assert prompts_for_round(8, sampled=0, kept=0, oversample=2.0) == 8  # first round: the batch
     assert prompts_for_round(4, sampled=8, kept=4, oversample=3.0) == 8  # half kept: twice

@@ -17,9 +17,8 @@ from tests.trainer.conftest import tiny_llama
 from tests.trainer.test_loop import Recorder, tiny_spec
 from trainer.config import LoraSpec
 from trainer.errors import LoraTargetNotSupported
-from trainer.logprobs import completion_logprobs
-from trainer.loop import train
-from trainer.lora import (
+from trainer.models.loading import load_policy, resolve_model
+from trainer.models.lora import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     apply_lora,
@@ -28,8 +27,9 @@ from trainer.lora import (
     merged_model,
     trainable_parameters,
 )
-from trainer.models import load_policy, resolve_model
-from trainer.reference import reference_for
+from trainer.models.reference import reference_for
+from trainer.run.loop import train
+from trainer.update.logprobs import completion_logprobs
 
 
 def _tiny_lora(rank: int = 4, seed: int = 0) -> tuple[Any, Any]:
@@ -249,7 +249,7 @@ def test_grpo_export_merges_a_lora_checkpoint(tmp_path: Path) -> None:
     """`grpo export CKPT --merge` writes a plain folder whose log-probs are the adapter
     model's; without --merge it writes the adapters alone."""
     from grpo_cli.main import main as grpo
-    from trainer.checkpoint import load_checkpoint
+    from trainer.checkpoint.store import load_checkpoint
 
     spec = tiny_spec(steps=2, lora={"rank": 4}, grpo={"learning_rate": 5e-2})
     checkpoint = train(spec, Recorder(), output_dir=tmp_path / "run").checkpoint_path

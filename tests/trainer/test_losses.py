@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import (
+from trainer.update.losses import (
     AGGREGATION_MODES,
     AggregationMode,
     aggregate,

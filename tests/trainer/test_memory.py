@@ -12,7 +12,7 @@ import textwrap
 SCRIPT = textwrap.dedent(
     """
     import torch
-    from trainer.memory import release_free_memory
+    from trainer.models.memory import release_free_memory
 
     def rss_mib():
         with open("/proc/self/statm") as f:

@@ -1,5 +1,5 @@
 """What `model` may name by its text (trainer.spec.model_source, through JobSpec), and the
-operator's rule for Hub repo ids (trainer.model_paths.hub_model_refusal). Torch-free."""
+operator's rule for Hub repo ids (trainer.models.paths.hub_model_refusal). Torch-free."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from trainer.config import JobSpec
-from trainer.model_paths import hub_allowlist, hub_model_refusal
+from trainer.models.paths import hub_allowlist, hub_model_refusal
 
 BASE: dict[str, Any] = {
     "dataset": {"generator": {"type": "arithmetic", "count": 4}},

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainer.errors import ModelNotAllowed
-from trainer.models import (
+from trainer.models.loading import (
     PACKAGED_MODELS,
     TINY_ALPHABET,
     load_policy,
@@ -61,7 +61,7 @@ def test_tiny_model_is_identical_across_builds(tmp_path: Path) -> None:
 
 def test_concurrent_builds_agree(tmp_path: Path) -> None:
     code = (
-        "import sys; from pathlib import Path; from trainer.models import resolve_model; "
+        "import sys; from pathlib import Path; from trainer.models.loading import resolve_model; "
         "print(resolve_model('tiny-random-llama', cache_dir=Path(sys.argv[1])))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -179,7 +179,7 @@ def test_smollm2_conversion_answers_arithmetic() -> None:
 
 def test_every_packaged_name_has_exactly_one_builder() -> None:
     from trainer.config import PACKAGED_MODELS
-    from trainer.models import PACKAGED_BUILDERS
+    from trainer.models.loading import PACKAGED_BUILDERS
 
     assert set(PACKAGED_BUILDERS) == set(PACKAGED_MODELS)
     folders = [p.folder for p in PACKAGED_BUILDERS.values()]

@@ -11,11 +11,12 @@ import torch
 
 from tests.trainer.conftest import tiny_llama
 from tests.trainer.test_loop import Recorder, tiny_spec
-from trainer.kl import per_token_kl
-from trainer.logprobs import completion_logprobs
-from trainer.loop import _Given, _Run, train
-from trainer.models import load_policy, resolve_model
-from trainer.precision import autocast, frozen_reference
+from trainer.models.loading import load_policy, resolve_model
+from trainer.models.precision import autocast, frozen_reference
+from trainer.run.loop import _Run, train
+from trainer.run.setup import Given as _Given
+from trainer.update.kl import per_token_kl
+from trainer.update.logprobs import completion_logprobs
 
 
 def _ids() -> torch.Tensor:
@@ -37,7 +38,7 @@ def test_log_probabilities_stay_float32_under_bfloat16_autocast() -> None:
 def test_the_head_runs_outside_autocast() -> None:
     """The same hidden states give the same head log-probs with and without autocast: a
     bfloat16 head would round the logits (errors up to ~0.06 at logit 20)."""
-    from trainer.logprobs import _head_chunk
+    from trainer.update.logprobs import _head_chunk
 
     head = torch.nn.Linear(64, 500, bias=False)
     with torch.no_grad():
@@ -87,7 +88,7 @@ def test_the_bfloat16_reference_equals_the_bfloat16_policy_before_any_update(tie
 def test_the_float32_head_runs_without_tf32_and_restores_the_setting() -> None:
     """With TF32 on for the process (``enable_tf32`` on a GPU), the output head's matmul still
     runs at full float32 precision, and the process's setting is back afterwards."""
-    from trainer.logprobs import _head_chunk
+    from trainer.update.logprobs import _head_chunk
 
     seen: list[str] = []
 

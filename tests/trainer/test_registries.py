@@ -12,8 +12,6 @@ import torch
 from pydantic import ValidationError
 
 from app.field_paths import field_path
-from trainer.advantages import ADVANTAGE_SCALES, group_advantages
-from trainer.cli import build_parser
 from trainer.config import (
     GRADER_TYPES,
     AdvantageScale,
@@ -26,11 +24,13 @@ from trainer.config import (
     SamplerCorrectionMode,
 )
 from trainer.graders import GRADER_BUILDERS
-from trainer.kl import KL_ESTIMATORS, REWARD_ESTIMATOR, per_token_kl
-from trainer.losses import LOSS_AGGREGATIONS, aggregate
 from trainer.rollout.registry import ROLLOUT_ENGINES, make_engine
-from trainer.sampler_correction import SAMPLER_CORRECTIONS
+from trainer.run.cli import build_parser
 from trainer.spec.traits import KL_ESTIMATOR_TRAITS, ROLLOUT_ENGINE_TRAITS
+from trainer.update.advantages import ADVANTAGE_SCALES, group_advantages
+from trainer.update.kl import KL_ESTIMATORS, REWARD_ESTIMATOR, per_token_kl
+from trainer.update.losses import LOSS_AGGREGATIONS, aggregate
+from trainer.update.sampler_correction import SAMPLER_CORRECTIONS
 
 
 def _spec_grader_tags() -> set[str]:

@@ -18,10 +18,10 @@ from torch import Tensor
 
 from tests.trainer.conftest import tiny_llama
 from trainer.config import GRPOSpec
-from trainer.logprobs import completion_logprobs
-from trainer.sampler_correction import correction_weights, mismatch_metrics
-from trainer.step import pack_batch
-from trainer.update import NonFiniteGuard, run_updates
+from trainer.update.logprobs import completion_logprobs
+from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
+from trainer.update.sampler_correction import correction_weights, mismatch_metrics
+from trainer.update.step import pack_batch
 
 VOCAB = 24
 PROMPT = [1, 2, 3]
@@ -128,18 +128,20 @@ def _update_params(mode: str, engine_shift: float) -> list[Tensor]:
     batch = pack_batch([PROMPT] * 4, comps, engine, [False] * 4, torch.ones(4), torch.device("cpu"))
     spec = GRPOSpec(learning_rate=0.1, sampler_correction={"mode": mode, "cap": 2.0})
     run_updates(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        batch,
-        torch.tensor([1.0, -1.0, 0.5, -0.5]),
-        spec=spec,
-        step=1,
-        seed=0,
-        old_logprobs=None,
-        ref_logprobs=None,
-        pad_id=0,
-        guard=NonFiniteGuard(lambda *a, **k: None),
-        collect_pre_update=False,
+        UpdateInputs(
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            batch=batch,
+            advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]),
+            step=1,
+            seed=0,
+            old_logprobs=None,
+            ref_logprobs=None,
+            pad_id=0,
+            guard=NonFiniteGuard(lambda *a, **k: None),
+            collect_pre_update=False,
+        ),
+        spec,
     )
     return [p.detach().clone() for p in model.parameters()]
 

@@ -160,7 +160,7 @@ def test_a_training_job_grades_with_a_python_grader_reading_item_fields(tmp_path
     """The loop scores with the sandboxed grader: item fields arrive, a raising call scores 0
     and is counted, and its first error of the step becomes an event."""
     from tests.trainer.test_loop import Recorder, tiny_spec
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     source = (
         "def grade(sample, item):\n"
@@ -206,7 +206,7 @@ def test_an_attack_inside_a_training_job_scores_zero_and_the_job_goes_on(
     """The same hostile graders as a job's reward: every sample scores 0, each step counts the
     failures and reports the first, and the job finishes its steps."""
     from tests.trainer.test_loop import Recorder, tiny_spec
-    from trainer.loop import train
+    from trainer.run.loop import train
 
     for name, value in (("CALL_TIMEOUT_S", "1.5"), ("CPU_S", "1"), ("MEMORY_MB", "256")):
         monkeypatch.setenv(f"GRPO_SANDBOX_{name}", value)

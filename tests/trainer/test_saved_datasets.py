@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from trainer.config import DatasetSpec, SavedDataset
+from trainer.data.saved_datasets import saved_dataset_rows
 from trainer.errors import TrainerError
-from trainer.model_paths import allowed_dataset_folder
-from trainer.saved_datasets import saved_dataset_rows
+from trainer.models.paths import allowed_dataset_folder
 
 datasets = pytest.importorskip("datasets")
 
@@ -86,7 +86,7 @@ def _hub_cache_with_a_dataset(home: Path) -> None:
 def test_a_hub_dataset_is_read_from_the_workers_cache_offline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.saved_datasets import hub_dataset_folder
+    from trainer.data.saved_datasets import hub_dataset_folder
 
     home = tmp_path / "hf"
     _hub_cache_with_a_dataset(home)

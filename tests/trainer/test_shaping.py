@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.shaping import overlong_penalty, truncation_loss_mask
+from trainer.update.shaping import overlong_penalty, truncation_loss_mask
 
 TOL = 1e-6
 

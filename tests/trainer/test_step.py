@@ -9,18 +9,18 @@ from transformers import LlamaForCausalLM
 from tests.trainer.conftest import tiny_llama
 from trainer.config import GRPOSpec
 from trainer.errors import NonFiniteLossError
-from trainer.logprobs import completion_logprobs
-from trainer.models import enable_gradient_checkpointing
-from trainer.step import (
+from trainer.models.loading import enable_gradient_checkpointing
+from trainer.seeding import derive_seed
+from trainer.update.logprobs import completion_logprobs
+from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
+from trainer.update.step import (
     Batch,
     by_length,
-    derive_seed,
     forward_logprobs,
     lr_factor,
     make_scheduler,
     pack_batch,
 )
-from trainer.update import NonFiniteGuard, run_updates
 
 
 def test_lr_schedules() -> None:
@@ -146,18 +146,20 @@ def _one_update(micro_batch_size: int, checkpointing: bool) -> list[torch.Tensor
     optimizer = torch.optim.SGD(model.parameters(), lr=spec.learning_rate)
     advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.75, -0.5])
     run_updates(
-        model,
-        optimizer,
-        batch,
-        advantages,
-        spec=spec,
-        step=1,
-        seed=0,
-        old_logprobs=None,
-        ref_logprobs=None,
-        pad_id=0,
-        guard=NonFiniteGuard(lambda *a, **k: None),
-        collect_pre_update=False,
+        UpdateInputs(
+            model=model,
+            optimizer=optimizer,
+            batch=batch,
+            advantages=advantages,
+            step=1,
+            seed=0,
+            old_logprobs=None,
+            ref_logprobs=None,
+            pad_id=0,
+            guard=NonFiniteGuard(lambda *a, **k: None),
+            collect_pre_update=False,
+        ),
+        spec,
     )
     return [p.detach().clone() for p in model.parameters()]
 

@@ -10,12 +10,12 @@ from transformers import LlamaForCausalLM
 
 from tests.trainer.conftest import tiny_llama
 from trainer.config import GRPOSpec
-from trainer.lora import apply_lora
-from trainer.models import disable_dropout
-from trainer.optim import build_optimizer, decay_groups
+from trainer.models.loading import disable_dropout
+from trainer.models.lora import apply_lora
 from trainer.spec.adaptation import LoraSpec
-from trainer.step import Batch, forward_logprobs, pack_batch
-from trainer.update import NonFiniteGuard, UpdateStats, run_updates
+from trainer.update.optim import build_optimizer, decay_groups
+from trainer.update.passes import NonFiniteGuard, UpdateInputs, UpdateStats, run_updates
+from trainer.update.step import Batch, forward_logprobs, pack_batch
 
 VOCAB = 40
 
@@ -76,18 +76,20 @@ def _update(spec: GRPOSpec) -> UpdateStats:
     model, batch = tiny_llama(VOCAB), _batch()
     old = _logprobs(model, batch)
     stats, _ = run_updates(
-        model,
-        torch.optim.SGD(model.parameters(), lr=spec.learning_rate),
-        batch,
-        torch.tensor([1.0, -1.0, 2.0, -2.0]),
-        spec=spec,
-        step=1,
-        seed=0,
-        old_logprobs=old,
-        ref_logprobs=None,
-        pad_id=0,
-        guard=NonFiniteGuard(lambda *a, **k: None),
-        collect_pre_update=False,
+        UpdateInputs(
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=spec.learning_rate),
+            batch=batch,
+            advantages=torch.tensor([1.0, -1.0, 2.0, -2.0]),
+            step=1,
+            seed=0,
+            old_logprobs=old,
+            ref_logprobs=None,
+            pad_id=0,
+            guard=NonFiniteGuard(lambda *a, **k: None),
+            collect_pre_update=False,
+        ),
+        spec,
     )
     return stats
 

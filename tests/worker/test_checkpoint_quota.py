@@ -3,7 +3,7 @@ the worker as it records each checkpoint (worker.progress, app.services.checkpoi
 
 Jobs run through worker.runner.run_job with the real database callbacks; the trainer is a
 stand-in that writes checkpoint folders of chosen sizes (no model: the quota only reads the
-recorded sizes), the way trainer.loop saves them, so each test takes a moment."""
+recorded sizes), the way trainer.run.loop saves them, so each test takes a moment."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from app.db import make_engine, make_session_factory, session_scope
 from app.repositories import progress as progress_repo
 from app.services import checkpoint_quota
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
-from trainer.callbacks import Callbacks, RunInfo
 from trainer.config import JobSpec
+from trainer.run.callbacks import Callbacks, RunInfo
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.maintenance import purge_deleted_jobs
@@ -47,7 +47,7 @@ def worker_ctx(api: Api, **overrides: object) -> WorkerContext:
 
 def sized_trainer(sizes: dict[int, int]) -> Train:
     """Per step on_step, then (at each step in `sizes`) a checkpoint folder of that many bytes
-    and on_checkpoint, as trainer.loop saves: an error raised by the callbacks ends the run."""
+    and on_checkpoint, as trainer.run.loop saves: an error raised by the callbacks ends the run."""
 
     def train(
         spec: JobSpec,

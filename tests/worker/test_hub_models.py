@@ -16,8 +16,8 @@ from app.settings import Settings
 from tests.conftest import RecordingDispatcher, tiny_spec
 from tests.hub_cache import add_snapshot
 from tests.worker.test_runner import FakeResult, fake_trainer, job, make_job
-from trainer.callbacks import Callbacks
 from trainer.config import JobSpec
+from trainer.run.callbacks import Callbacks
 from worker.context import WorkerContext
 from worker.runner import run_job
 from worker.settings import build_worker_settings
@@ -120,7 +120,7 @@ def test_a_hub_model_the_operator_does_not_allow_fails_before_it_is_looked_up(
 def test_a_hub_model_trains_through_the_real_trainer(
     ctx: WorkerContext, hub: Path, tmp_path: Path
 ) -> None:
-    from trainer.models import resolve_model
+    from trainer.models.loading import resolve_model
 
     # The packaged tiny Llama, laid out as `hf download` leaves a repo, then a real 1-step job.
     add_snapshot(hub, REPO, resolve_model("tiny-random-llama", tmp_path / "models"), COMMIT_A)

@@ -16,7 +16,7 @@ from app.models import Job, JobMetric
 from app.settings import Settings
 from app.transitions import JobStatus
 from tests.conftest import RecordingDispatcher, new_project_key
-from trainer.callbacks import RunInfo
+from trainer.run.callbacks import RunInfo
 from worker import maintenance
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper

@@ -41,8 +41,8 @@ from app.services import pausing
 from app.settings import Settings
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec, wait_until
 from tests.worker.test_runner import FakeResult
-from trainer.callbacks import Callbacks, RunInfo
 from trainer.config import JobSpec
+from trainer.run.callbacks import Callbacks, RunInfo
 from worker.context import WorkerContext
 from worker.maintenance import reap_stale_jobs
 from worker.runner import run_job

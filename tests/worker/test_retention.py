@@ -2,7 +2,7 @@
 callbacks) records each checkpoint with its size and ranking value and deletes what the job's
 `checkpoint` section does not keep, so the disk, GET /v1/jobs/{id}/checkpoints, the download
 route and GET /v1/usage agree. The trainer is a stand-in driving the callbacks the way
-trainer.loop does, writing real checkpoints of the tiny model with trainer.checkpoint."""
+trainer.run.loop does, writing real checkpoints of the tiny model with trainer.checkpoint.store."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import torch
 from app import transitions
 from app.db import make_engine, make_session_factory, session_scope
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
-from trainer.callbacks import Callbacks, RunInfo
-from trainer.checkpoint import list_checkpoints, save_checkpoint
+from trainer.checkpoint.store import list_checkpoints, save_checkpoint
 from trainer.config import JobSpec
-from trainer.models import load_policy, resolve_model
+from trainer.models.loading import load_policy, resolve_model
+from trainer.run.callbacks import Callbacks, RunInfo
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.progress import DatabaseCallbacks
@@ -49,7 +49,7 @@ def worker_ctx(api: Api, **overrides: object) -> WorkerContext:
 
 
 def checkpointing_trainer(tiny: tuple[Any, Any, torch.optim.Optimizer]) -> Train:
-    """Trains like trainer.loop: per step on_step (eval/accuracy every 3 steps), then a real
+    """Trains like trainer.run.loop: per step on_step (eval/accuracy every 3 steps), then a real
     checkpoint (every `checkpoint_interval` steps) and on_checkpoint; deletes nothing itself
     when the callbacks apply the retention, as the loop does."""
     model, tokenizer, optimizer = tiny

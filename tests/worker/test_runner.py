@@ -1,5 +1,5 @@
 """worker.runner.run_job in process, with fake trainers: plain functions that drive the real
-database callbacks the way trainer.loop.train does. Each outcome of a job attempt, on Postgres
+database callbacks the way trainer.run.loop.train does. Each outcome of a job attempt, on Postgres
 and on SQLite, in seconds: no worker process, no broker, no model."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from app.services import pausing
 from app.settings import Settings
 from app.transitions import JobStatus
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
-from trainer.callbacks import Callbacks, RunInfo
 from trainer.config import JobSpec
 from trainer.errors import TrainerError
+from trainer.run.callbacks import Callbacks, RunInfo
 from worker.context import WorkerContext
 from worker.progress import LeaseLost
 from worker.runner import Train, run_job

@@ -26,8 +26,8 @@ from app.models import Job, JobEvent, JobMetric
 from app.settings import Settings
 from bench.metrics_read import start_mlflow as bench_start_mlflow
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
-from trainer.callbacks import Callbacks, RunInfo
 from trainer.config import JobSpec
+from trainer.run.callbacks import Callbacks, RunInfo
 from worker.context import WorkerContext
 from worker.runner import Train
 from worker.settings import build_worker_settings
@@ -234,7 +234,7 @@ def catalog_trainer(
     checkpoint_every: int = 10,
     between_steps: Callable[[int], None] | None = None,
 ) -> Train:
-    """Trains `steps` steps the way trainer.loop.train reports them: on_start (resuming after
+    """Trains `steps` steps the way trainer.run.loop.train reports them: on_start (resuming after
     the checkpoint it is given), then per step should_stop? -> on_step with the whole metric
     catalog (one non-finite value among them, as a diverging step reports) -> a checkpoint
     every `checkpoint_every` steps and at the end. A stop saves nothing (as a worker that dies

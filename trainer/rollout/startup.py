@@ -26,7 +26,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from trainer.config import JobSpec
-from trainer.lora import merged_model
+from trainer.models.lora import merged_model
 from trainer.rollout.base import RolloutEngine, default_enforce_eager, torch_dtype
 from trainer.rollout.colocation import (
     Colocation,

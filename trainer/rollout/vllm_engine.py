@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from trainer.lora import engine_weights, is_lora
+from trainer.models.lora import engine_weights, is_lora
 from trainer.rollout.base import (
     Completion,
     check_generate_args,
@@ -188,7 +188,7 @@ class VLLMEngine:
 
     def sync_weights(self, model: nn.Module) -> float:
         """Copy ``model``'s weights (HF names; a LoRA model's merged in float32, see
-        ``trainer.lora.engine_weights``) into the engine, or in adapter mode its adapter
+        ``trainer.models.lora.engine_weights``) into the engine, or in adapter mode its adapter
         alone; returns seconds. Called after :meth:`wake`: the weights must be awake."""
         llm = self._engine()
         start = time.perf_counter()
@@ -318,7 +318,7 @@ def llm_kwargs(
 
 
 def engine_tensors(model: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """``model``'s engine weights (:func:`trainer.lora.engine_weights`) cast to the engine's
+    """``model``'s engine weights (:func:`trainer.models.lora.engine_weights`) cast to the engine's
     ``dtype``, one at a time: each copy (and a LoRA layer's float32 merge) exists only until
     the engine asks for the next, never the whole model's worth at once."""
     with torch.no_grad():

@@ -23,7 +23,7 @@ _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # Mistral, Gemma: embed_tokens; GPT-2: wte, wpe; GPT-NeoX: embed_in; BLOOM, Falcon:
 # word_embeddings; OPT: embed_positions). An adapter on an embedding is trained but neither the
 # engine sync nor a merged export carries it: refused here, before any model is loaded. The
-# trainer checks the loaded model too (``trainer.lora``), for names this list does not know and
+# trainer checks the loaded model too (``trainer.models.lora``), for names this list does not know and
 # for a tied output head.
 EMBEDDING_MODULE_NAMES = frozenset(
     {"embed_tokens", "wte", "wpe", "embed_in", "word_embeddings", "embed_positions"}

@@ -2,7 +2,7 @@
 model folder, or a Hugging Face Hub repo id (``owner/name``) with an optional revision.
 
 Torch-free and filesystem-free: the spec validates with these rules, the API's admission and the
-worker then apply the operator's rules (:mod:`trainer.model_paths`).
+worker then apply the operator's rules (:mod:`trainer.models.paths`).
 
 A Hub repo id follows the Hub's own rules, a little stricter: exactly one ``/`` between an owner
 and a name, each of ASCII letters, digits, ``_``, ``-`` and ``.``, starting and ending with a

@@ -15,7 +15,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from trainer.models import TINY_ALPHABET, resolve_model
+from trainer.models.loading import TINY_ALPHABET, resolve_model
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,8 @@ def main(engine: str) -> list[float]:
     import torch
 
     from tests.trainer.test_loop import Recorder, tiny_spec
-    from trainer.loop import train
-    from trainer.memory import release_free_memory
+    from trainer.models.memory import release_free_memory
+    from trainer.run.loop import train
 
     torch.set_num_threads(1)
     rss = []

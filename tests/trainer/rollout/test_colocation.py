@@ -131,11 +131,11 @@ def test_the_engine_sleeps_through_each_update_and_wakes_to_sync(
 ) -> None:
     """As on a GPU (the plan's sleep level 2): after the rollout the engine sleeps, the update
     runs, the engine wakes and gets every weight before the next rollout."""
-    import trainer.loop as loop_module
+    import trainer.run.setup as loop_module
     from tests.trainer.test_loop import Recorder
-    from trainer.loop import train
     from trainer.rollout import startup
     from trainer.rollout.colocation import Colocation
+    from trainer.run.loop import train
 
     calls: list[str] = []
     real_start = startup.start_engine

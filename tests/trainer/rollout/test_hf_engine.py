@@ -7,7 +7,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tests.trainer.rollout.conftest import chat_prompts, teacher_forced_logprobs
-from trainer.models import load_policy
+from trainer.models.loading import load_policy
 from trainer.rollout.base import Completion
 from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.registry import make_engine

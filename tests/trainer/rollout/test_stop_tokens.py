@@ -17,7 +17,7 @@ from tests.trainer.rollout.conftest import (
     qwen_style_tokenizer,
     save_qwen_style_model,
 )
-from trainer.models import build_tiny_tokenizer
+from trainer.models.loading import build_tiny_tokenizer
 from trainer.rollout.base import completion_from_tokens
 from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.registry import make_engine

@@ -32,7 +32,7 @@ from tests.worker.webhooks.conftest import (
     verify,
 )
 from tests.worker.webhooks.receiver import Receiver
-from trainer.callbacks import RunInfo
+from trainer.run.callbacks import RunInfo
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.progress import DatabaseCallbacks

@@ -129,10 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # torch and the models load only now, so argument errors come back instantly.
     import torch
 
-    from trainer.callbacks import ConsoleCallbacks
-    from trainer.checkpoint import latest_checkpoint
+    from trainer.checkpoint.store import latest_checkpoint
     from trainer.errors import TrainerError
-    from trainer.loop import train
+    from trainer.run.callbacks import ConsoleCallbacks
+    from trainer.run.loop import train
 
     resume: Path | None = None
     if args.resume == "latest":

@@ -1,16 +1,17 @@
 """The phases of one GRPO update, in the order the loop runs them on a step's kept groups:
 
-1. :func:`pack_groups`: the kept completions as a right-padded :class:`~trainer.step.Batch`.
+1. :func:`pack_groups`: the kept completions as a right-padded :class:`~trainer.update.step.Batch`.
 2. :func:`shaped_rewards`: task reward plus the optional DAPO overlong penalty.
 3. :func:`score_logprobs`: no-grad logprobs of the sampled tokens under the policy before the
    update (``old``, only when :func:`needs_old_logprobs`) and under the reference (``ref``).
 4. :func:`reward_kl_penalty` (KL placed in the reward: k1, exact) and
    :func:`compute_advantages`: the task reward's group advantages minus the centred, unscaled
    penalty.
-5. the update itself: ``trainer.update.run_updates``, unless :func:`has_signal` says the batch
+5. the update itself: ``trainer.update.passes.run_updates``, unless :func:`has_signal` says the batch
    has none (then no optimizer step, no schedule step, no sync).
 6. the weight sync into the rollout engine (``RolloutEngine.sync_weights``), by the loop.
-7. :func:`update_step_metrics`: what the update and the token-level values report.
+7. ``trainer.run.metrics.update_step_metrics``: what the update and the token-level values
+   report.
 
 Shapes: B = kept groups x G completions, flattened group by group; T = longest completion.
 """
@@ -23,16 +24,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from trainer import kl as kl_math
-from trainer.advantages import group_advantages, leave_one_out_centred
-from trainer.collect import Group
 from trainer.config import GRPOSpec
-from trainer.metrics import token_metrics, update_metrics
-from trainer.reference import Reference
-from trainer.sampler_correction import mismatch_metrics
-from trainer.shaping import overlong_penalty, truncation_loss_mask
-from trainer.step import Batch, forward_logprobs, pack_batch
-from trainer.update import PreUpdate, UpdateStats
+from trainer.models.reference import Reference
+from trainer.scoring.collect import Group
+from trainer.update import kl as kl_math
+from trainer.update.advantages import group_advantages, leave_one_out_centred
+from trainer.update.shaping import overlong_penalty, truncation_loss_mask
+from trainer.update.step import Batch, forward_logprobs, pack_batch
 
 __all__ = [
     "Scored",
@@ -44,7 +42,6 @@ __all__ = [
     "reward_kl_penalty",
     "score_logprobs",
     "shaped_rewards",
-    "update_step_metrics",
 ]
 
 
@@ -136,9 +133,9 @@ def score_logprobs(
 def reward_kl_penalty(scored: Scored, batch: Batch, spec: GRPOSpec) -> Tensor | None:
     """[B] ``beta * sum_t (old - ref)`` (detached) for KL placed in the reward, else None.
 
-    Always k1 (:data:`trainer.kl.REWARD_ESTIMATOR`), whatever ``spec.kl.estimator`` names: its
+    Always k1 (:data:`trainer.update.kl.REWARD_ESTIMATOR`), whatever ``spec.kl.estimator`` names: its
     policy-gradient ``E[penalty * grad log pi]`` is exactly ``beta * grad KL(pi || ref)``; k2, k3
-    and k3_unbiased there would be biased (see :mod:`trainer.kl`). ``old`` is the sampling
+    and k3_unbiased there would be biased (see :mod:`trainer.update.kl`). ``old`` is the sampling
     policy's log-probs, so the penalty is on-policy for the rollout it scores.
     """
     kl = spec.kl
@@ -183,42 +180,6 @@ def has_signal(advantages: Tensor, spec: GRPOSpec, scored: Scored) -> bool:
     kl = spec.kl
     loss_side = kl.active and kl.placement == "loss" and scored.ref is not None
     return loss_side or bool((advantages != 0).any())
-
-
-def update_step_metrics(
-    stats: UpdateStats,
-    advantages: Tensor,
-    batch: Batch,
-    scored: Scored,
-    pre: PreUpdate | None,
-    spec: GRPOSpec,
-) -> dict[str, float]:
-    """Loss, clipping and gradient statistics, plus the token-level metrics (entropy, KL,
-    engine-vs-trainer logprob gap) of the pre-update policy: from the old-logprob pass, or from
-    the single update's own forward pass (which ran before its optimizer step)."""
-    out = update_metrics(stats, advantages)
-    logprobs: Tensor | None = scored.old
-    entropy = scored.old_entropy
-    if logprobs is None and pre is not None:
-        logprobs, entropy = pre.logprobs, pre.entropy
-    out.update(
-        token_metrics(
-            batch.mask,
-            logprobs=logprobs,
-            entropy=entropy,
-            engine_logprobs=batch.engine_logprobs,
-            ref_logprobs=scored.ref,
-            estimator=spec.kl.estimator,
-        )
-    )
-    if logprobs is not None and batch.engine_logprobs is not None:
-        correction = spec.sampler_correction
-        out.update(
-            mismatch_metrics(
-                logprobs, batch.engine_logprobs, batch.mask, correction.mode, correction.cap
-            )
-        )
-    return out
 
 
 def advantages_by_group(advantages: Tensor, groups: int, group_size: int) -> dict[int, list[float]]:

@@ -15,17 +15,25 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from trainer import kl as kl_math
-from trainer import losses
 from trainer.config import GRPOSpec
 from trainer.errors import NonFiniteLossError
-from trainer.logprobs import completion_logprobs
-from trainer.memory import release_free_memory
-from trainer.precision import autocast
-from trainer.sampler_correction import correction_weights
-from trainer.step import Batch, by_length, derive_seed, micro_inputs
+from trainer.models.memory import release_free_memory
+from trainer.models.precision import autocast
+from trainer.seeding import derive_seed
+from trainer.update import kl as kl_math
+from trainer.update import losses
+from trainer.update.logprobs import completion_logprobs
+from trainer.update.sampler_correction import correction_weights
+from trainer.update.step import Batch, by_length, micro_inputs
 
-__all__ = ["NON_FINITE_LIMIT", "NonFiniteGuard", "PreUpdate", "UpdateStats", "run_updates"]
+__all__ = [
+    "NON_FINITE_LIMIT",
+    "NonFiniteGuard",
+    "PreUpdate",
+    "UpdateInputs",
+    "UpdateStats",
+    "run_updates",
+]
 
 NON_FINITE_LIMIT = 3
 
@@ -92,6 +100,30 @@ class PreUpdate:
 
 
 @dataclass
+class UpdateInputs:
+    """What one step's update works on: the model and its optimizer, the step's batch with its
+    advantages and scored logprobs, and the step's place in the run.
+
+    ``old_logprobs`` None means on-policy with a single update (one iteration, one minibatch):
+    then old = the logprobs of the update's own forward pass, detached. With
+    ``collect_pre_update`` (only valid in that on-policy case, where every forward pass runs
+    before the optimizer step) the pass's logprobs and entropies come back for the metrics.
+    """
+
+    model: nn.Module
+    optimizer: Optimizer
+    batch: Batch
+    advantages: Tensor  # [B]
+    old_logprobs: Tensor | None  # [B, T]
+    ref_logprobs: Tensor | None  # [B, T]
+    pad_id: int
+    guard: NonFiniteGuard
+    step: int
+    seed: int
+    collect_pre_update: bool = False
+
+
+@dataclass
 class _MicroResult:
     policy: float
     kl: float
@@ -105,16 +137,11 @@ class _MicroResult:
 
 
 def _micro_step(
-    model: nn.Module,
-    batch: Batch,
+    inputs: UpdateInputs,
     rows: list[int],
-    advantages: Tensor,
-    old_logprobs: Tensor | None,
-    ref_logprobs: Tensor | None,
     *,
     spec: GRPOSpec,
     totals: tuple[float, float],
-    pad_id: int,
     with_entropy: bool,
 ) -> _MicroResult:
     """Forward and backward of one micro-batch; gradients accumulate into the model.
@@ -122,19 +149,21 @@ def _micro_step(
     ``totals`` are the GLOBAL (tokens, sequences) counts of the minibatch, so that the
     micro-batch losses sum to the loss of the whole minibatch.
     """
+    batch, old_logprobs, ref_logprobs = inputs.batch, inputs.old_logprobs, inputs.ref_logprobs
     device = batch.mask.device
-    ids, att, p_width, t_width = micro_inputs(batch, rows, pad_id, device)
+    ids, att, p_width, t_width = micro_inputs(batch, rows, inputs.pad_id, device)
     # Autocast covers the forward pass only; backward runs each op in its forward's dtype.
     with autocast(spec.dtype, device):
         lp, ent = completion_logprobs(
-            model, ids, att, p_width, temperature=spec.temperature, with_entropy=with_entropy
+            inputs.model, ids, att, p_width, temperature=spec.temperature, with_entropy=with_entropy
         )
     lp = lp.float()
     index = torch.tensor(rows, device=device)
     loss_mask = batch.loss_mask[index, :t_width]
     old = lp.detach() if old_logprobs is None else old_logprobs[index, :t_width]
+    adv = inputs.advantages[index]
     surrogate = losses.clipped_surrogate(
-        lp, old, advantages[index], spec.eps_low, spec.eps_high, clip_ratio_c=spec.clip_ratio_c
+        lp, old, adv, spec.eps_low, spec.eps_high, clip_ratio_c=spec.clip_ratio_c
     )
 
     per_token_policy = surrogate.per_token_loss
@@ -186,86 +215,96 @@ def _micro_step(
     )
 
 
-def run_updates(
-    model: nn.Module,
-    optimizer: Optimizer,
-    batch: Batch,
-    advantages: Tensor,
+class _Pre:
+    """The pre-update logprobs and entropies being collected ([B, T] each), when asked for."""
+
+    def __init__(self, batch: Batch, collect: bool) -> None:
+        shape, device = (batch.size, batch.width), batch.mask.device
+        self.logprobs = torch.zeros(*shape, device=device) if collect else None
+        self.entropy = torch.zeros(*shape, device=device) if collect else None
+
+    def record(self, rows: list[int], res: _MicroResult) -> None:
+        if self.logprobs is None or self.entropy is None:
+            return
+        t_width = res.logprobs.shape[1]
+        self.logprobs[rows, :t_width] = res.logprobs
+        if res.entropy is not None:
+            self.entropy[rows, :t_width] = res.entropy
+
+    def result(self) -> PreUpdate | None:
+        return PreUpdate(self.logprobs, self.entropy) if self.logprobs is not None else None
+
+
+def _minibatch(
+    inputs: UpdateInputs,
+    mb_rows: list[int],
     *,
     spec: GRPOSpec,
-    step: int,
-    seed: int,
-    old_logprobs: Tensor | None,
-    ref_logprobs: Tensor | None,
-    pad_id: int,
-    guard: NonFiniteGuard,
-    collect_pre_update: bool,
-) -> tuple[UpdateStats, PreUpdate | None]:
-    """``num_iterations`` passes of minibatched updates over the batch.
+    stats: UpdateStats,
+    counts: list[float],
+    pre: _Pre | None,
+) -> tuple[float, float]:
+    """Forward and backward of one minibatch, micro-batch by micro-batch; the gradients
+    accumulate (the caller steps the optimizer). Adds the clip counts of an update that could
+    clip to ``counts`` and records the pre-update values into ``pre`` (the first iteration's
+    passes, when collected); returns the minibatch's (policy loss, KL loss)."""
+    totals = losses.valid_counts(inputs.batch.loss_mask[mb_rows])
+    policy_sum = kl_sum = 0.0
+    for start in range(0, len(mb_rows), spec.micro_batch_size):
+        rows = mb_rows[start : start + spec.micro_batch_size]
+        res = _micro_step(inputs, rows, spec=spec, totals=totals, with_entropy=pre is not None)
+        release_free_memory()  # this micro-batch's activations, before the next
+        policy_sum += res.policy
+        kl_sum += res.kl
+        if stats.updates > 0:  # the step's first update runs at ratio 1: cannot clip
+            counts[0] += res.clipped_low
+            counts[1] += res.clipped_high
+            counts[2] += res.clipped_dual
+            counts[3] += res.clamped
+            counts[4] += res.tokens
+        if pre is not None:
+            pre.record(rows, res)
+    return policy_sum, kl_sum
 
-    ``old_logprobs`` None means on-policy with a single update (one iteration, one minibatch):
-    then old = the logprobs of the update's own forward pass, detached. ``advantages`` is [B].
-    With ``collect_pre_update`` (only valid in that on-policy case, where every forward pass runs
-    before the optimizer step) the pass's logprobs and entropies come back for the metrics.
-    Minibatches are a seeded random split of the batch, redrawn every iteration.
-    """
-    device = batch.mask.device
+
+def run_updates(inputs: UpdateInputs, spec: GRPOSpec) -> tuple[UpdateStats, PreUpdate | None]:
+    """``num_iterations`` passes of minibatched updates over ``inputs.batch`` (see
+    :class:`UpdateInputs`). Minibatches are a seeded random split of the batch, redrawn every
+    iteration."""
+    batch, model, optimizer = inputs.batch, inputs.model, inputs.optimizer
     mini = spec.mini_batch_size or batch.size
-    if old_logprobs is None and (spec.num_iterations > 1 or mini < batch.size):
+    if inputs.old_logprobs is None and (spec.num_iterations > 1 or mini < batch.size):
         raise ValueError("old_logprobs are required with several updates per batch")
     params = [p for p in model.parameters() if p.requires_grad]
-    pre_lp = torch.zeros(batch.size, batch.width, device=device) if collect_pre_update else None
-    pre_ent = torch.zeros(batch.size, batch.width, device=device) if collect_pre_update else None
+    pre = _Pre(batch, inputs.collect_pre_update)
 
     stats = UpdateStats()
     # Token counts of the updates that could clip: [low, high, dual, clamped, loss tokens].
     counts = [0.0] * 5
     norms: list[float] = []
     model.train()
-    generator = torch.Generator().manual_seed(derive_seed(seed, step, 7))
+    generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.step, 7))
     for iteration in range(spec.num_iterations):
         order = list(range(batch.size))
         if mini < batch.size:
             order = torch.randperm(batch.size, generator=generator).tolist()
         for mb_start in range(0, batch.size, mini):
             mb_rows = by_length(batch, order[mb_start : mb_start + mini])
-            totals = losses.valid_counts(batch.loss_mask[mb_rows])
-            policy_sum = kl_sum = 0.0
             optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(mb_rows), spec.micro_batch_size):
-                rows = mb_rows[start : start + spec.micro_batch_size]
-                first_pass = pre_lp is not None and iteration == 0
-                res = _micro_step(
-                    model,
-                    batch,
-                    rows,
-                    advantages,
-                    old_logprobs,
-                    ref_logprobs,
-                    spec=spec,
-                    totals=totals,
-                    pad_id=pad_id,
-                    with_entropy=first_pass,
-                )
-                release_free_memory()  # this micro-batch's activations, before the next
-                policy_sum += res.policy
-                kl_sum += res.kl
-                if stats.updates > 0:  # the step's first update runs at ratio 1: cannot clip
-                    counts[0] += res.clipped_low
-                    counts[1] += res.clipped_high
-                    counts[2] += res.clipped_dual
-                    counts[3] += res.clamped
-                    counts[4] += res.tokens
-                if first_pass and pre_lp is not None and pre_ent is not None:
-                    t_width = res.logprobs.shape[1]
-                    pre_lp[rows, :t_width] = res.logprobs
-                    if res.entropy is not None:
-                        pre_ent[rows, :t_width] = res.entropy
+            first_pass = pre.logprobs is not None and iteration == 0
+            policy_sum, kl_sum = _minibatch(
+                inputs,
+                mb_rows,
+                spec=spec,
+                stats=stats,
+                counts=counts,
+                pre=pre if first_pass else None,
+            )
             norm = float(torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm))
             stats.updates += 1
             stats.policy_loss += policy_sum
             stats.kl_loss += kl_sum
-            if guard.check(step, policy_sum + kl_sum, norm):
+            if inputs.guard.check(inputs.step, policy_sum + kl_sum, norm):
                 optimizer.step()
                 norms.append(norm)
             else:
@@ -279,5 +318,4 @@ def run_updates(
     frac = [c / tokens if tokens else float("nan") for c in counts[:4]]
     stats.clip_low, stats.clip_high, stats.clip_dual, stats.clamped = frac
     stats.grad_norm = sum(norms) / len(norms) if norms else float("nan")
-    pre = PreUpdate(pre_lp, pre_ent) if pre_lp is not None else None
-    return stats, pre
+    return stats, pre.result()

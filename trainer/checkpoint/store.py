@@ -38,8 +38,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedTokenizerBase
 
-from trainer.checkpoint_files import MANIFEST, OPTIMIZER_FILE, RNG_FILE, TRASH_PREFIX, remove_folder
-from trainer.lora import ADAPTER_WEIGHTS, is_lora, load_adapter_weights
+from trainer.checkpoint.files import MANIFEST, OPTIMIZER_FILE, RNG_FILE, TRASH_PREFIX, remove_folder
+from trainer.models.lora import ADAPTER_WEIGHTS, is_lora, load_adapter_weights
 from trainer.spec.checkpoint import CheckpointSpec
 
 __all__ = [

@@ -1,15 +1,15 @@
 """The file names of a checkpoint folder that are the trainer's own resume state, and deleting
 and measuring checkpoint folders: torch-free.
 
-A checkpoint folder (``trainer.checkpoint``) holds a loadable model (or LoRA adapters) and
+A checkpoint folder (``trainer.checkpoint.store``) holds a loadable model (or LoRA adapters) and
 tokenizer, plus these files, which only the trainer reads back. Everything that hands a
-checkpoint's model to someone else leaves them out: ``grpo export`` (``trainer.export``) and the
+checkpoint's model to someone else leaves them out: ``grpo export`` (``trainer.checkpoint.export``) and the
 API's checkpoint download (``app.services.checkpoint_download``), which must not import torch.
 
 Deleting a checkpoint (or a job's whole folder) goes through :func:`remove_folder` here too, in
 the trainer's own pruning and in the service's retention and purge alike: the folder is first
 renamed to a hidden ``.trash-`` name, so a crash mid-delete never leaves a partial folder that
-still looks like a checkpoint (``trainer.checkpoint.sweep_temp_dirs`` removes leftovers).
+still looks like a checkpoint (``trainer.checkpoint.store.sweep_temp_dirs`` removes leftovers).
 """
 
 from __future__ import annotations

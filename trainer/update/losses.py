@@ -2,7 +2,7 @@
 
 Shapes: B sequences (completions) by T completion positions; ``mask`` [B, T] is 1 on valid
 completion tokens and 0 on padding or on tokens removed from the loss (bool or 0/1 float, e.g.
-the token mask times the per-sequence truncation mask from :mod:`trainer.shaping`).
+the token mask times the per-sequence truncation mask from :mod:`trainer.update.shaping`).
 
 Adding an aggregation: one function here, an entry in :data:`LOSS_AGGREGATIONS`, and its name in
 ``trainer.config.LossAggregation`` (the spec declares the names; a test checks they match).
@@ -59,7 +59,7 @@ def clipped_surrogate(
         eps_low, eps_high: the ratio is clipped to ``[1 - eps_low, 1 + eps_high]``
             (DAPO: 0.2 and 0.28).
         max_log_ratio: ``lp - old`` is clamped to this range before ``exp``. A plain clamp
-            (zero gradient outside) is the right choice here, unlike in :mod:`trainer.kl`: a
+            (zero gradient outside) is the right choice here, unlike in :mod:`trainer.update.kl`: a
             token whose probability moved by a factor above ``e^20`` within one rollout batch is
             far outside any trust region, and dropping its gradient is safer than letting a
             ``-A * e^20`` term through (the unclipped cases are ``A < 0`` with a huge ratio and

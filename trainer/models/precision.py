@@ -3,7 +3,7 @@
 bfloat16 here means autocast: the decoder's matmuls run in bfloat16 while the parameters,
 their gradients and AdamW's state stay float32 (master weights), so small updates are not lost
 to bfloat16's 8-bit mantissa. Two places stay float32 on purpose: the output head and its
-log-softmax (``trainer.logprobs`` runs them outside autocast: a bfloat16 logit of size 20 is off
+log-softmax (``trainer.update.logprobs`` runs them outside autocast: a bfloat16 logit of size 20 is off
 by up to 0.06, as much as a whole clip range of ratio), and everything computed from
 log-probabilities (ratios, KL, losses). The KL reference is frozen, so it needs no master
 copy: its decoder Linear weights are kept in bfloat16 (what autocast computes with anyway),

@@ -42,8 +42,8 @@ from transformers import (
 
 from trainer.config import PACKAGED_MODELS, is_hub_repo_id
 from trainer.errors import ModelNotAllowed
-from trainer.hub import resolve_hub_model
-from trainer.model_paths import allowed_model_folder, model_refusal
+from trainer.models.hub import resolve_hub_model
+from trainer.models.paths import allowed_model_folder, model_refusal
 
 __all__ = [
     "PACKAGED_MODELS",
@@ -107,7 +107,7 @@ def resolve_model(
     :func:`confined_model_folder`, and its real path is returned. ``None`` (the library and
     ``grpo train``) allows any folder. A Hub repo id (``owner/name``; a relative path never
     names a folder) at ``revision`` is the snapshot folder in the Hugging Face cache, see
-    :func:`trainer.hub.resolve_hub_model` (ModelNotCached when it is not there).
+    :func:`trainer.models.hub.resolve_hub_model` (ModelNotCached when it is not there).
     """
     if name_or_path in PACKAGED_MODELS:
         cache = cache_dir if cache_dir is not None else model_cache_dir()
@@ -136,7 +136,7 @@ def confined_model_folder(
 ) -> Path:
     """The real folder ``model`` names, when a job may train from it; else ModelNotAllowed.
 
-    The rule of :mod:`trainer.model_paths`, which the API's admission check applies too,
+    The rule of :mod:`trainer.models.paths`, which the API's admission check applies too,
     enforced again where the weights are read."""
     real = allowed_model_folder(model, roots, forbidden)
     if real is None:

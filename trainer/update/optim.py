@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from trainer.config import GRPOSpec
-from trainer.lora import trainable_parameters
+from trainer.models.lora import trainable_parameters
 
 
 def decay_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:

@@ -2,11 +2,11 @@
 
 ``resolve_hub_model("Qwen/Qwen2.5-0.5B-Instruct", "main")`` returns the cache's snapshot folder
 of that revision (a plain Hugging Face folder: config, tokenizer, safetensors weights), which
-:func:`trainer.models.load_policy` and the rollout engines load like any other folder.
+:func:`trainer.models.loading.load_policy` and the rollout engines load like any other folder.
 
 - The cache is the standard one: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
   ``~/.cache/huggingface/hub``, read when a model is resolved (not when this module is imported).
-- Offline (``HF_HUB_OFFLINE`` set, which :mod:`trainer.models` does unless the operator set it
+- Offline (``HF_HUB_OFFLINE`` set, which :mod:`trainer.models.loading` does unless the operator set it
   to ``0``): only the cache is read. A model or revision that is not there fails with
   :class:`~trainer.errors.ModelNotCached`, whose message names the repo id, the revision and
   the command that pre-fetches it. Online: the model's files are downloaded into the cache

@@ -4,7 +4,7 @@ function is another.
 The loop scores every completion of a step with ``scorer.score(completions, items)`` and
 reports ``reward/<name>/mean`` for each of ``scorer.names``. ``scorer.max_total`` is the total a
 fully correct completion reaches: evaluation counts a held-out row as correct at that total, and
-reports the mean total reward instead when it is 0 or less (see ``trainer.metrics``).
+reports the mean total reward instead when it is 0 or less (see ``trainer.run.metrics``).
 
 A scorer that fails quietly (a :class:`~trainer.graders.GraderSet` scores a failed grader call
 0) also counts those failures: it is a :class:`CountingScorer`, with a ``score_batch`` method.

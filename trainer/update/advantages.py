@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO) and the zero-variance test used by dynamic sampling.
+"""Group-relative advantages (GRPO) and the baseline of the reward-side KL penalty.
 
 Rewards arrive as [N_groups, G]: one row per prompt, one column per sampled completion.
 All standard deviations here are population standard deviations (``unbiased=False``, divide by
@@ -89,13 +89,3 @@ def leave_one_out_centred(values: Tensor) -> Tensor:
         return v.clone()
     others = (v.sum(dim=1, keepdim=True) - v) / (g - 1)
     return v - others
-
-
-def zero_variance_groups(rewards: Tensor, tol: float = 1e-6) -> Tensor:
-    """Bool [N_groups]: True where the group's rewards are all equal (population std < tol).
-
-    Such groups give zero advantage and so no policy-gradient signal; dynamic sampling drops
-    them and samples more prompts.
-    """
-    r = _as_float(rewards).detach()
-    return r.std(dim=1, unbiased=False) < tol

@@ -1,6 +1,6 @@
 """The tensor side of one GRPO step: pack rollouts into tensors, score them under the policy and
-the reference (no grad), seeds and the learning-rate schedule. The updates themselves are in
-:mod:`trainer.update`.
+the reference (no grad), and the learning-rate schedule. The updates themselves are in
+:mod:`trainer.update.passes`.
 
 Shapes: B completions in the step's batch, T = the longest completion (right padding),
 micro-batches of at most ``micro_batch_size`` rows are re-padded to their own widths.
@@ -8,7 +8,6 @@ micro-batches of at most ``micro_batch_size`` rows are re-padded to their own wi
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,27 +18,19 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainer.config import GRPOSpec, TrainingDtype
-from trainer.logprobs import completion_logprobs
-from trainer.memory import release_free_memory
-from trainer.precision import autocast
+from trainer.models.memory import release_free_memory
+from trainer.models.precision import autocast
+from trainer.update.logprobs import completion_logprobs
 
 __all__ = [
     "Batch",
     "by_length",
-    "derive_seed",
     "forward_logprobs",
     "lr_factor",
     "make_scheduler",
     "micro_inputs",
     "pack_batch",
 ]
-
-
-def derive_seed(*parts: int) -> int:
-    """A stable 31-bit seed from integers, e.g. (run seed, step, round): independent streams for
-    every rollout call that do not depend on what ran before (so a resumed run matches)."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 # --------------------------------------------------------------------------- lr schedule
@@ -162,7 +153,7 @@ def forward_logprobs(
     dtype: TrainingDtype = "float32",
 ) -> tuple[Tensor, Tensor | None]:
     """No-grad logprobs (and entropies) of every sampled token: ([B, T], [B, T] or None);
-    the decoder runs in ``dtype`` (``trainer.precision``), the head in float32."""
+    the decoder runs in ``dtype`` (``trainer.models.precision``), the head in float32."""
     device = batch.mask.device
     lp_all = torch.zeros(batch.size, batch.width, device=device)
     ent_all = torch.zeros(batch.size, batch.width, device=device) if with_entropy else None

@@ -35,7 +35,7 @@ which is ``grad KL_seq`` on-policy; like k2 it is biased off-policy (``num_itera
 Placement: in the loss the caller adds ``beta * aggregate(per_token_kl(...))`` (aggregated as
 the policy loss is, so its gradient is the table's times the aggregation's per-token weight);
 in the reward the loop subtracts :func:`kl_reward_penalty`, centred, from the advantages
-(``trainer.phases.compute_advantages``).
+(``trainer.update.phases.compute_advantages``).
 
 In the reward the penalty acts through the policy-gradient term, ``E[penalty * grad log pi]``.
 With ``penalty = sum_t k1_t = log pi(y) - log ref(y)`` that is exactly ``grad KL_seq``
@@ -240,7 +240,7 @@ def per_token_kl(
 def kl_reward_penalty(per_token_kl: Tensor, mask: Tensor, beta: float) -> Tensor:
     """Sequence-level KL penalty for ``placement = "reward"``: [B, T] -> [B], detached.
 
-    Returns ``beta * sum_t mask[b, t] * kl[b, t]``; ``trainer.phases.compute_advantages``
+    Returns ``beta * sum_t mask[b, t] * kl[b, t]``; ``trainer.update.phases.compute_advantages``
     centres it within its group and subtracts it from the task reward's advantages, unscaled.
 
     Sum, not mean, over tokens: the KL between the sequence distributions of two

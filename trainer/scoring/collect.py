@@ -10,16 +10,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
-from trainer.advantages import zero_variance_groups
 from trainer.config import GRPOSpec
-from trainer.data import Example, PromptSampler
-from trainer.memory import release_free_memory
-from trainer.rewards import Scorer, score_batch
+from trainer.data.dataset import Example, PromptSampler
+from trainer.models.memory import release_free_memory
 from trainer.rollout.base import Completion, RolloutEngine
-from trainer.step import derive_seed
+from trainer.scoring.rewards import Scorer, score_batch
+from trainer.seeding import derive_seed
 
-__all__ = ["Collected", "Group", "collect_groups", "prompts_for_round"]
+__all__ = ["Collected", "Group", "collect_groups", "prompts_for_round", "zero_variance_groups"]
+
+
+def zero_variance_groups(rewards: Tensor, tol: float = 1e-6) -> Tensor:
+    """Bool [N_groups]: True where the group's rewards are all equal (population std < tol).
+
+    Such groups give zero advantage and so no policy-gradient signal; dynamic sampling drops
+    them and samples more prompts.
+    """
+    r = rewards.detach().double()
+    return r.std(dim=1, unbiased=False) < tol
 
 
 @dataclass
@@ -84,7 +94,7 @@ def collect_groups(
     should_stop: Callable[[], bool],
 ) -> Collected:
     """Sample ``spec.prompts_per_step`` groups for training step ``step`` and score them with
-    ``scorer`` (graders, or a reward function: ``trainer.rewards``).
+    ``scorer`` (graders, or a reward function: ``trainer.scoring.rewards``).
 
     Round r of step s samples with the engine seed ``derive_seed(seed, s, r)``. Without dynamic
     sampling every group is kept. With it, zero-variance groups (judged on the task reward, the

@@ -20,16 +20,16 @@ rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen es
 ``kl_k3`` (always k3; only with a reference model), ``logprob_diff/engine_vs_trainer`` (mean
 |engine - trainer| logprob of the sampled tokens before the update), ``mismatch/kl``,
 ``mismatch/ratio_mean``, ``mismatch/ratio_max`` and ``mismatch/capped_frac`` (the engine
-against the trainer's pi_old, see ``trainer.sampler_correction``), over the completions
+against the trainer's pi_old, see ``trainer.update.sampler_correction``), over the completions
 trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
 ``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``; ``tokens/trained``
 (prompt plus completion tokens of the batch trained on, times num_iterations; absent on a step
 with nothing to train on);
 ``update/skipped`` (1 when the step ran no update: no group to train on, or every advantage 0
-with no loss-side term, see ``trainer.phases.has_signal``; then the update's metrics above are
+with no loss-side term, see ``trainer.update.phases.has_signal``; then the update's metrics above are
 absent; 0 otherwise); ``data/skipped_prompts`` (dataset rows the run skipped because their formatted prompt is longer
 than ``max_prompt_tokens``: the same value every step, 0 when none; a ``dataset`` event lists
-them by row number, see ``trainer.data.prompts_for_run``); ``eval/accuracy`` on
+them by row number, see ``trainer.data.dataset.prompts_for_run``); ``eval/accuracy`` on
 evaluation steps (greedy decoding of the held-out rows; a row counts as correct when its total
 reward reaches the scorer's ``max_total``: for graders, the sum of the positive weights, i.e.
 every positively weighted grader gave full marks; with a ``max_total`` of 0 or less, the mean
@@ -44,15 +44,18 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from trainer import kl as kl_math
-from trainer.callbacks import CompletionSample, RolloutSample
-from trainer.collect import Collected
 from trainer.config import GRPOSpec, KLEstimatorName
 from trainer.graders import Item
-from trainer.losses import masked_mean
-from trainer.rewards import Scorer
 from trainer.rollout.base import RolloutEngine
-from trainer.update import UpdateStats
+from trainer.run.callbacks import CompletionSample, RolloutSample
+from trainer.scoring.collect import Collected
+from trainer.scoring.rewards import Scorer
+from trainer.update import kl as kl_math
+from trainer.update.losses import masked_mean
+from trainer.update.passes import PreUpdate, UpdateStats
+from trainer.update.phases import Scored
+from trainer.update.sampler_correction import mismatch_metrics
+from trainer.update.step import Batch
 
 __all__ = [
     "build_samples",
@@ -61,6 +64,7 @@ __all__ = [
     "rollout_metrics",
     "token_metrics",
     "update_metrics",
+    "update_step_metrics",
 ]
 
 
@@ -193,6 +197,42 @@ def build_samples(
         out.append(
             RolloutSample(
                 prompt=prompts[group.row], answer=answers[group.row], completions=completions
+            )
+        )
+    return out
+
+
+def update_step_metrics(
+    stats: UpdateStats,
+    advantages: Tensor,
+    batch: Batch,
+    scored: Scored,
+    pre: PreUpdate | None,
+    spec: GRPOSpec,
+) -> dict[str, float]:
+    """Loss, clipping and gradient statistics, plus the token-level metrics (entropy, KL,
+    engine-vs-trainer logprob gap) of the pre-update policy: from the old-logprob pass, or from
+    the single update's own forward pass (which ran before its optimizer step)."""
+    out = update_metrics(stats, advantages)
+    logprobs: Tensor | None = scored.old
+    entropy = scored.old_entropy
+    if logprobs is None and pre is not None:
+        logprobs, entropy = pre.logprobs, pre.entropy
+    out.update(
+        token_metrics(
+            batch.mask,
+            logprobs=logprobs,
+            entropy=entropy,
+            engine_logprobs=batch.engine_logprobs,
+            ref_logprobs=scored.ref,
+            estimator=spec.kl.estimator,
+        )
+    )
+    if logprobs is not None and batch.engine_logprobs is not None:
+        correction = spec.sampler_correction
+        out.update(
+            mismatch_metrics(
+                logprobs, batch.engine_logprobs, batch.mask, correction.mode, correction.cap
             )
         )
     return out

@@ -1,6 +1,6 @@
 """Rows from a Hugging Face ``datasets`` dataset saved to disk (``dataset.saved_dataset``).
 
-The folder has already passed the operator's rule (``trainer.model_paths.allowed_dataset_folder``,
+The folder has already passed the operator's rule (``trainer.models.paths.allowed_dataset_folder``,
 applied by the API at submission and by the worker before this reads anything). Its split is
 read with ``datasets.load_from_disk``, its columns renamed by ``columns`` (row field -> column;
 columns not named keep their names and reach graders as ``item`` fields), and every record
@@ -30,7 +30,7 @@ def hub_dataset_folder(repo_id: str, revision: str | None) -> Path:
     it is not there, naming the command that puts it there."""
     from huggingface_hub import snapshot_download
 
-    from trainer.hub import hub_cache_dir, hub_offline
+    from trainer.models.hub import hub_cache_dir, hub_offline
 
     rev = revision or "main"
     try:

@@ -4,7 +4,7 @@ A full checkpoint already is one: its model and tokenizer files are copied, the 
 files (optimizer, RNG states, manifest) left behind. A LoRA checkpoint holds adapters only;
 without ``merge`` they are copied as a peft adapter folder (``adapter_config.json`` names the
 base), with ``merge`` the base is loaded, the adapters merged in float32
-(``trainer.lora.merged_model``) and the result saved in the base's dtype.
+(``trainer.models.lora.merged_model``) and the result saved in the base's dtype.
 
 :func:`merge_adapter_folder` does the merge for a plain adapter folder (no trainer state), such
 as the one ``grpo download --merge`` receives from the API.
@@ -19,8 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint_files import MANIFEST, is_model_file
-from trainer.lora import ADAPTER_CONFIG, adapter_config, merged_model, refuse_unsynced_targets
+from trainer.checkpoint.files import MANIFEST, is_model_file
+from trainer.models.lora import (
+    ADAPTER_CONFIG,
+    adapter_config,
+    merged_model,
+    refuse_unsynced_targets,
+)
 
 __all__ = ["export_checkpoint", "is_adapter_checkpoint", "merge_adapter_folder"]
 
@@ -81,7 +86,7 @@ def _copy_model_files(checkpoint: Path, target: Path) -> None:
 def _merge_into(checkpoint: Path, target: Path, base: Path | None) -> None:
     from peft import PeftModel
 
-    from trainer.models import load_policy, resolve_model
+    from trainer.models.loading import load_policy, resolve_model
 
     recorded = str(adapter_config(checkpoint).get("base_model_name_or_path") or "")
     if base is None:

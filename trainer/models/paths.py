@@ -14,7 +14,7 @@ A job may also name a Hugging Face Hub repo id (``owner/name``, syntax checked b
 :mod:`trainer.spec.model_source`) when the operator allows Hub models (``GRPO_ALLOW_HUB_MODELS``,
 on by default) and, if they listed any, the id matches one of the patterns of
 ``GRPO_HUB_MODEL_ALLOWLIST`` (:func:`hub_model_refusal`). Whether the worker can read it (its
-Hugging Face cache, or the Hub when it is online) is only known on the worker (:mod:`trainer.hub`).
+Hugging Face cache, or the Hub when it is online) is only known on the worker (:mod:`trainer.models.hub`).
 """
 
 from __future__ import annotations

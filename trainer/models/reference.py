@@ -1,8 +1,8 @@
 """The KL reference model: what the policy was when the run started, frozen.
 
-Full fine-tuning keeps a frozen copy (in the training dtype, ``trainer.precision``). LoRA needs
+Full fine-tuning keeps a frozen copy (in the training dtype, ``trainer.models.precision``). LoRA needs
 no copy: the base weights never change, so the reference is the policy itself with its adapters
-switched off (``trainer.lora``), which saves a whole model's memory.
+switched off (``trainer.models.lora``), which saves a whole model's memory.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 from torch import nn
 
 from trainer.config import TrainingDtype
-from trainer.lora import adapters_disabled, is_lora
-from trainer.precision import frozen_reference
+from trainer.models.lora import adapters_disabled, is_lora
+from trainer.models.precision import frozen_reference
 
 __all__ = ["Reference", "reference_for"]
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.precision import exact_float32_matmuls
+from trainer.models.precision import exact_float32_matmuls
 from trainer.rollout.colocation import head_chunk_rows_for
 
 
@@ -101,7 +101,7 @@ def _head_chunk(
 
     Outside any autocast, in the head's own dtype (float32 under bfloat16 mixed precision),
     and without TF32: bfloat16 logits would carry errors as large as a clip range of ratio
-    (``trainer.precision``). The scope covers the forward pass (and its recomputation under
+    (``trainer.models.precision``). The scope covers the forward pass (and its recomputation under
     checkpointing): the log-probabilities are exact; the head's gradients follow the process's
     setting like every other gradient."""
     weight = getattr(lm_head, "weight", None)
@@ -147,6 +147,66 @@ def head_chunk_rows(vocab_size: int) -> int:
     return max(16, HEAD_CHUNK_ELEMENTS // max(1, vocab_size))
 
 
+def _check_inputs(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    temperature: float,
+    chunk_size: int | None,
+) -> None:
+    """ValueError for arguments :func:`completion_logprobs` cannot work with."""
+    _check_temperature(temperature)
+    if chunk_size is not None and chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+        raise ValueError(
+            f"need input_ids and attention_mask [B, L]: {input_ids.shape}, {attention_mask.shape}"
+        )
+    length = input_ids.shape[1]
+    if not 1 <= prompt_len <= length:
+        raise ValueError(f"prompt_len must be in [1, {length}], got {prompt_len}")
+
+
+def _default_chunk_rows(lm_head: nn.Module, input_ids: Tensor) -> int:
+    """Rows per output-head call when the caller names none."""
+    weight = getattr(lm_head, "weight", None)
+    vocab = int(weight.shape[0]) if weight is not None else 65_536
+    # On a GPU the chunk follows what is free there (trainer.rollout.colocation); on CPU
+    # the fixed 16M-logit chunk, measured as fast as larger ones.
+    free = torch.cuda.mem_get_info(input_ids.device)[0] if input_ids.is_cuda else None
+    return head_chunk_rows_for(vocab, free_bytes=free, cpu_rows=head_chunk_rows(vocab))
+
+
+def _head_chunks(
+    lm_head: nn.Module,
+    states: Tensor,
+    targets: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The output head over the completion rows, ``chunk_size`` rows at a time; under autograd
+    each chunk is checkpointed (its logits recomputed in the backward pass)."""
+    recompute = torch.is_grad_enabled() and states.requires_grad
+    lp_parts: list[Tensor] = []
+    ent_parts: list[Tensor] = []
+    for s in range(0, states.shape[0], chunk_size):
+        args = (
+            lm_head,
+            states[s : s + chunk_size],
+            targets[s : s + chunk_size],
+            temperature,
+            with_entropy,
+        )
+        if recompute:
+            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(*args)
+        lp_parts.append(lp)
+        ent_parts.append(ent)
+    return lp_parts, ent_parts
+
+
 def completion_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -182,24 +242,11 @@ def completion_logprobs(
         ``(logprobs [B, T], entropy [B, T] or None)``. Both are 0 at completion padding.
         Gradients flow into the model's parameters when grad mode is enabled.
     """
-    _check_temperature(temperature)
-    if chunk_size is not None and chunk_size <= 0:
-        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
-        raise ValueError(
-            f"need input_ids and attention_mask [B, L]: {input_ids.shape}, {attention_mask.shape}"
-        )
+    _check_inputs(input_ids, attention_mask, prompt_len, temperature, chunk_size)
     batch, length = input_ids.shape
-    if not 1 <= prompt_len <= length:
-        raise ValueError(f"prompt_len must be in [1, {length}], got {prompt_len}")
     decoder, lm_head = _decoder_and_head(model)
     if chunk_size is None:
-        weight = getattr(lm_head, "weight", None)
-        vocab = int(weight.shape[0]) if weight is not None else 65_536
-        # On a GPU the chunk follows what is free there (trainer.rollout.colocation); on CPU
-        # the fixed 16M-logit chunk, measured as fast as larger ones.
-        free = torch.cuda.mem_get_info(input_ids.device)[0] if input_ids.is_cuda else None
-        chunk_size = head_chunk_rows_for(vocab, free_bytes=free, cpu_rows=head_chunk_rows(vocab))
+        chunk_size = _default_chunk_rows(lm_head, input_ids)
 
     # Left padding shifts every real token right; positions must count real tokens only.
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
@@ -218,24 +265,9 @@ def completion_logprobs(
     states = states.index_select(0, rows)
     targets = targets.index_select(0, rows)
 
-    recompute = torch.is_grad_enabled() and states.requires_grad
-    lp_parts: list[Tensor] = []
-    ent_parts: list[Tensor] = []
-    for s in range(0, rows.numel(), chunk_size):
-        args = (
-            lm_head,
-            states[s : s + chunk_size],
-            targets[s : s + chunk_size],
-            temperature,
-            with_entropy,
-        )
-        if recompute:
-            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
-        else:
-            lp, ent = _head_chunk(*args)
-        lp_parts.append(lp)
-        ent_parts.append(ent)
-
+    lp_parts, ent_parts = _head_chunks(
+        lm_head, states, targets, temperature, with_entropy, chunk_size
+    )
     out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
     logprobs = _scatter_rows(lp_parts, rows, batch, width, out_dtype, hidden.device)
     entropy = (

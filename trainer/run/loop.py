@@ -1,0 +1,378 @@
+"""The GRPO training loop: ``train(config, callbacks, output_dir=...)``, the step driver.
+
+One step: sample prompts -> G completions each from the rollout engine -> scores (graders or a
+reward function; with DAPO dynamic sampling, zero-variance groups are dropped and refilled) ->
+the update phases of ``trainer.update.phases`` -> metrics, samples, evaluation, checkpoint.
+
+The worker and the CLI pass the job spec and everything is built from it
+(:mod:`trainer.run.setup`); a caller with pieces of its own (a notebook) passes them to
+:func:`train` as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from trainer.config import JobSpec
+from trainer.errors import NonFiniteLossError, TrainerError
+from trainer.graders import Grader
+from trainer.models.reference import Reference
+from trainer.rollout.base import RolloutEngine
+from trainer.rollout.startup import StartedEngine
+from trainer.run.callbacks import Callbacks
+from trainer.run.checkpoints import RunCheckpoints
+from trainer.run.metrics import build_samples, evaluate, rollout_metrics, update_step_metrics
+from trainer.run.setup import (
+    DEFAULT_SAMPLE_GROUPS,
+    Given,
+    announce_run,
+    prepare_run,
+    start_run_engine,
+)
+from trainer.scoring.collect import Collected, collect_groups
+from trainer.scoring.rewards import RewardFn, Scorer
+from trainer.seeding import derive_seed
+from trainer.update.passes import UpdateInputs, run_updates
+from trainer.update.phases import (
+    advantages_by_group,
+    compute_advantages,
+    has_signal,
+    needs_old_logprobs,
+    pack_groups,
+    reward_kl_penalty,
+    score_logprobs,
+    shaped_rewards,
+)
+
+__all__ = ["NonFiniteLossError", "TrainResult", "TrainerError", "train"]
+
+_EVAL_SEED_SALT = 99_991
+
+
+@dataclass
+class TrainResult:
+    final_step: int
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    checkpoint_path: Path | None = None
+    stopped_early: bool = False
+
+
+def train(
+    config: JobSpec,
+    callbacks: Callbacks | None = None,
+    *,
+    output_dir: Path,
+    resume_from: Path | None = None,
+    device: str = "cpu",
+    graders: Scorer | Sequence[Grader] | None = None,
+    reward_fn: RewardFn | None = None,
+    model: nn.Module | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    engine: RolloutEngine | None = None,
+    sample_groups: int = DEFAULT_SAMPLE_GROUPS,
+) -> TrainResult:
+    """Run (or resume) a GRPO job; checkpoints go to ``output_dir/checkpoint-<step>``.
+
+    ``resume_from`` (a checkpoint folder) restores weights, optimizer, scheduler, RNG and data
+    position, and pushes the restored weights into the rollout engine before the first rollout,
+    so a resumed run samples exactly what the uninterrupted run would have.
+
+    Everything else comes from ``config`` unless given here:
+
+    - ``graders``: a list of graders or a Scorer (``trainer.scoring.rewards``) instead of
+      ``config.graders``; or ``reward_fn(completions, items) -> rewards``, one float each
+      (metric ``reward/<function name>/mean``). Not both.
+    - ``model`` and ``tokenizer`` (together): a ready Hugging Face causal LM, trained in place
+      on ``device`` instead of loading ``config.model``; the KL reference is a frozen copy of it
+      as given. The vllm engine loads a copy saved under ``output_dir``.
+    - ``engine``: a rollout engine to sample with instead of ``config.rollout``; the run pushes
+      the policy's weights into it before the first rollout and after every update, and leaves
+      it open.
+    - ``sample_groups``: how many rollout groups of each step go to ``callbacks.on_samples``.
+
+    Raises NonFiniteLossError (a TrainerError, ``reason`` "non_finite_loss") after
+    consecutive non-finite updates, and ValueError for an unusable dataset or arguments.
+    """
+    if (model is None) != (tokenizer is None):
+        raise ValueError("pass model and tokenizer together (or neither)")
+    if graders is not None and reward_fn is not None:
+        raise ValueError("pass graders or reward_fn, not both")
+    if sample_groups < 0:
+        raise ValueError(f"sample_groups must be >= 0, got {sample_groups}")
+    given = Given(graders, reward_fn, model, tokenizer, engine, sample_groups)
+    run = _Run(config, callbacks or Callbacks(), Path(output_dir), torch.device(device), given)
+    try:
+        return run.execute(resume_from)
+    finally:
+        run.close()
+
+
+class _Run:
+    """One run's steps, from its setup (:func:`~trainer.run.setup.prepare_run`) to its result."""
+
+    def __init__(
+        self,
+        config: JobSpec,
+        callbacks: Callbacks,
+        output_dir: Path,
+        device: torch.device,
+        given: Given,
+    ) -> None:
+        self.setup = prepare_run(config, callbacks, output_dir, device, given)
+        self.config = config
+        self.spec = config.grpo
+        self.cb = callbacks
+        self.checkpoints = RunCheckpoints(self.setup)
+        self.started: StartedEngine | None = None
+        self.engine: RolloutEngine | None = None
+
+    @property
+    def model(self) -> nn.Module:
+        """The policy being trained."""
+        return self.setup.model
+
+    @property
+    def reference(self) -> Reference | None:
+        """The KL reference (None when the KL is off)."""
+        return self.setup.reference
+
+    def close(self) -> None:
+        if self.started is not None:
+            self.started.close()
+            self.started = None
+            self.engine = None
+
+    # ------------------------------------------------------------------ main loop
+
+    def execute(self, resume_from: Path | None) -> TrainResult:
+        result = self._restore(resume_from) if resume_from is not None else TrainResult(0)
+        start_step, total = result.final_step, self.spec.steps
+        self._open_engine(resume_from, start_step)
+        if resume_from is None and self.setup.eval_ids and self.config.eval.interval > 0:
+            # Baseline before any update, so a run shows what training changed.
+            self._evaluate(0)
+        if start_step < total and self.cb.should_stop():
+            self.cb.on_event("stop", "stop requested before the first step")
+            result.stopped_early = True
+            return result
+        interval = self.config.checkpoint_interval
+        for step in range(start_step + 1, total + 1):
+            metrics, stop_requested = self._step(step, final=step == total)
+            self.cb.on_step(step, metrics)
+            self.checkpoints.track(metrics)
+            result.final_step = step
+            result.last_metrics = metrics
+            saved = False
+            if step == total or (interval > 0 and step % interval == 0):
+                result.checkpoint_path = self.checkpoints.save(step, metrics)
+                saved = True
+            if step < total and (stop_requested or self.cb.should_stop()):
+                if not saved:
+                    result.checkpoint_path = self.checkpoints.save(step, metrics)
+                self.cb.on_event("stop", f"stopped after step {step} as requested")
+                result.stopped_early = True
+                break
+        return result
+
+    def _restore(self, path: Path) -> TrainResult:
+        step, metrics = self.checkpoints.restore(path)
+        return TrainResult(step, last_metrics=metrics, checkpoint_path=Path(path))
+
+    def _open_engine(self, resume_from: Path | None, start_step: int) -> None:
+        """Start the engine (or take the caller's), then push weights and announce the run."""
+        self.started = start_run_engine(self.setup)
+        self.engine = self.started.engine
+        announce_run(self.setup, self.started, resume_from, start_step)
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self, step: int, *, final: bool) -> tuple[dict[str, float], bool]:
+        s = self.setup
+        spec = self.spec
+        assert self.engine is not None
+        started = time.perf_counter()
+        col = collect_groups(
+            self.engine,
+            s.scorer,
+            s.sampler,
+            s.train_ids,
+            s.train_rows,
+            spec,
+            seed=self.config.seed,
+            step=step,
+            should_stop=self.cb.should_stop,
+        )
+        metrics = rollout_metrics(col, s.scorer.names)
+        for name, message in col.grader_messages.items():
+            self.cb.on_event(
+                "grader",
+                f"step {step}: grader {name} failed on {col.grader_errors.get(name, 0)} "
+                f"samples (scored 0); first error: {message}",
+                level="warning",
+                data={"grader": name, "errors": col.grader_errors.get(name, 0), "first": message},
+            )
+        if spec.dynamic_sampling.enabled:
+            # Only dynamic sampling drops groups; frac_zero_std_groups covers the rest.
+            dropped = col.num_zero_std
+            surplus = len(col.groups) - len(col.kept) - dropped
+            metrics["dynamic_sampling/rounds"] = float(col.rounds)
+            metrics["dynamic_sampling/kept_groups"] = float(len(col.kept))
+            metrics["dynamic_sampling/dropped_groups"] = float(dropped)
+            if dropped:
+                self.cb.on_event(
+                    "dynamic_sampling",
+                    f"step {step}: dropped {dropped} of {len(col.groups)} groups with equal "
+                    f"rewards ({col.rounds} sampling rounds, {len(col.kept)} groups trained on, "
+                    f"{surplus} more left out)",
+                    data={"rounds": col.rounds, "dropped": dropped, "surplus": surplus},
+                )
+        lr = float(s.optimizer.param_groups[0]["lr"])
+        advantages: dict[int, list[float]] = {}
+        trained = False
+        if col.kept:
+            advantages, trained = self._train_on(col, step, metrics)
+        metrics["update/skipped"] = 0.0 if trained else 1.0
+        if trained:
+            with warnings.catch_warnings():
+                # A step whose updates the non-finite guard all skipped still steps the
+                # schedule (without optimizer.step()): it trained on a batch, the guard threw
+                # the result away.
+                warnings.filterwarnings(
+                    "ignore", message=r"Detected call of `lr_scheduler\.step\(\)`"
+                )
+                s.scheduler.step()
+        elif not col.kept:
+            # No batch, no update: the schedule waits for the next step that trains.
+            self.cb.on_event("no_signal", f"step {step}: no group to train on; update skipped")
+        metrics["lr"] = lr
+        metrics["data/skipped_prompts"] = float(s.skipped_prompts)
+        samples = build_samples(
+            col,
+            advantages,
+            s.sample_prompts,
+            s.sample_answers,
+            s.sample_groups,
+        )
+        self.cb.on_samples(step, samples)
+        if s.eval_ids and (
+            final or (self.config.eval.interval > 0 and step % self.config.eval.interval == 0)
+        ):
+            metrics["eval/accuracy"] = self._evaluate(step)
+        metrics["time/step"] = time.perf_counter() - started
+        clean = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
+        return clean, col.stop_requested
+
+    def _train_on(
+        self, col: Collected, step: int, metrics: dict[str, float]
+    ) -> tuple[dict[int, list[float]], bool]:
+        """The update phases (``trainer.update.phases``) on the kept groups, in order; fills
+        ``metrics`` and returns the advantages by group position in ``col.kept`` and whether
+        an update ran (False when the batch has no signal: every advantage 0 and no loss-side
+        term, see :func:`trainer.update.phases.has_signal`)."""
+        s = self.setup
+        spec = self.spec
+        assert self.engine is not None
+        clock = time.perf_counter()
+        batch = pack_groups(col.kept, spec, s.device)
+        shaped = shaped_rewards(col.kept, batch, spec)
+        metrics["time/reward"] += time.perf_counter() - clock
+
+        # The update needs the device memory the engine's KV cache holds (GPU sleep mode).
+        level = self._engine_sleeps()
+        clock = time.perf_counter()
+        with_old = needs_old_logprobs(spec, batch.size)
+        scored = score_logprobs(
+            s.model,
+            s.reference,
+            batch,
+            spec,
+            pad_id=s.pad_id,
+            with_old=with_old,
+        )
+        metrics["time/logprobs"] = time.perf_counter() - clock
+
+        penalty = reward_kl_penalty(scored, batch, spec)
+        adv = compute_advantages(shaped, penalty, spec)
+        if penalty is not None:
+            metrics["kl/reward_penalty"] = float(penalty.mean())
+
+        if not has_signal(adv, spec, scored):
+            # Nothing to learn from: no optimizer step (AdamW's momentum would still move every
+            # weight), no schedule step, no sync, unless a level-2 sleep dropped the engine's
+            # weights, which it needs back either way.
+            self._wake_engine(level == 2)
+            metrics["time/update"] = 0.0
+            return advantages_by_group(adv, len(col.kept), spec.group_size), False
+
+        clock = time.perf_counter()
+        stats, pre = run_updates(
+            UpdateInputs(
+                model=s.model,
+                optimizer=s.optimizer,
+                batch=batch,
+                advantages=adv,
+                old_logprobs=scored.old,
+                ref_logprobs=scored.ref,
+                pad_id=s.pad_id,
+                guard=s.guard,
+                step=step,
+                seed=self.config.seed,
+                collect_pre_update=not with_old,
+            ),
+            spec,
+        )
+        metrics["time/update"] = time.perf_counter() - clock
+        # Prompt and completion tokens of the batch, once per update pass over it: what the
+        # step trained on (the OpenAI view's trained_tokens sums it over steps).
+        metrics["tokens/trained"] = float(
+            spec.num_iterations
+            * sum(len(p) + len(c) for p, c in zip(batch.prompts, batch.completions, strict=True))
+        )
+
+        # Only an applied update changed the weights the engine generates with; an engine
+        # that dropped its weights to sleep (level 2) needs them back either way.
+        applied = stats.updates > stats.skipped
+        metrics["time/weight_sync"] = self._wake_engine(applied or level == 2)
+        metrics.update(update_step_metrics(stats, adv, batch, scored, pre, spec))
+        return advantages_by_group(adv, len(col.kept), spec.group_size), True
+
+    def _wake_engine(self, must_sync: bool) -> float:
+        """Wake a sleeping engine and, when ``must_sync``, sync the policy's weights into it;
+        the sync's seconds (0 without one)."""
+        assert self.engine is not None
+        wake = getattr(self.engine, "wake", None)
+        if callable(wake):
+            wake()
+        return self.engine.sync_weights(self.setup.model) if must_sync else 0.0
+
+    def _engine_sleeps(self) -> int | None:
+        """Put a sleep-capable engine (vLLM on a GPU) to sleep for the update; its level."""
+        plan = self.started.colocation if self.started is not None else None
+        sleep = getattr(self.engine, "sleep", None)
+        if plan is None or plan.sleep_level is None or not callable(sleep):
+            return None
+        sleep(plan.sleep_level)
+        return plan.sleep_level
+
+    def _evaluate(self, step: int) -> float:
+        s = self.setup
+        assert self.engine is not None
+        rows = s.eval_rows[: len(s.eval_ids)]
+        seed = derive_seed(self.config.seed, step, _EVAL_SEED_SALT)
+        items = [row.grading_item for row in rows]
+        accuracy = evaluate(self.engine, s.scorer, s.eval_ids, items, self.spec, seed=seed)
+        self.cb.on_event(
+            "eval",
+            f"step {step}: eval accuracy {accuracy:.3f} on {len(rows)} rows",
+            data={"step": step, "accuracy": accuracy, "rows": len(rows)},
+        )
+        return accuracy

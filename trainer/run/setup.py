@@ -1,0 +1,280 @@
+"""A run's setup, before its first step: everything :func:`trainer.run.loop.train` builds from
+the job spec (or takes from its caller) and the step driver then works with.
+
+In order: the output folder (interrupted checkpoint writes swept), the dataset's rows and
+held-out split (a bad dataset fails before any model is loaded), the scorer, the seeds, the
+policy and its tokenizer, the prompts as token ids, the optimizer, schedule and non-finite
+guard, and the KL reference (:func:`prepare_run`); then, once a checkpoint is restored, the
+rollout engine (:func:`start_run_engine`, :func:`announce_run`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from transformers import PreTrainedTokenizerBase
+
+from trainer.checkpoint.store import sweep_temp_dirs
+from trainer.config import JobSpec
+from trainer.data.dataset import (
+    Example,
+    PromptSampler,
+    RunPrompts,
+    dataset_rows,
+    prompts_for_run,
+    split_holdout,
+)
+from trainer.graders import Grader
+from trainer.models.loading import (
+    disable_dropout,
+    enable_gradient_checkpointing,
+    load_policy,
+    resolve_model,
+)
+from trainer.models.lora import apply_lora
+from trainer.models.precision import enable_tf32
+from trainer.models.reference import Reference, reference_for
+from trainer.rollout.base import RolloutEngine
+from trainer.rollout.startup import StartedEngine, start_engine
+from trainer.run.callbacks import Callbacks, RunInfo
+from trainer.scoring.rewards import RewardFn, Scorer, resolve_scorer
+from trainer.update.optim import build_optimizer
+from trainer.update.passes import NonFiniteGuard
+from trainer.update.step import make_scheduler
+
+__all__ = [
+    "DEFAULT_SAMPLE_GROUPS",
+    "Given",
+    "RunSetup",
+    "announce_run",
+    "prepare_run",
+    "start_run_engine",
+]
+
+DEFAULT_SAMPLE_GROUPS = 2  # rollout groups handed to on_samples each step
+
+
+@dataclass(frozen=True)
+class Given:
+    """What the caller of :func:`~trainer.run.loop.train` supplied instead of the job spec
+    (None: build it)."""
+
+    graders: Scorer | Sequence[Grader] | None = None
+    reward_fn: RewardFn | None = None
+    model: nn.Module | None = None
+    tokenizer: PreTrainedTokenizerBase | None = None
+    engine: RolloutEngine | None = None
+    sample_groups: int = DEFAULT_SAMPLE_GROUPS
+
+
+@dataclass
+class _Policy:
+    model: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    model_path: Path | None  # None: the caller's model object
+
+
+@dataclass
+class RunSetup:
+    """What a run works with from its first step to its last."""
+
+    config: JobSpec
+    callbacks: Callbacks
+    output_dir: Path
+    device: torch.device
+    given_engine: RolloutEngine | None  # the caller's engine, left open at the end
+    sample_groups: int  # rollout groups handed to on_samples each step
+    scorer: Scorer
+    model: nn.Module  # the policy (LoRA-wrapped when the spec asks), on ``device``
+    tokenizer: PreTrainedTokenizerBase
+    model_path: Path | None  # the loaded model's folder; None for a caller's model
+    pad_id: int
+    train_rows: list[Example]  # the rows whose prompt fits, in dataset order
+    train_ids: list[list[int]]  # their prompts as token ids
+    eval_rows: list[Example]
+    eval_ids: list[list[int]]
+    skipped_prompts: int  # rows left out for a prompt over max_prompt_tokens
+    sample_prompts: list[str]  # what on_samples shows of each training row: its prompt as written
+    sample_answers: list[str | None]
+    sampler: PromptSampler
+    optimizer: Optimizer
+    scheduler: LRScheduler
+    guard: NonFiniteGuard
+    reference: Reference | None  # the KL reference; None when the KL is off
+
+
+def prepare_run(
+    config: JobSpec,
+    callbacks: Callbacks,
+    output_dir: Path,
+    device: torch.device,
+    given: Given,
+) -> RunSetup:
+    """Build the run's pieces from ``config`` (and what the caller ``given``), in order."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for swept in sweep_temp_dirs(output_dir):
+        callbacks.on_event("checkpoint", f"removed an interrupted checkpoint write: {swept.name}")
+
+    # Rows first: a bad dataset fails before any model is loaded. (The prompts are tokenized,
+    # and too long ones skipped, once the tokenizer is loaded.)
+    ds = config.dataset
+    train_rows, eval_rows = split_holdout(dataset_rows(ds), ds.holdout)
+    scorer = resolve_scorer(given.graders, given.reward_fn, config.graders)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    policy = _load_policy(config, callbacks, device, given)
+    tok = policy.tokenizer
+    pad = tok.pad_token_id
+    pad_id = int(pad if pad is not None else tok.eos_token_id or 0)
+    prompts = _encode_prompts(config, callbacks, tok, train_rows, eval_rows)
+    sampler = PromptSampler(len(prompts.train_rows), seed=config.seed, shuffle=ds.shuffle)
+    optimizer = build_optimizer(policy.model, config.grpo)
+    scheduler = make_scheduler(optimizer, config.grpo)
+    guard = NonFiniteGuard(callbacks.on_event)
+    reference = _reference(config, policy.model)
+    return RunSetup(
+        config=config,
+        callbacks=callbacks,
+        output_dir=output_dir,
+        device=device,
+        given_engine=given.engine,
+        sample_groups=given.sample_groups,
+        scorer=scorer,
+        model=policy.model,
+        tokenizer=tok,
+        model_path=policy.model_path,
+        pad_id=pad_id,
+        train_rows=prompts.train_rows,
+        train_ids=prompts.train_ids,
+        eval_rows=prompts.eval_rows,
+        eval_ids=prompts.eval_ids,
+        skipped_prompts=len(prompts.skipped),
+        sample_prompts=[row.display_prompt for row in prompts.train_rows],
+        sample_answers=[row.answer for row in prompts.train_rows],
+        sampler=sampler,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        guard=guard,
+        reference=reference,
+    )
+
+
+def _load_policy(
+    config: JobSpec, callbacks: Callbacks, device: torch.device, given: Given
+) -> _Policy:
+    """The policy on the run's device (the caller's object, or ``config.model`` loaded in
+    float32: the master weights, whatever ``grpo.dtype``) with gradient checkpointing as the
+    spec says, wrapped with LoRA adapters when ``config.lora`` asks, and its tokenizer."""
+    model, tokenizer = given.model, given.tokenizer
+    model_path: Path | None = None
+    if model is None or tokenizer is None:
+        model_path = resolve_model(config.model, revision=config.model_revision)
+        model, tokenizer = load_policy(model_path, dtype=torch.float32)
+    policy = _Policy(model, tokenizer, model_path)
+    model.to(device)  # in place: a caller's model object stays the trained one
+    if disable_dropout(model):
+        callbacks.on_event("config", "dropout is off in the update, as in the scoring passes")
+    if config.grpo.gradient_checkpointing and not enable_gradient_checkpointing(model):
+        callbacks.on_event(
+            "config",
+            f"{type(model).__name__} cannot recompute activations; "
+            "gradient_checkpointing is off for this run",
+            level="warning",
+        )
+    if config.lora is not None:
+        # Recorded as the adapter's base: the job's own word for it, never a server path.
+        policy.model = apply_lora(model, config.lora, base_name=config.model)
+    if enable_tf32(device):
+        callbacks.on_event("config", "TF32 matmuls on for float32 work on this device")
+    return policy
+
+
+def _encode_prompts(
+    config: JobSpec,
+    callbacks: Callbacks,
+    tokenizer: PreTrainedTokenizerBase,
+    train_rows: list[Example],
+    eval_rows: list[Example],
+) -> RunPrompts:
+    """Training and evaluation prompts as token ids, without the rows whose prompt is over
+    ``max_prompt_tokens`` (an event lists them; PromptsTooLong when no training row is left)."""
+    prompts = prompts_for_run(
+        tokenizer,
+        train_rows,
+        eval_rows,
+        config.dataset,
+        config.grpo.max_prompt_tokens,
+        eval_max_rows=config.eval.max_rows,
+    )
+    if prompts.skipped:
+        message, data = prompts.skipped_event()
+        callbacks.on_event("dataset", message, level="warning", data=data)
+    return prompts
+
+
+def _reference(config: JobSpec, model: nn.Module) -> Reference | None:
+    """The KL reference: the policy as the run starts (the base model, also when resuming,
+    since checkpoints are loaded after this; ``trainer.models.reference``); None when the KL is
+    off."""
+    if not config.grpo.kl.active:
+        return None
+    return reference_for(model, config.grpo.dtype)
+
+
+def start_run_engine(setup: RunSetup) -> StartedEngine:
+    """The engine of ``config.rollout``, started (or the caller's, left open at the end)."""
+    if setup.given_engine is not None:
+        return StartedEngine(setup.given_engine, None, owned=False)
+    return start_engine(
+        setup.config,
+        setup.model_path,
+        setup.tokenizer,
+        setup.model,
+        setup.train_ids,
+        setup.eval_ids,
+        setup.device,
+        staging_root=setup.output_dir,
+    )
+
+
+def announce_run(
+    setup: RunSetup, started: StartedEngine, resume_from: Path | None, start_step: int
+) -> None:
+    """Give the engine the policy's weights where it may not hold them yet, and announce the
+    run (``on_start``, the engine's line, the resume)."""
+    config, cb = setup.config, setup.callbacks
+    sync_seconds = 0.0
+    if resume_from is not None or not started.owned:
+        # A built engine holds the weights it was built from: push restored ones before any
+        # rollout. A caller's engine may hold anything: always push.
+        sync_seconds = started.engine.sync_weights(setup.model)
+    resumed = Path(resume_from) if resume_from is not None else None
+    cb.on_start(
+        RunInfo(
+            total_steps=config.grpo.steps,
+            start_step=start_step,
+            model_path=setup.model_path,
+            output_dir=setup.output_dir,
+            device=str(setup.device),
+            engine=started.kind(config),
+            resumed_from=resumed,
+        )
+    )
+    line = started.describe(config)
+    if line is not None:
+        cb.on_event("engine", line, data={"kv_cache_bytes": started.kv_cache_bytes})
+    if resumed is not None:
+        cb.on_event(
+            "resume",
+            # The folder's name only: a service shows events to users, paths are its own.
+            f"resumed from {resumed.name} at step {start_step}; weights pushed to the "
+            f"engine in {sync_seconds:.2f}s",
+            data={"step": start_step, "checkpoint": resumed.name},
+        )

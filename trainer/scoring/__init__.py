@@ -1,0 +1,7 @@
+"""A step's rollouts and their rewards: the scorer that turns completions into rewards (graders
+or a reward function, :mod:`trainer.scoring.rewards`), the subprocess pool that runs isolated
+graders under a deadline (:mod:`trainer.graders.pool`, torch-free: the API runs graders
+too), and the collection of a step's groups from the rollout engine, with DAPO dynamic sampling
+(:mod:`trainer.scoring.collect`).
+
+Nothing is imported here, so that the torch-free modules stay importable without torch."""
