@@ -215,7 +215,9 @@ def test_a_job_trained_by_a_real_worker_exports_its_real_metrics(
     assert final["status"] == "succeeded", (final["error"], worker.log_tail())
 
     ours = stored_metrics(worker_context(api.settings, tmp_path), job_id)
-    assert {"reward/mean", "loss/policy", "time/step"} <= set(ours)
+    # The tiny model scores 0 on every arithmetic prompt: no step has signal, so none runs an
+    # update (update/skipped 1, no loss metrics); every step still reports these.
+    assert {"reward/mean", "update/skipped", "time/step"} <= set(ours)
     assert all(sorted(steps) == [1, 2, 3] for name, steps in ours.items()), ours
     run = mlflow_run(mlflow_url, experiment, job_id)
     assert run["info"]["status"] == "FINISHED"
