@@ -33,6 +33,14 @@ async def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
+async def get_job_creation(state: StateDep) -> jobs_service.JobCreation:
+    """The process's idempotent create (app.services.jobs.JobCreation), built at start-up."""
+    return state.job_creation
+
+
+JobCreationDep = Annotated[jobs_service.JobCreation, Depends(get_job_creation)]
+
+
 async def request_slot(state: StateDep) -> AsyncIterator[None]:
     """Wait (on the event loop) for one of this process's unit-of-work slots
     (app.state.RequestSlots says why); held until the session below has committed."""

@@ -14,6 +14,7 @@ from app.models import Base
 from app.queue import CeleryDispatcher, Dispatcher
 from app.ratelimit import Limits, build_limits
 from app.services import dispatch
+from app.services.jobs import JobCreation
 from app.session_tokens import SessionTokens, load_or_create_secret
 from app.settings import Settings
 from trainer.fair_slots import FairSlots, SlotNames
@@ -65,6 +66,8 @@ class AppState:
     # Dataset uploads this process decodes at once, per project and in all
     # (GRPO_MAX_CONCURRENT_UPLOADS*; POST /v1/files): each may take the row budget.
     uploads: FairSlots
+    # The idempotent create both create routes use (POST /v1/jobs, POST /v1/fine_tuning/jobs).
+    job_creation: JobCreation
 
 
 UPLOAD_SLOTS = SlotNames(
@@ -94,22 +97,23 @@ def build_state(settings: Settings, dispatcher: Dispatcher | None = None) -> App
     dispatcher = dispatcher or CeleryDispatcher(settings)
     # Every unit of work of this process dispatches within the per-project cap.
     dispatch.install(sessions, dispatcher, max_per_project=settings.max_dispatched_per_project)
+    claims = make_session_factory(
+        make_engine(
+            settings.resolved_database_url,
+            pool_size=2,
+            max_overflow=8,
+            ping_after_idle_s=PING_AFTER_IDLE_S,
+            # A claim is one statement: no BEGIN and COMMIT round trips around it.
+            autocommit=True,
+        )
+    )
     return AppState(
         settings=settings,
         engine=engine,
         sessions=sessions,
         dispatcher=dispatcher,
         limits=build_limits(settings),
-        claims=make_session_factory(
-            make_engine(
-                settings.resolved_database_url,
-                pool_size=2,
-                max_overflow=8,
-                ping_after_idle_s=PING_AFTER_IDLE_S,
-                # A claim is one statement: no BEGIN and COMMIT round trips around it.
-                autocommit=True,
-            )
-        ),
+        claims=claims,
         # As many as the pool keeps open: more in flight would only wait on the pool, or open
         # and close overflow connections (a new Postgres backend each time).
         slots=RequestSlots(max(1, int(getattr(engine.pool, "size", lambda: 10)()))),
@@ -126,4 +130,5 @@ def build_state(settings: Settings, dispatcher: Dispatcher | None = None) -> App
             queue_timeout_s=settings.upload_queue_timeout_s,
             names=UPLOAD_SLOTS,
         ),
+        job_creation=JobCreation(claims=claims, dispatcher=dispatcher, settings=settings),
     )

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi.responses import JSONResponse
+
 from app.schemas import ErrorResponse
+from app.services.jobs import Answer
+
+# Set on the stored first answer of an idempotent retry (app.services.jobs.JobCreation).
+REPLAYED_HEADER = "Idempotent-Replayed"
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse, "description": "Missing or invalid API key."},
@@ -41,3 +47,11 @@ SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "Too many open streams for this key or server (see Retry-After).",
     },
 }
+
+
+def created_response(answer: Answer) -> JSONResponse:
+    """A create's answer as sent: the body already rendered (and stored for replays) is the
+    response, so FastAPI does not validate and serialize the same model a second time; a
+    replay carries the Idempotent-Replayed header."""
+    headers = {REPLAYED_HEADER: "true"} if answer.replayed else None
+    return JSONResponse(answer.body, status_code=answer.status_code, headers=headers)

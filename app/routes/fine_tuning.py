@@ -5,14 +5,13 @@ API answers 422 (app.error_handlers), as the SDK expects."""
 from __future__ import annotations
 
 import re
-from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from app.deps import JobDep, PrincipalDep, SessionDep, StateDep
+from app.deps import JobCreationDep, JobDep, PrincipalDep, SessionDep, StateDep
 from app.errors import ApiError, InvalidRequest
 from app.ids import parse_number
 from app.models import Job
@@ -27,8 +26,8 @@ from app.repositories import jobs as jobs_repo
 from app.repositories import metrics as metrics_repo
 from app.repositories import progress as progress_repo
 from app.routes import graders as graders_routes
-from app.routes.common import CONFLICT, OPENAI_ERRORS
-from app.routes.jobs import REPLAYED_HEADER, checked_idempotency_key
+from app.routes.common import CONFLICT, OPENAI_ERRORS, created_response
+from app.routes.jobs import checked_idempotency_key
 from app.routes.openai_presenters import (
     CHECKPOINT_PREFIX,
     event_from_metrics,
@@ -59,6 +58,7 @@ def create_job(
     principal: PrincipalDep,
     session: SessionDep,
     state: StateDep,
+    creation: JobCreationDep,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> JSONResponse:
     key = checked_idempotency_key(idempotency_key)
@@ -68,31 +68,19 @@ def create_job(
     )
     translation = fine_tuning.translate(body, train_rows=rows, models=state.settings.openai_models)
     try:
-        created = jobs_service.create_job(
+        answer = creation.create(
             session,
-            claims=state.claims,
-            dispatcher=state.dispatcher,
             project_id=principal.project_id,
             spec=translation.spec,
             idempotency_key=key,
-            idempotency_ttl=timedelta(hours=state.settings.idempotency_ttl_hours),
-            max_attempts=state.settings.max_attempts,
-            queue=state.settings.queue_name,
-            settings=state.settings,
+            render=lambda job: openai_job(job, trained_tokens=None).model_dump(mode="json"),
+            status_code=200,
             openai=translation.openai,
             fingerprint=spec_fingerprint({"openai": body.model_dump(mode="json")}),
         )
     except ApiError as exc:
         raise fine_tuning.in_request_terms(exc, translation) from None
-    if isinstance(created, jobs_service.Replay):
-        return JSONResponse(
-            created.body, status_code=created.status_code, headers={REPLAYED_HEADER: "true"}
-        )
-    out = openai_job(created, trained_tokens=None).model_dump(mode="json")
-    jobs_service.record_response(
-        session, project_id=principal.project_id, idempotency_key=key, status_code=200, body=out
-    )
-    return JSONResponse(out)
+    return created_response(answer)
 
 
 def _metadata_filters(request: Request) -> dict[str, str]:

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
-from app.deps import JobDep, PrincipalDep, SessionDep, StateDep
+from app.deps import JobCreationDep, JobDep, PrincipalDep, SessionDep, StateDep
 from app.errors import InvalidRequest
 from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
-from app.routes.common import CONFLICT, ERRORS
+from app.routes.common import CONFLICT, ERRORS, created_response
 from app.routes.presenters import event_out, job_out, job_summary
 from app.schemas import EventList, JobDeleted, JobList, JobOut, ValidationResult
 from app.services import admission, deletion, pausing
@@ -21,8 +21,6 @@ from app.transitions import JobStatus
 from trainer.config import JobSpec, text_problem
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
-
-REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 def checked_idempotency_key(key: str | None) -> str | None:
@@ -46,7 +44,7 @@ def create_job(
     spec: JobSpec,
     principal: PrincipalDep,
     session: SessionDep,
-    state: StateDep,
+    creation: JobCreationDep,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -56,34 +54,15 @@ def create_job(
     ] = None,
 ) -> JobOut | JSONResponse:
     checked_idempotency_key(idempotency_key)
-    created = jobs_service.create_job(
+    answer = creation.create(
         session,
-        claims=state.claims,
-        dispatcher=state.dispatcher,
         project_id=principal.project_id,
         spec=spec,
         idempotency_key=idempotency_key,
-        idempotency_ttl=timedelta(hours=state.settings.idempotency_ttl_hours),
-        max_attempts=state.settings.max_attempts,
-        queue=state.settings.queue_name,
-        settings=state.settings,
-    )
-    if isinstance(created, jobs_service.Replay):
-        # The stored body, byte for byte what the first request answered.
-        return JSONResponse(
-            created.body, status_code=created.status_code, headers={REPLAYED_HEADER: "true"}
-        )
-    body = job_out(created).model_dump(mode="json")
-    jobs_service.record_response(
-        session,
-        project_id=principal.project_id,
-        idempotency_key=idempotency_key,
+        render=lambda job: job_out(job).model_dump(mode="json"),
         status_code=201,
-        body=body,
     )
-    # The body already rendered (and stored for replays) is the response: returning the model
-    # would have FastAPI validate and serialize the same JobOut a second time.
-    return JSONResponse(body, status_code=201)
+    return created_response(answer)
 
 
 @router.post(

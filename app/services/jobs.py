@@ -1,4 +1,5 @@
-"""Job rules: create (idempotent; sent to the broker only after the commit), read, cancel.
+"""Job rules: create (idempotent, whole in `JobCreation`; sent to the broker only after the
+commit), read, cancel.
 
 Everything here runs inside the caller's unit of work and only flushes; the request boundary
 (app.deps.get_session) commits. The one exception is the idempotency claim, see `_claim_key`.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -294,6 +296,71 @@ def record_response(
         idem_repo.complete(
             session, project_id=project_id, key=idempotency_key, status=status_code, body=body
         )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a create answers: the body and its status code; `replayed` when it is the stored
+    first answer of an idempotent retry, sent again byte for byte."""
+
+    status_code: int
+    body: dict[str, Any]
+    replayed: bool = False
+
+
+class JobCreation:
+    """The idempotent create, the whole protocol in one call: claim the Idempotency-Key (or
+    answer a retry with the stored first answer), create the job, render the answer and record
+    it for the key's retries, all in the caller's unit of work. Built once per process at
+    start-up (app.state) and handed to every create route (app.deps.JobCreationDep), so no
+    route can forget half of it."""
+
+    def __init__(
+        self, *, claims: sessionmaker[Session], dispatcher: Dispatcher, settings: Settings
+    ) -> None:
+        self.claims = claims
+        self.dispatcher = dispatcher
+        self.settings = settings
+
+    def create(
+        self,
+        session: Session,
+        *,
+        project_id: str,
+        spec: JobSpec,
+        idempotency_key: str | None,
+        render: Callable[[Job], dict[str, Any]],
+        status_code: int,
+        openai: dict[str, Any] | None = None,
+        fingerprint: str | None = None,
+    ) -> Answer:
+        """`render` turns the new job into the answer's body, sent with `status_code`;
+        `openai` and `fingerprint` as in `create_job`."""
+        created = create_job(
+            session,
+            claims=self.claims,
+            dispatcher=self.dispatcher,
+            project_id=project_id,
+            spec=spec,
+            idempotency_key=idempotency_key,
+            idempotency_ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
+            max_attempts=self.settings.max_attempts,
+            queue=self.settings.queue_name,
+            settings=self.settings,
+            openai=openai,
+            fingerprint=fingerprint,
+        )
+        if isinstance(created, Replay):
+            return Answer(created.status_code, created.body, replayed=True)
+        body = render(created)
+        record_response(
+            session,
+            project_id=project_id,
+            idempotency_key=idempotency_key,
+            status_code=status_code,
+            body=body,
+        )
+        return Answer(status_code, body)
 
 
 def get_job(session: Session, *, project_id: str, job_id: str) -> Job:
