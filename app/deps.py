@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import Cookie, Depends, Header, Path, Request
 from sqlalchemy.orm import Session
 
-from app.db import session_scope
-from app.errors import CrossSiteRefused, Unauthorized
-from app.models import File, Job, WebhookEndpoint
+from app.core.db import session_scope
+from app.core.errors import CrossSiteRefused, Unauthorized
+from app.core.models import File, Job, WebhookEndpoint
 from app.services import files as files_service
 from app.services import jobs as jobs_service
 from app.services import webhooks as webhooks_service

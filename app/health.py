@@ -11,8 +11,8 @@ import redis
 from kombu import Connection
 from sqlalchemy import Engine
 
+from app.core.settings import Settings
 from app.repositories.health import ping
-from app.settings import Settings
 
 PROBE_TIMEOUT_S = 1.5
 _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="readyz")

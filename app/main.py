@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app import error_handlers, log_redaction
-from app.limits import BodySizeLimit
-from app.queue import Dispatcher
-from app.request_guard import RejectNul
+from app.core import error_handlers, log_redaction
+from app.core.limits import BodySizeLimit
+from app.core.queue import Dispatcher
+from app.core.request_guard import RejectNul
+from app.core.settings import Settings, build_settings
 from app.routes import (
     dashboard,
     files,
@@ -21,7 +22,6 @@ from app.routes import (
     usage,
     webhooks,
 )
-from app.settings import Settings, build_settings
 from app.state import build_state
 
 API_DESCRIPTION = """\

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import make_engine, make_session_factory, warm_pool
-from app.models import Base
-from app.queue import CeleryDispatcher, Dispatcher
-from app.ratelimit import Limits, build_limits
+from app.core.db import make_engine, make_session_factory, warm_pool
+from app.core.models import Base
+from app.core.queue import CeleryDispatcher, Dispatcher
+from app.core.ratelimit import Limits, build_limits
+from app.core.session_tokens import SessionTokens, load_or_create_secret
+from app.core.settings import Settings
 from app.services import dispatch
 from app.services.jobs import JobCreation
-from app.session_tokens import SessionTokens, load_or_create_secret
-from app.settings import Settings
 from trainer.fair_slots import FairSlots, SlotNames
 from trainer.sandbox import SandboxCapacity, build_sandbox_settings
 
@@ -80,13 +80,13 @@ UPLOAD_SLOTS = SlotNames(
 
 def warm_pools(state: AppState) -> int:
     """Open both pools' kept connections with the tables in their backends' caches
-    (`app.db.warm_pool`); returns how many connections were opened."""
+    (`app.core.db.warm_pool`); returns how many connections were opened."""
     tables = [table.name for table in Base.metadata.sorted_tables]
     claims_engine = state.claims.kw["bind"]
     return warm_pool(state.engine, tables) + warm_pool(claims_engine, tables)
 
 
-# A pooled connection unused this long is pinged before a request gets it (app.db
+# A pooled connection unused this long is pinged before a request gets it (app.core.db
 # .ping_idle_connections): under load none is, so no request pays a ping round trip.
 PING_AFTER_IDLE_S = 0.25
 

@@ -25,11 +25,11 @@ from typing import Any
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
-from app import db
-from app.clock import utcnow
-from app.errors import IllegalTransition, NotFound
-from app.job_status import LEASE_HOLDING_STATES, JobStatus
-from app.models import Job, JobEvent
+from app.core import db
+from app.core.clock import utcnow
+from app.core.errors import IllegalTransition, NotFound
+from app.core.job_status import LEASE_HOLDING_STATES, JobStatus
+from app.core.models import Job, JobEvent
 from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
 from app.webhook_outbox import record_job_event

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.clock import utcnow
-from app.ids import new_id
-from app.models import WebhookDelivery
+from app.core.clock import utcnow
+from app.core.ids import new_id
+from app.core.models import WebhookDelivery
 from app.repositories import webhooks as webhooks_repo
 from app.webhooks import job_payload
 

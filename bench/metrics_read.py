@@ -107,10 +107,10 @@ def seed_ours(
 ) -> tuple[str, str]:
     """A project with a key, a finished job, and its steps (bulk insert with rollups), through
     the service's own code; returns (API key, job id)."""
-    from app.clock import utcnow
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.ids import new_id
-    from app.models import Job
+    from app.core.clock import utcnow
+    from app.core.db import make_engine, make_session_factory, session_scope
+    from app.core.ids import new_id
+    from app.core.models import Job
     from app.repositories import jobs as jobs_repo
     from app.repositories import metrics as metrics_repo
     from app.services.keys import create_key
@@ -172,8 +172,8 @@ def before_read(database_url: str, job_id: str, points: int) -> dict[str, float]
     an ORM object, then buckets of consecutive points in Python."""
     from sqlalchemy import select
 
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.models import JobMetric
+    from app.core.db import make_engine, make_session_factory, session_scope
+    from app.core.models import JobMetric
 
     engine = make_engine(database_url)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

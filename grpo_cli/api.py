@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 API_WORKERS_ENV = "GRPO_API_WORKERS"
-# Each process holds its own database pool (up to 20 connections, app.db.make_engine), so the
+# Each process holds its own database pool (up to 20 connections, app.core.db.make_engine), so the
 # count is bounded well below what a default Postgres (max_connections=100) can serve.
 MAX_API_WORKERS = 32
 

@@ -9,7 +9,7 @@ from enum import IntEnum
 
 from grpo_cli.gates import Requirement, parse_duration, parse_requirement
 
-# The job statuses the API filters on (app.job_status.JobStatus). A copy, because the client
+# The job statuses the API filters on (app.core.job_status.JobStatus). A copy, because the client
 # imports nothing of the service; tests/cli/test_usage.py checks that the two agree.
 JOB_STATUSES = (
     "queued",

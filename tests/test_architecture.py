@@ -107,7 +107,7 @@ def test_the_cycle_check_catches_a_circle() -> None:
 
 PACKAGES = ("app", "worker", "grpo_cli", "trainer")
 QUERY_HOME = "app/repositories/"  # the only place a statement is built or run
-BOUNDARY = "app/db.py"  # the only place a transaction ends (request, task and CLI boundaries)
+BOUNDARY = "app/core/db.py"  # the only place a transaction ends (request, task and CLI boundaries)
 # Session methods that read or write rows. (flush is allowed anywhere: it ends nothing.)
 QUERY_METHODS = {
     "get",

@@ -271,8 +271,8 @@ def test_published_ports_and_health_checks_match_what_the_api_listens_on(tmp_pat
     assert published == [str(port)], "the compose file publishes another port than uvicorn's"
     checks = [health_url(SERVICES["api"]["healthcheck"]["test"])]
     checks += [health_url(i.exec_form()) for i in only(instructions, "HEALTHCHECK")]
+    from app.core.settings import build_settings
     from app.main import create_app
-    from app.settings import build_settings
 
     app = create_app(build_settings(data_dir=tmp_path))
     routes = {

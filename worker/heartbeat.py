@@ -40,7 +40,7 @@ import sys
 import time
 from typing import Any
 
-from app.db import make_engine, make_session_factory, session_scope
+from app.core.db import make_engine, make_session_factory, session_scope
 from app.repositories import jobs as jobs_repo
 from app.transitions import JobStatus
 from worker.settings import WorkerSettings
@@ -314,8 +314,8 @@ class _Heartbeat:
         """End the attempt of a trainer that did not stop within the grace, then kill it.
         True when done (or moot); False to retry (the database is unreachable)."""
         # Imported here: the hand-back needs the broker client, which only this path uses.
-        from app.live import TailPublisher
-        from app.queue import CeleryDispatcher
+        from app.core.live import TailPublisher
+        from app.core.queue import CeleryDispatcher
         from worker.attempts import end_attempt, pause, release
 
         waited = f"the trainer did not stop within {self.grace:g}s"

@@ -22,9 +22,9 @@ from datetime import timedelta
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import transitions
-from app.clock import utcnow
-from app.db import session_scope
-from app.errors import IllegalTransition
+from app.core.clock import utcnow
+from app.core.db import session_scope
+from app.core.errors import IllegalTransition
 from app.repositories import deletion as deletion_repo
 from app.repositories import jobs as jobs_repo
 from app.services.dispatch import fill_slots, send_after_commit, send_job

@@ -25,8 +25,8 @@ from typing import Any, NoReturn
 
 from sqlalchemy.orm import Session
 
-from app.clock import utcnow
-from app.db import session_scope
+from app.core.clock import utcnow
+from app.core.db import session_scope
 from app.repositories import checkpoints as checkpoints_repo
 from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Protocol
 
 from app import transitions
-from app.db import session_scope
-from app.models import Job
+from app.core.db import session_scope
+from app.core.models import Job
 from app.repositories import checkpoints as checkpoints_repo
 from app.repositories import files as files_repo
 from app.repositories import jobs as jobs_repo

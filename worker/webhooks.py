@@ -24,8 +24,8 @@ from datetime import timedelta
 import httpx
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.clock import as_utc, utcnow
-from app.db import session_scope
+from app.core.clock import as_utc, utcnow
+from app.core.db import session_scope
 from app.repositories import webhooks as webhooks_repo
 from app.webhook_urls import UrlRefused, check, public_address
 from app.webhooks import encode, sign

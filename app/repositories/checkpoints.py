@@ -18,7 +18,7 @@ from datetime import datetime
 from sqlalchemy import Integer, Row, Select, case, cast, func, literal, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Checkpoint, Job, JobMetric
+from app.core.models import Checkpoint, Job, JobMetric
 
 # The first key of the transaction-scoped advisory locks of checkpoint storage (the second is
 # the project id's hash): a namespace of this service's own.

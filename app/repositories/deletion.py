@@ -12,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import Row, delete, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Checkpoint, Job, JobEvent, JobMetric, JobMetricRollup, JobSample
+from app.core.models import Checkpoint, Job, JobEvent, JobMetric, JobMetricRollup, JobSample
 
 # What a job produced, purged with it; the job row stays.
 _PRODUCED = (JobSample, JobMetric, JobMetricRollup, JobEvent, Checkpoint)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import JobEvent
+from app.core.models import JobEvent
 from app.repositories.new_rows import insert_row
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
-from app.models import File
+from app.core.models import File
 
 
 def add(session: Session, *, file: File) -> File:

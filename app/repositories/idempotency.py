@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.orm import Session
 
-from app import db
-from app.models import IdempotencyRecord
+from app.core import db
+from app.core.models import IdempotencyRecord
 
 _TIMESTAMP = IdempotencyRecord.__table__.c.created_at.type
 

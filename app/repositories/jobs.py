@@ -24,13 +24,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, aliased
 
-from app import db
-from app.clock import utcnow
-from app.job_status import LEASE_HOLDING_STATES, JobStatus
-from app.models import Job, is_active
+from app.core import db
+from app.core.clock import utcnow
+from app.core.job_status import LEASE_HOLDING_STATES, JobStatus
+from app.core.models import Job, is_active
 from app.repositories.new_rows import insert_row
 
-# The project's active jobs, as the partial index ix_jobs_active_project holds them (app.models
+# The project's active jobs, as the partial index ix_jobs_active_project holds them (app.core.models
 # .is_active says why the statuses are literals), so the counts below read that index.
 _ACTIVE = is_active(Job.status)
 

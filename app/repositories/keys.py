@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.models import ApiKey, Project
+from app.core.models import ApiKey, Project
 
 
 def add_project(session: Session, *, project: Project) -> Project:

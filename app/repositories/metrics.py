@@ -37,7 +37,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import JobMetric, JobMetricRollup
+from app.core.models import JobMetric, JobMetricRollup
 
 ROLLUP_LEVELS = (4, 16, 64, 256, 1024, 4096, 16384)
 # The pseudo-name whose rollup counts metric rows (steps), whatever values a row holds. No

@@ -15,7 +15,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import Checkpoint, JobMetric, JobSample
+from app.core.models import Checkpoint, JobMetric, JobSample
 from app.repositories import metrics as metrics_repo
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from app import db
-from app.models import Project
+from app.core import db
+from app.core.models import Project
 
 # Built once (see app.repositories.jobs): every job creation runs it.
 _LOCK = (

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from app.models import JobEvent, JobMetric
+from app.core.models import JobEvent, JobMetric
 
 METRICS, EVENT = 0, 1
 

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from app.core.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from app.repositories.new_rows import insert_row
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"

@@ -32,7 +32,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 CONFLICT: dict[str, Any] = {"model": ErrorResponse, "description": "Conflict."}
 
-# The OpenAI-compatible paths (app.error_handlers.is_openai_path) answer 400 where the native
+# The OpenAI-compatible paths (app.core.error_handlers.is_openai_path) answer 400 where the native
 # API answers 422.
 OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request; `param` names the field."},

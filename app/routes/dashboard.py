@@ -20,7 +20,7 @@ from fastapi import APIRouter
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
-from app.errors import NotFound
+from app.core.errors import NotFound
 
 DASHBOARD_DIR = Path(
     os.environ.get("GRPO_DASHBOARD_DIR") or Path(__file__).resolve().parents[2] / "dashboard"

@@ -10,9 +10,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import Response
 
-from app.clock import as_utc, utcnow
+from app.core.clock import as_utc, utcnow
+from app.core.models import File as FileRow
 from app.deps import FileDep, PrincipalDep, SessionDep, StateDep
-from app.models import File as FileRow
 from app.routes.common import CONFLICT, OPENAI_ERRORS
 from app.schemas import ErrorResponse, FileDeleted, FileList, FileOut
 from app.services import files as files_service

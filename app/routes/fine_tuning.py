@@ -1,6 +1,6 @@
 """/v1/fine_tuning: OpenAI's fine-tuning API over native jobs, so the `openai` SDK works
 against this service unchanged (docs/openai-compat.md). Errors here are 400 where the native
-API answers 422 (app.error_handlers), as the SDK expects."""
+API answers 422 (app.core.error_handlers), as the SDK expects."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
+from app.core.errors import ApiError, InvalidRequest
+from app.core.ids import parse_number
+from app.core.models import Job
 from app.deps import JobCreationDep, JobDep, PrincipalDep, SessionDep, StateDep
-from app.errors import ApiError, InvalidRequest
-from app.ids import parse_number
-from app.models import Job
 from app.openai_schemas import (
     FineTuningCheckpointList,
     FineTuningEventList,

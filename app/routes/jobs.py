@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 
+from app.core.errors import InvalidRequest
 from app.deps import JobCreationDep, JobDep, PrincipalDep, SessionDep, StateDep
-from app.errors import InvalidRequest
 from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
 from app.routes.common import CONFLICT, ERRORS, created_response

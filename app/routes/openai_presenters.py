@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from app.clock import as_utc, utcnow
-from app.models import Checkpoint, Job, JobEvent
+from app.core.clock import as_utc, utcnow
+from app.core.models import Checkpoint, Job, JobEvent
 from app.openai_schemas import (
     FineTuningCheckpointOut,
     FineTuningError,

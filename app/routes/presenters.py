@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.clock import as_utc, utcnow
-from app.job_status import LEASE_HOLDING_STATES, JobStatus
-from app.models import Job, JobEvent
+from app.core.clock import as_utc, utcnow
+from app.core.job_status import LEASE_HOLDING_STATES, JobStatus
+from app.core.models import Job, JobEvent
 from app.schemas import EventOut, JobError, JobOut, JobProgress, JobSummary
 
 

@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query
 from fastapi.responses import StreamingResponse
 
+from app.core.errors import InvalidRequest
 from app.deps import JobDep, PrincipalDep, SessionDep, StateDep
-from app.errors import InvalidRequest
 from app.repositories import progress as progress_repo
 from app.routes.common import ERRORS, SSE_RESPONSES
 from app.routes.stream import Cursor, EventStreamResponse, job_events

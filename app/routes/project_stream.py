@@ -18,8 +18,8 @@ from fastapi import APIRouter
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.responses import StreamingResponse
 
-from app.clock import utcnow
-from app.db import session_scope
+from app.core.clock import utcnow
+from app.core.db import session_scope
 from app.deps import PrincipalDep, StateDep
 from app.repositories import jobs as jobs_repo
 from app.routes.common import ERRORS, SSE_RESPONSES

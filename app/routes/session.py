@@ -1,5 +1,5 @@
 """/v1/session: the dashboard's sign-in. The key is posted once; the answer sets an HttpOnly,
-SameSite=Strict cookie holding a short-lived signed token (app.session_tokens) that names the
+SameSite=Strict cookie holding a short-lived signed token (app.core.session_tokens) that names the
 key, so the page keeps no key where scripts can read it and can follow SSE streams (EventSource
 sends cookies, never an Authorization header). app.deps.get_principal accepts the cookie as a
 second way to the same Principal; see README's "Dashboard" section for the threat model."""

@@ -6,7 +6,7 @@ it, i.e. the last job event and the last metric step the client has. A client re
 
 A stream lives for minutes, so it is its own boundary: every poll is one short read transaction
 (`session_scope`), and no session or connection is held while it waits. Open streams are
-capped per API key and per process (`EventStreamResponse`, counted by app.ratelimit).
+capped per API key and per process (`EventStreamResponse`, counted by app.core.ratelimit).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.clock import as_utc, utcnow
-from app.db import session_scope
-from app.errors import MalformedHeader
-from app.ids import MAX_ID, MAX_STEP, parse_number
-from app.live import TailWaiter
-from app.ratelimit import STREAM_RENEW_S, StreamSlot, StreamSlots
+from app.core.clock import as_utc, utcnow
+from app.core.db import session_scope
+from app.core.errors import MalformedHeader
+from app.core.ids import MAX_ID, MAX_STEP, parse_number
+from app.core.live import TailWaiter
+from app.core.ratelimit import STREAM_RENEW_S, StreamSlot, StreamSlots
 from app.repositories import events as events_repo
 from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo

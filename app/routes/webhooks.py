@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response
 
-from app.clock import as_utc, utcnow
+from app.core.clock import as_utc, utcnow
+from app.core.models import WebhookEndpoint
 from app.deps import PrincipalDep, SessionDep, StateDep, WebhookDep
-from app.models import WebhookEndpoint
 from app.repositories import webhooks as webhooks_repo
 from app.routes.common import ERRORS
 from app.services import webhooks as webhooks_service

@@ -23,10 +23,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.errors import InvalidRequest
+from app.core.errors import InvalidRequest
+from app.core.settings import Settings
 from app.repositories import checkpoints as checkpoints_repo
 from app.repositories import jobs as jobs_repo
-from app.settings import Settings
 from trainer.config import (
     PACKAGED_MODELS,
     GraderSpecBase,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from app.errors import Gone, NotFound
+from app.core.errors import Gone, NotFound
 from app.repositories import progress as progress_repo
 from trainer.checkpoint_files import is_model_file
 

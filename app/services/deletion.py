@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from app.clock import utcnow
-from app.errors import IllegalTransition, NotFound
-from app.models import Job
+from app.core.clock import utcnow
+from app.core.errors import IllegalTransition, NotFound
+from app.core.models import Job
 from app.repositories import deletion as deletion_repo
 from app.repositories import jobs as jobs_repo
 from app.transitions import TERMINAL, add_event

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import db
-from app.queue import Dispatcher
+from app.core import db
+from app.core.queue import Dispatcher
 from app.repositories import jobs as jobs_repo
 from app.repositories import projects as projects_repo
 from app.transitions import ON_JOB_ENDED, JobStatus
@@ -77,7 +77,7 @@ def send_after_commit(
     project has a free dispatch slot; otherwise it waits for one in the database.
 
     A worker must never receive an id it cannot read yet, and a rolled-back job must never be
-    sent at all, so the message waits for the boundary's commit (app.db.after_commit). `queue`
+    sent at all, so the message waits for the boundary's commit (app.core.db.after_commit). `queue`
     is where the job goes (a re-queued job goes back to the queue it was created for).
     `created`: the job was inserted in this unit of work, so it holds no slot yet and there is
     no `dispatched_at` to clear. `slots_held`: the project's dispatch slots in use, counted

@@ -10,14 +10,14 @@ from typing import Any, BinaryIO
 from sqlalchemy.orm import Session
 
 from app import transitions
-from app.clock import utcnow
-from app.errors import FileInUse, InvalidRequest, NotFound
-from app.ids import new_id
-from app.models import File
+from app.core.capacity import held_slot
+from app.core.clock import utcnow
+from app.core.errors import FileInUse, InvalidRequest, NotFound
+from app.core.ids import new_id
+from app.core.models import File
 from app.repositories import files as files_repo
 from app.repositories import jobs as jobs_repo
 from app.services import result_files
-from app.services.capacity import held_slot
 from app.services.upload_rows import parse_rows
 from trainer.config import text_problem
 from trainer.fair_slots import FairSlots

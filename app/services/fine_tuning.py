@@ -33,8 +33,8 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.errors import ApiError, InvalidRequest
-from app.field_paths import field_path
+from app.core.errors import ApiError, InvalidRequest
+from app.core.field_paths import field_path
 from app.openai_schemas import FineTuningJobCreate
 from app.repositories import files as files_repo
 from trainer.config import MAX_SEED, EvalSpec, GRPOSpec, JobSpec

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from app.core.capacity import held_slot
 from app.services.admission import admit_judge
-from app.services.capacity import held_slot
 from trainer.config import GraderSpecBase, grader_name, literal_tag
 from trainer.graders import BatchGrader, Grader, Multi, build_grader, grade_one
 from trainer.graders.python import PythonGrade

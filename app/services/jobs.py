@@ -17,9 +17,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import db, transitions
-from app.clock import as_utc, utcnow
-from app.errors import (
+from app import transitions
+from app.core import db
+from app.core.clock import as_utc, utcnow
+from app.core.errors import (
     Conflict,
     IdempotencyKeyReused,
     IllegalTransition,
@@ -27,9 +28,10 @@ from app.errors import (
     NotFound,
     QuotaExceeded,
 )
-from app.ids import new_id
-from app.models import File, Job
-from app.queue import Dispatcher
+from app.core.ids import new_id
+from app.core.models import File, Job
+from app.core.queue import Dispatcher
+from app.core.settings import Settings
 from app.repositories import files as files_repo
 from app.repositories import idempotency as idem_repo
 from app.repositories import jobs as jobs_repo
@@ -37,7 +39,6 @@ from app.repositories import projects as projects_repo
 from app.services import admission
 from app.services import files as files_service
 from app.services.dispatch import send_after_commit
-from app.settings import Settings
 from app.transitions import JobStatus
 from trainer.config import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
 
@@ -171,7 +172,7 @@ def check_active_jobs(session: Session, *, project_id: str, limit: int) -> int:
     Exact under concurrency: the count is taken under the project's row lock and the lock is
     held until the commit, so two creates at the limit cannot both pass (the second counts the
     first's committed job). `create_job` runs this as the last work before the commit
-    (app.db.before_commit): the lock is then held for one count and the commit, in one thread,
+    (app.core.db.before_commit): the lock is then held for one count and the commit, in one thread,
     and not across the rest of the request, which is what serialised one project's creates."""
     projects_repo.lock(session, project_id=project_id)
     active, dispatched = jobs_repo.count_active_and_dispatched(session, project_id=project_id)

@@ -7,13 +7,13 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from app import db
-from app.clock import as_utc, utcnow
-from app.errors import Unauthorized
-from app.ids import new_id
-from app.models import ApiKey, Project
+from app.core import db
+from app.core.clock import as_utc, utcnow
+from app.core.errors import Unauthorized
+from app.core.ids import new_id
+from app.core.models import ApiKey, Project
+from app.core.security import VerifiedKeys, generate_key, secret_matches, split_key
 from app.repositories import keys as keys_repo
-from app.security import VerifiedKeys, generate_key, secret_matches, split_key
 
 DEFAULT_PROJECT = "default"
 # How long a verified key is trusted without a database lookup: also how long a revoked key

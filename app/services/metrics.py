@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.errors import InvalidRequest
+from app.core.errors import InvalidRequest
 from app.repositories import metrics as metrics_repo
 from app.repositories.metrics import MAX_NAME_CHARS, ROLLUP_LEVELS, STEPS
 from trainer.config import text_problem

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from app.errors import InvalidRequest
+from app.core.errors import InvalidRequest
 from trainer.config import MAX_INLINE_ROWS
 from trainer.spec.row_budget import MAX_ROW_DECODED_BYTES, RowBudget
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from app import transitions
-from app.errors import Conflict, IllegalTransition
-from app.models import Job
-from app.queue import Dispatcher
+from app.core.errors import Conflict, IllegalTransition
+from app.core.models import Job
+from app.core.queue import Dispatcher
 from app.repositories import jobs as jobs_repo
 from app.services.dispatch import send_after_commit
 from app.services.jobs import check_active_jobs

@@ -14,8 +14,8 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from app.clock import as_utc, utcnow
-from app.models import File, Job
+from app.core.clock import as_utc, utcnow
+from app.core.models import File, Job
 from app.repositories import jobs as jobs_repo
 from app.repositories import metrics as metrics_repo
 from trainer.config import MAX_STEPS

@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.errors import InvalidRequest
-from app.ids import MAX_ID, MAX_STEP, parse_number
-from app.models import JobEvent
+from app.core.errors import InvalidRequest
+from app.core.ids import MAX_ID, MAX_STEP, parse_number
+from app.core.models import JobEvent
 from app.repositories import timeline as timeline_repo
 from app.repositories.timeline import EVENT, METRICS, Point
 

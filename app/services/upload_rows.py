@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.errors import InvalidRequest, PayloadTooLarge
+from app.core.errors import InvalidRequest, PayloadTooLarge
 from trainer.config import MAX_INLINE_ROWS, PromptRow
 from trainer.spec.row_budget import RowBudget, RowBudgetExceeded, text_record_bound
 

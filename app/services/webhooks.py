@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from app.clock import utcnow
-from app.errors import InvalidRequest, NotFound
-from app.ids import new_id
-from app.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from app.core.clock import utcnow
+from app.core.errors import InvalidRequest, NotFound
+from app.core.ids import new_id
+from app.core.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from app.core.settings import Settings
 from app.repositories import projects as projects_repo
 from app.repositories import webhooks as webhooks_repo
-from app.settings import Settings
 from app.webhook_urls import UrlRefused, check
 from app.webhooks import new_secret
 

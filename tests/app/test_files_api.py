@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from app.db import make_engine, make_session_factory, session_scope
-from app.models import File
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.models import File
 from tests.conftest import Api, tiny_spec
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.models import JobMetric, JobMetricRollup
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.models import JobMetric, JobMetricRollup
 from app.repositories import metrics as metrics_repo
 from app.repositories import progress as progress_repo
 from app.services import metrics as metrics_service

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app import transitions
-from app.db import make_engine, make_session_factory, session_scope
+from app.core.db import make_engine, make_session_factory, session_scope
 from app.transitions import JobStatus
 from tests.conftest import Api, tiny_spec
 from trainer.callbacks import CompletionSample, RolloutSample, RunInfo
@@ -33,7 +33,7 @@ def running_job(api: Api) -> tuple[str, DatabaseCallbacks, WorkerContext]:
     ctx = WorkerContext(
         ws, make_session_factory(make_engine(ws.resolved_database_url)), _NoDispatch()
     )
-    from app.live import TailPublisher
+    from app.core.live import TailPublisher
 
     ctx.tail = TailPublisher(ws.resolved_redis_url)
     with session_scope(ctx.sessions) as session:

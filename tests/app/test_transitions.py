@@ -9,12 +9,12 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.errors import IllegalTransition
-from app.ids import new_id
-from app.models import Job, JobEvent
-from app.settings import Settings
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.errors import IllegalTransition
+from app.core.ids import new_id
+from app.core.models import Job, JobEvent
+from app.core.settings import Settings
 from app.transitions import JobStatus
 from tests.conftest import new_project_key
 

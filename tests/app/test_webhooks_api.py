@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app import transitions, webhook_urls
-from app.db import make_engine, make_session_factory, session_scope
+from app.core.db import make_engine, make_session_factory, session_scope
 from app.transitions import JobStatus
 from tests.conftest import Api, tiny_spec
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import uvicorn
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from app.webhooks import EVENT_TYPES
 from grpo_cli.ci_args import WEBHOOK_EVENTS, Exit
 from grpo_cli.main import main

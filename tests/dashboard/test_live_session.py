@@ -18,9 +18,9 @@ import httpx
 import pytest
 
 from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.job_status import JobStatus
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.job_status import JobStatus
 from app.repositories import jobs as jobs_repo
 from app.repositories import progress as progress_repo
 from tests.conftest import tiny_spec

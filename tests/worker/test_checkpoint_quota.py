@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
 from app.repositories import progress as progress_repo
 from app.services import checkpoint_quota
 from tests.conftest import Api, RecordingDispatcher, tiny_spec

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from app import transitions, webhook_urls
-from app.db import session_scope
-from app.settings import Settings
+from app.core.db import session_scope
+from app.core.settings import Settings
 from app.transitions import JobStatus
 from tests.worker.webhooks.conftest import (
     attempts,

@@ -15,10 +15,10 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from app import transitions
-from app.clock import as_utc, utcnow
-from app.db import session_scope
+from app.core.clock import as_utc, utcnow
+from app.core.db import session_scope
+from app.core.settings import Settings
 from app.repositories import webhooks as webhooks_repo
-from app.settings import Settings
 from app.transitions import JobStatus
 from tests.worker.conftest import WorkerProcess, wait_for
 from tests.worker.webhooks.conftest import (

@@ -20,7 +20,7 @@ class JobStatus(StrEnum):
 
 
 # Ordered tuples: SQL filters write them out in this order (the partial index's predicate
-# among them, app.models.is_active).
+# among them, app.core.models.is_active).
 #
 # A worker is on the job (or is stopping it): it holds the job's lease, so its writes are
 # fenced by the attempt (app.transitions), and a dispatch slot of its project.

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from app.errors import TooManyRequests
-from app.settings import Settings
+from app.core.errors import TooManyRequests
+from app.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from celery import Celery
 
-from app.settings import Settings
+from app.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

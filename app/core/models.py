@@ -25,8 +25,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from app.clock import utcnow
-from app.job_status import QUOTA_COUNTED_STATES
+from app.core.clock import utcnow
+from app.core.job_status import QUOTA_COUNTED_STATES
 
 # BigInteger autoincrement ids are plain INTEGER on SQLite (where only INTEGER PRIMARY KEY
 # auto-increments) and BIGSERIAL elsewhere.
@@ -115,7 +115,7 @@ class Job(Base):
 
 
 def is_active(status: SQLColumnExpression[str]) -> ColumnElement[bool]:
-    """`status IN ('queued', 'running', ...)`: the job is not finished (app.job_status
+    """`status IN ('queued', 'running', ...)`: the job is not finished (app.core.job_status
     .QUOTA_COUNTED_STATES), with the statuses written into the SQL. Literal values, not bound
     parameters: a planner can only prove that a query's rows are those of the partial index
     below when it sees the values, and the generic plan of a prepared statement (psycopg

@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.error_handlers import error_response
+from app.core.error_handlers import error_response
 
 NUL = "\x00"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from app.errors import ApiError, Overloaded, TooManyRequests
+from app.core.errors import ApiError, Overloaded, TooManyRequests
 from trainer.fair_slots import FairSlots, SlotsBusy
 
 __all__ = ["held_slot", "refusal"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.error_handlers import error_response
+from app.core.error_handlers import error_response
 
 
 class BodySizeLimit:

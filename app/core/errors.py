@@ -1,4 +1,4 @@
-"""Domain errors carry their HTTP status; `app.error_handlers` renders every one the same way:
+"""Domain errors carry their HTTP status; `app.core.error_handlers` renders every one the same way:
 {"error": {"type": ..., "message": ..., "param": ...}}."""
 
 from __future__ import annotations

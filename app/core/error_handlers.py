@@ -19,8 +19,8 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import ApiError
-from app.field_paths import field_path
+from app.core.errors import ApiError
+from app.core.field_paths import field_path
 
 log = logging.getLogger(__name__)
 
