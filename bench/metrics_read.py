@@ -6,7 +6,7 @@
 The same data on both sides, each on its own fresh database of the local Postgres:
 
 * ours: `grpo api` (uvicorn, 1 process) on a migrated database; one job whose steps are
-  inserted with the bulk repository insert (`app.repositories.metrics.add_many`, the rollups
+  inserted with the bulk repository insert (`app.progress.metrics_repository.add_many`, the rollups
   included). A read is one GET with the 5 names and `max_points=500`.
 * MLflow: `mlflow server` from `.venv-mlflow` (see bench/README.md) with a Postgres backend
   store; one run whose metrics are logged over REST with `runs/log-batch`, 1000 metrics per
@@ -111,9 +111,9 @@ def seed_ours(
     from app.core.db import make_engine, make_session_factory, session_scope
     from app.core.ids import new_id
     from app.core.models import Job
-    from app.repositories import jobs as jobs_repo
-    from app.repositories import metrics as metrics_repo
-    from app.services.keys import create_key
+    from app.jobs import repository as jobs_repo
+    from app.progress import metrics_repository as metrics_repo
+    from app.sessions.service import create_key
 
     engine = make_engine(database_url)
     sessions = make_session_factory(engine)

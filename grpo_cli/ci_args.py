@@ -23,7 +23,7 @@ JOB_STATUSES = (
 )
 
 
-# The webhook events `submit --webhook` subscribes to (app.webhooks.EVENT_TYPES; a copy, like
+# The webhook events `submit --webhook` subscribes to (app.webhooks.protocol.EVENT_TYPES; a copy, like
 # JOB_STATUSES, checked by tests/cli/test_submit_webhook.py).
 WEBHOOK_EVENTS = ("job.running", "job.succeeded", "job.failed", "job.cancelled", "job.checkpoint")
 

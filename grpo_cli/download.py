@@ -121,7 +121,7 @@ def _merge(adapter: Path, out: Path) -> None:
 
 
 # A fine-tuned model's name in the OpenAI-compatible API: ft:<model>:<suffix>:<job id>, and
-# a checkpoint's: that plus :ckpt-step-<step> (app/routes/openai_presenters.py writes them; a
+# a checkpoint's: that plus :ckpt-step-<step> (app/fine_tuning/presenters.py writes them; a
 # test checks the two agree).
 CHECKPOINT_SUFFIX = "ckpt-step-"
 

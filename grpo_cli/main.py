@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "keys":
         from app.core.db import make_engine, make_session_factory, session_scope
-        from app.services.keys import create_key
+        from app.sessions.service import create_key
 
         engine = make_engine(settings.resolved_database_url)
         with session_scope(make_session_factory(engine)) as session:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.settings import Settings
-from app.services.keys import bootstrap_local_key
+from app.sessions.service import bootstrap_local_key
 from grpo_cli import db
 
 LOCAL_KEY_FILE = "api-key"

@@ -507,7 +507,7 @@ import app.main
 from grpo_cli.main import main
 code = main(["db", "upgrade"])
 with TestClient(app.main.create_app()) as client:
-    from app.routes.dashboard import ASSETS
+    from app.dashboard.routes import ASSETS
     paths = ("/healthz", "/readyz", "/", *(f"/dashboard/{name}" for name in ASSETS))
     status = {p: client.get(p).status_code for p in paths}
 heavy = sorted(m for m in ("torch", "transformers", "vllm") if m in sys.modules)
@@ -551,7 +551,7 @@ def test_the_api_image_migrates_and_serves_without_torch(api_image: dict[str, An
 
 
 def test_the_api_image_serves_the_dashboard(api_image: dict[str, Any]) -> None:
-    """The page and every file it loads (app.routes.dashboard.ASSETS): a module the image's
+    """The page and every file it loads (app.dashboard.routes.ASSETS): a module the image's
     COPY line leaves out would break the page only in the container."""
     pages = [p for p in api_image["status"] if p == "/" or p.startswith("/dashboard/")]
     assert "/dashboard/job.js" in pages and "/dashboard/uPlot.esm.js" in pages

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.db import make_engine, make_session_factory
 from app.core.live import TailPublisher
 from app.core.queue import CeleryDispatcher, Dispatcher
-from app.services import dispatch
+from app.jobs import dispatch
 from worker.settings import WorkerSettings
 
 

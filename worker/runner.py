@@ -34,14 +34,14 @@ import secrets
 from pathlib import Path
 from typing import Protocol
 
-from app import transitions
 from app.core.db import session_scope
 from app.core.models import Job
-from app.repositories import checkpoints as checkpoints_repo
-from app.repositories import files as files_repo
-from app.repositories import jobs as jobs_repo
-from app.repositories import progress as progress_repo
-from app.transitions import JobStatus
+from app.datasets import repository as files_repo
+from app.jobs import checkpoints_repository as checkpoints_repo
+from app.jobs import repository as jobs_repo
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
+from app.progress import repository as progress_repo
 from trainer.callbacks import Callbacks
 from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from trainer.errors import ModelNotAllowed, TrainerError

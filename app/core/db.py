@@ -1,6 +1,6 @@
 """Engine, session factory, and the unit of work that ends every transaction.
 
-A transaction commits only at a boundary: the request (`app.deps.get_session`), a worker task or
+A transaction commits only at a boundary: the request (`app.core.deps.get_session`), a worker task or
 a CLI command (`session_scope`). Code inside a unit of work only flushes. Work that must follow
 the commit (sending a job to the broker) is registered with `after_commit`, work that must be
 the last thing before the commit (a count under a row lock, held only until the commit) with

@@ -43,7 +43,7 @@ class Unauthorized(ApiError):
 
 class CrossSiteRefused(ApiError):
     """A state-changing request authenticated by the session cookie without the header that
-    only a same-origin script can add (app.deps.get_principal says why)."""
+    only a same-origin script can add (app.sessions.deps.get_principal says why)."""
 
     status_code = 403
     error_type = "permission_error"

@@ -1,6 +1,6 @@
 """Where in a request a validation error is, as users write it: `graders[0].pattern`, not
 pydantic's `('body', 'graders', 0, 'regex', 'pattern')`. Shared by the error handlers and the
-services that validate a body they built (app.services.fine_tuning)."""
+services that validate a body they built (app.fine_tuning.service)."""
 
 from __future__ import annotations
 

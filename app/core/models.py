@@ -1,7 +1,7 @@
 """SQLAlchemy models: the durable record of projects, keys, jobs and everything a job produces.
 
 Postgres is the source of truth for every job; the broker only carries job ids.
-Status is written only by `app.transitions`.
+Status is written only by `app.jobs.transitions`.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Job(Base):
     step_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     run_started_step: Mapped[int] = mapped_column(Integer, default=0)
     # Set for jobs created through /v1/fine_tuning/jobs: the request's own words (model as
-    # named, suffix, hyperparameters with what "auto" resolved to); app.services.fine_tuning.
+    # named, suffix, hyperparameters with what "auto" resolved to); app.fine_tuning.service.
     openai: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Deleted by its owner (DELETE /v1/jobs/{id}, an ended job only): from then on no read of a
     # project finds it, and once the grace period has passed the maintenance pass purges its
@@ -124,7 +124,7 @@ def is_active(status: SQLColumnExpression[str]) -> ColumnElement[bool]:
 
 
 # A project's active jobs alone, with what the dispatch count needs: the quota count under the
-# project's lock (app.services.jobs.check_active_jobs) reads this index only, not every job the
+# project's lock (app.jobs.service.check_active_jobs) reads this index only, not every job the
 # project ever had (BENCHMARKS.md, "API: job creation under load"); the queries meant to use it
 # filter with the same `is_active`.
 Index(
@@ -164,7 +164,7 @@ class JobMetric(Base):
 class JobMetricRollup(Base):
     """Count, sum, min and max of one metric's finite values over the aligned block of steps
     ((block - 1) * level, block * level], kept up to date as steps arrive, so a chart read of
-    any length touches a few thousand rows (app.repositories.metrics). Name "" counts steps."""
+    any length touches a few thousand rows (app.progress.metrics_repository). Name "" counts steps."""
 
     __tablename__ = "job_metric_rollups"
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)

@@ -5,7 +5,7 @@ so a job id, cursor, API key prefix or Idempotency-Key holding `%00` used to rea
 end as a 500. One ASGI middleware checks every path parameter, query parameter and header of
 every request, present and future routes alike, and answers a 422 naming the parameter. Bodies
 are checked where they are parsed: the job spec (`trainer.spec.base.StrictModel`) and uploads
-(`app.services.files`).
+(`app.files.service`).
 
 Only NUL needs refusing here: the server decodes the path and query as UTF-8 with replacement
 and headers as latin-1, so no lone surrogate (the other unstorable text) can come out of them.

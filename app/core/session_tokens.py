@@ -1,10 +1,10 @@
 """The dashboard's sign-in token: `v2.<key id>.<issued, unix ms>.<expiry, unix s>.<signature>`,
 an HMAC-SHA256 over the rest with a server secret, carried in an HttpOnly cookie
-(app.routes.session). Tokens of the first version, `v1.<key id>.<expiry>.<signature>`, are still
+(app.sessions.routes). Tokens of the first version, `v1.<key id>.<expiry>.<signature>`, are still
 accepted until they expire, as issued before any sign-out.
 
 The token holds no key material, only the key's id, when it was issued and when it stops being
-accepted; every use still looks the key up (app.services.keys.authenticate_session), so revoking
+accepted; every use still looks the key up (app.sessions.service.authenticate_session), so revoking
 the key ends its sessions, and signing out ends those issued before. The secret comes from the
 settings (GRPO_SESSION_SECRET) or, when unset, from a 0600 file (GRPO_SESSION_SECRET_FILE, by
 default in the data folder) that the first API process creates, so every process sharing the

@@ -161,7 +161,7 @@ class Settings(BaseSettings):
         ),
     )
 
-    # ---- the dashboard's sign-in (app.routes.session)
+    # ---- the dashboard's sign-in (app.sessions.routes)
     session_secret: str | None = Field(
         default=None,
         min_length=32,

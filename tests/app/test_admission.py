@@ -17,8 +17,8 @@ from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.errors import InvalidRequest
 from app.core.settings import Settings
-from app.repositories import progress as progress_repo
-from app.services import admission
+from app.jobs import admission
+from app.progress import repository as progress_repo
 from tests.conftest import Api, tiny_spec
 from trainer.config import JobSpec
 

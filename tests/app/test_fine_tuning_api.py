@@ -10,12 +10,12 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from app import transitions
 from app.core.clock import utcnow
 from app.core.db import session_scope
 from app.core.models import Job
-from app.repositories import progress as progress_repo
-from app.transitions import JobStatus
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
+from app.progress import repository as progress_repo
 from tests.conftest import Api
 
 ROWS = [{"messages": [{"role": "user", "content": f"say {w}"}], "answer": "7"} for w in "abcdef"]

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from starlette.requests import cookie_parser
 
 from app.core.ids import MAX_ID, MAX_STEP
-from app.deps import CSRF_HEADER, SESSION_COOKIE
+from app.sessions.deps import CSRF_HEADER, SESSION_COOKIE
 from tests.app.fuzz_target import Headers, Target
 from tests.conftest import new_project_key, tiny_spec
 
@@ -300,7 +300,7 @@ def cookie_answers(
     method: str, cookie: str, csrf: str | None, bearer: str | None, valid: str, made: set[str]
 ) -> set[int]:
     """The statuses a call owes the Cookie header ``cookie`` as the server reads it and its
-    other credentials (app.deps.get_principal, app.routes.session)."""
+    other credentials (app.sessions.deps.get_principal, app.sessions.routes)."""
     if "\x00" in cookie:
         return {422}
     seen = cookie_parser(cookie).get(SESSION_COOKIE)  # by Starlette's own parser

@@ -9,7 +9,7 @@ from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.models import ApiKey
 from app.core.security import VerifiedKeys
-from app.services.keys import KEY_CACHE_TTL_S
+from app.sessions.service import KEY_CACHE_TTL_S
 from tests.conftest import Api, wait_until
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app import transitions
 from app.core.db import make_engine, make_session_factory, session_scope
-from app.transitions import JobStatus
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
 from tests.conftest import Api, tiny_spec
 from trainer.callbacks import CompletionSample, RolloutSample, RunInfo
 from worker.context import WorkerContext

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.core.db import session_scope
-from app.transitions import add_event
+from app.jobs.transitions import add_event
 from tests.app.test_progress_api import running_job
 from tests.conftest import Api
 

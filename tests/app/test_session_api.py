@@ -19,7 +19,7 @@ from app.core.models import ApiKey
 from app.core.session_tokens import SessionTokens, load_or_create_secret
 from app.core.settings import build_settings
 from app.main import create_app
-from app.services.keys import KEY_CACHE_TTL_S
+from app.sessions.service import KEY_CACHE_TTL_S
 from tests.conftest import Api, tiny_spec, wait_until
 
 CSRF = {"X-Requested-With": "test"}

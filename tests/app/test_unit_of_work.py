@@ -19,7 +19,7 @@ from app.core.ids import new_id
 from app.core.models import IdempotencyRecord, Job, Project
 from app.core.settings import Settings
 from app.main import create_app
-from app.repositories import keys as keys_repo
+from app.sessions import repository as keys_repo
 from tests.conftest import new_project_key, tiny_spec
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from app import transitions
 from app.core.db import make_engine, make_session_factory, session_scope
+from app.jobs import transitions
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
 from trainer.callbacks import Callbacks, RunInfo
 from trainer.checkpoint import list_checkpoints, save_checkpoint
