@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from app.core.errors import ApiError, InvalidRequest
 from app.core.field_paths import field_path
 from app.datasets import repository as files_repo
-from app.fine_tuning.schemas import FineTuningJobCreate
+from app.fine_tuning.schemas import FineTuningJobCreate, GrpoExtension
 from trainer.config import MAX_SEED, EvalSpec, GRPOSpec, JobSpec
 
 # The native defaults "auto" starts from (declared by the spec itself).
@@ -117,31 +117,36 @@ def training_rows(session: Session, *, project_id: str, file_id: str) -> int:
     return row.row_count
 
 
-def translate(
-    request: FineTuningJobCreate, *, train_rows: int, models: dict[str, str]
-) -> Translation:
-    """The native spec of an (already method-checked) request; InvalidRequest naming the
-    request's field when the result is not a valid spec."""
-    # The caller has run refuse_methods (before reading the training file, so a wrong method
-    # is reported first).
+@dataclass(frozen=True)
+class _Choices:
+    """The GRPO settings a request's hyperparameters (or "auto", or the extension) chose."""
+
+    batch: int
+    epochs: int
+    steps: int
+    multiplier: float
+    group: int
+    base_rate: float
+    rate: float
+    max_new: int
+    interval: int
+    samples: int
+
+
+def _choose(
+    request: FineTuningJobCreate,
+    ext_grpo: dict[str, Any],
+    ext_eval: dict[str, Any],
+    *,
+    train_rows: int,
+    sources: dict[str, str],
+) -> _Choices:
+    """Each hyperparameter against "auto" and the extension's own setting (`decide`); records in
+    `sources` which request field set each native one."""
     assert request.method is not None and request.method.reinforcement is not None
     hp = request.method.reinforcement.hyperparameters
     ext = request.grpo_service
-    ext_grpo = dict(ext.grpo or {}) if ext else {}
-    ext_eval = dict(ext.eval or {}) if ext else {}
     lora = ext.lora if ext else None
-    sources = {
-        "model": "model",
-        "dataset.file_id": "training_file",
-        "dataset.validation_file_id": "validation_file",
-        "dataset": "training_file",
-        "graders[0]": "method.reinforcement.grader",
-        "graders": "method.reinforcement.grader",
-        "seed": "seed",
-        "metadata": "metadata",
-        "integrations": "integrations",
-        "name": "suffix",
-    }
 
     def decide(section: dict[str, Any], name: str, hp_name: str, auto: Any, value: Any) -> Any:
         """An explicit hyperparameter wins over "auto" and must not meet the extension."""
@@ -190,6 +195,74 @@ def translate(
     auto_interval = math.ceil(steps / 10) if request.validation_file else 0
     interval = decide(ext_eval, "interval", "eval_interval", auto_interval, hp.eval_interval)
     samples = decide(ext_eval, "max_rows", "eval_samples", AUTO_EVAL_SAMPLES, hp.eval_samples)
+    return _Choices(
+        batch=batch,
+        epochs=epochs,
+        steps=steps,
+        multiplier=multiplier,
+        group=group,
+        base_rate=base_rate,
+        rate=rate,
+        max_new=max_new,
+        interval=interval,
+        samples=samples,
+    )
+
+
+def _add_extension(
+    ext: GrpoExtension,
+    request: FineTuningJobCreate,
+    *,
+    native: dict[str, Any],
+    dataset: dict[str, Any],
+    sources: dict[str, str],
+) -> None:
+    """The grpo_service extension's own fields, into the translated spec (`native`, its
+    `dataset`), each recorded in `sources`."""
+    if ext.name:
+        sources["name"] = "grpo_service.name"
+    for key in ("system_prompt", "use_chat_template"):
+        if getattr(ext, key) is not None:
+            dataset[key] = getattr(ext, key)
+            sources[f"dataset.{key}"] = f"grpo_service.{key}"
+    if ext.integrations:  # MLflow (and W&B) in the native form, after OpenAI's
+        native["integrations"] = [*native["integrations"], *ext.integrations]
+        offset = len(request.integrations or [])
+        for j in range(len(ext.integrations)):
+            sources[f"integrations[{offset + j}]"] = f"grpo_service.integrations[{j}]"
+    for key in ("lora", "rollout", "checkpoint_interval", "checkpoint"):
+        if getattr(ext, key) is not None:
+            native[key] = getattr(ext, key)
+
+
+def translate(
+    request: FineTuningJobCreate, *, train_rows: int, models: dict[str, str]
+) -> Translation:
+    """The native spec of an (already method-checked) request; InvalidRequest naming the
+    request's field when the result is not a valid spec."""
+    # The caller has run refuse_methods (before reading the training file, so a wrong method
+    # is reported first).
+    assert request.method is not None and request.method.reinforcement is not None
+    hp = request.method.reinforcement.hyperparameters
+    ext = request.grpo_service
+    ext_grpo = dict(ext.grpo or {}) if ext else {}
+    ext_eval = dict(ext.eval or {}) if ext else {}
+    sources = {
+        "model": "model",
+        "dataset.file_id": "training_file",
+        "dataset.validation_file_id": "validation_file",
+        "dataset": "training_file",
+        "graders[0]": "method.reinforcement.grader",
+        "graders": "method.reinforcement.grader",
+        "seed": "seed",
+        "metadata": "metadata",
+        "integrations": "integrations",
+        "name": "suffix",
+    }
+    chosen = _choose(request, ext_grpo, ext_eval, train_rows=train_rows, sources=sources)
+    batch, epochs, steps, multiplier = chosen.batch, chosen.epochs, chosen.steps, chosen.multiplier
+    group, base_rate, rate, max_new = chosen.group, chosen.base_rate, chosen.rate, chosen.max_new
+    interval, samples = chosen.interval, chosen.samples
     seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
 
     dataset: dict[str, Any] = {
@@ -218,20 +291,7 @@ def translate(
     for i in range(len(request.integrations or [])):
         sources[f"integrations[{i}]"] = f"integrations[{i}].wandb"
     if ext is not None:
-        if ext.name:
-            sources["name"] = "grpo_service.name"
-        for key in ("system_prompt", "use_chat_template"):
-            if getattr(ext, key) is not None:
-                dataset[key] = getattr(ext, key)
-                sources[f"dataset.{key}"] = f"grpo_service.{key}"
-        if ext.integrations:  # MLflow (and W&B) in the native form, after OpenAI's
-            native["integrations"] = [*native["integrations"], *ext.integrations]
-            offset = len(request.integrations or [])
-            for j in range(len(ext.integrations)):
-                sources[f"integrations[{offset + j}]"] = f"grpo_service.integrations[{j}]"
-        for key in ("lora", "rollout", "checkpoint_interval", "checkpoint"):
-            if getattr(ext, key) is not None:
-                native[key] = getattr(ext, key)
+        _add_extension(ext, request, native=native, dataset=dataset, sources=sources)
     resolved = {
         "batch_size": batch,
         "compute_multiplier": multiplier,
