@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app import error_handlers, log_redaction
-from app.limits import BodySizeLimit
-from app.queue import Dispatcher
-from app.request_guard import RejectNul
-from app.routes import (
-    dashboard,
-    files,
-    fine_tuning,
-    graders,
-    health,
-    jobs,
-    progress,
-    project_stream,
-    session,
-    usage,
-    webhooks,
-)
-from app.settings import Settings, build_settings
-from app.state import build_state
+from app.core import error_handlers, log_redaction
+from app.core.limits import BodySizeLimit
+from app.core.queue import Dispatcher
+from app.core.request_guard import RejectNul
+from app.core.settings import Settings, build_settings
+from app.core.state import build_state
+from app.dashboard import routes as dashboard
+from app.files import routes as files
+from app.fine_tuning import routes as fine_tuning
+from app.graders import routes as graders
+from app.health import routes as health
+from app.jobs import dispatch
+from app.jobs import routes as jobs
+from app.jobs.service import JobCreation
+from app.progress import project_stream
+from app.progress import routes as progress
+from app.sessions import routes as session
+from app.usage import routes as usage
+from app.webhooks import routes as webhooks
 
 API_DESCRIPTION = """\
 GRPO fine-tuning as a service. Submit a job spec (model, prompts, graders, GRPO settings),
@@ -43,7 +43,16 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
         docs_url=None,
         redoc_url=None,
     )
-    app.state.grpo = build_state(settings, dispatcher)
+    state = build_state(settings, dispatcher)
+    # Every unit of work of this process dispatches within the per-project cap.
+    dispatch.install(
+        state.sessions, state.dispatcher, max_per_project=settings.max_dispatched_per_project
+    )
+    app.state.grpo = state
+    # The idempotent create both create routes use (POST /v1/jobs, POST /v1/fine_tuning/jobs).
+    app.state.job_creation = JobCreation(
+        claims=state.claims, dispatcher=state.dispatcher, settings=settings
+    )
     log_redaction.install()
     error_handlers.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

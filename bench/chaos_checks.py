@@ -26,7 +26,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
-from app.transitions import ALLOWED, JobStatus
+from app.jobs.transitions import ALLOWED, JobStatus
 
 Row = Mapping[str, Any]
 LEASED = frozenset({JobStatus.RUNNING.value, JobStatus.CANCELLING.value})

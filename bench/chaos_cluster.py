@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from app.repositories.jobs import RUNNING_STATES
+from app.jobs.repository import RUNNING_STATES
 from bench.services import (
     PrivatePostgres,
     Process,

@@ -6,7 +6,7 @@
 The same data on both sides, each on its own fresh database of the local Postgres:
 
 * ours: `grpo api` (uvicorn, 1 process) on a migrated database; one job whose steps are
-  inserted with the bulk repository insert (`app.repositories.metrics.add_many`, the rollups
+  inserted with the bulk repository insert (`app.progress.metrics_repository.add_many`, the rollups
   included). A read is one GET with the 5 names and `max_points=500`.
 * MLflow: `mlflow server` from `.venv-mlflow` (see bench/README.md) with a Postgres backend
   store; one run whose metrics are logged over REST with `runs/log-batch`, 1000 metrics per
@@ -107,13 +107,13 @@ def seed_ours(
 ) -> tuple[str, str]:
     """A project with a key, a finished job, and its steps (bulk insert with rollups), through
     the service's own code; returns (API key, job id)."""
-    from app.clock import utcnow
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.ids import new_id
-    from app.models import Job
-    from app.repositories import jobs as jobs_repo
-    from app.repositories import metrics as metrics_repo
-    from app.services.keys import create_key
+    from app.core.clock import utcnow
+    from app.core.db import make_engine, make_session_factory, session_scope
+    from app.core.ids import new_id
+    from app.core.models import Job
+    from app.jobs import repository as jobs_repo
+    from app.progress import metrics_repository as metrics_repo
+    from app.sessions.service import create_key
 
     engine = make_engine(database_url)
     sessions = make_session_factory(engine)
@@ -172,8 +172,8 @@ def before_read(database_url: str, job_id: str, points: int) -> dict[str, float]
     an ORM object, then buckets of consecutive points in Python."""
     from sqlalchemy import select
 
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.models import JobMetric
+    from app.core.db import make_engine, make_session_factory, session_scope
+    from app.core.models import JobMetric
 
     engine = make_engine(database_url)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

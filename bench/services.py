@@ -68,8 +68,8 @@ def drop_database(admin_url: str, name: str) -> None:
 
 def create_project_key(database_url: str, project: str) -> str:
     """A new API key (plaintext) for `project`, created through the service's own code."""
-    from app.db import make_engine, make_session_factory, session_scope
-    from app.services.keys import create_key
+    from app.core.db import make_engine, make_session_factory, session_scope
+    from app.sessions.service import create_key
 
     engine = make_engine(database_url)
     try:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 API_WORKERS_ENV = "GRPO_API_WORKERS"
-# Each process holds its own database pool (up to 20 connections, app.db.make_engine), so the
+# Each process holds its own database pool (up to 20 connections, app.core.db.make_engine), so the
 # count is bounded well below what a default Postgres (max_connections=100) can serve.
 MAX_API_WORKERS = 32
 
@@ -62,15 +62,15 @@ def resolve_workers(flag: int | None) -> int:
 
 def create_app() -> FastAPI:
     """The factory each API process runs: the app, its database pools opened and warm
-    (`app.state.warm_pools`: else the first burst after a start pays for new server backends
+    (`app.core.state.warm_pools`: else the first burst after a start pays for new server backends
     inside requests), then every object alive at startup (modules, schemas, table metadata:
     most of the heap) frozen out of the garbage collector's reach.
 
     Without the freeze, each full (generation 2) collection walked all of them: about 100 ms
     during which no request of the process moved, and the p99 of job creation at 50 requests/s
     went from 24 ms to 209-270 ms (BENCHMARKS.md, "API: job creation under load")."""
+    from app.core.state import warm_pools
     from app.main import create_app as build_app
-    from app.state import warm_pools
 
     app = build_app()
     warm_pools(app.state.grpo)

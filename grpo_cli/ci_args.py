@@ -9,7 +9,7 @@ from enum import IntEnum
 
 from grpo_cli.gates import Requirement, parse_duration, parse_requirement
 
-# The job statuses the API filters on (app.job_status.JobStatus). A copy, because the client
+# The job statuses the API filters on (app.core.job_status.JobStatus). A copy, because the client
 # imports nothing of the service; tests/cli/test_usage.py checks that the two agree.
 JOB_STATUSES = (
     "queued",
@@ -23,7 +23,7 @@ JOB_STATUSES = (
 )
 
 
-# The webhook events `submit --webhook` subscribes to (app.webhooks.EVENT_TYPES; a copy, like
+# The webhook events `submit --webhook` subscribes to (app.webhooks.protocol.EVENT_TYPES; a copy, like
 # JOB_STATUSES, checked by tests/cli/test_submit_webhook.py).
 WEBHOOK_EVENTS = ("job.running", "job.succeeded", "job.failed", "job.cancelled", "job.checkpoint")
 

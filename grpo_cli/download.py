@@ -4,7 +4,7 @@ The API streams the checkpoint as a tar archive with one top folder (`<job>-step
 written to a temporary file beside `--out`, extracted safely (tarfile's "data" filter, and every
 member must lie under that one folder) into a temporary folder, then renamed to `--out`, so
 `--out` is complete or absent. `--merge` merges a LoRA checkpoint's adapters into its base with
-`trainer.export.merge_adapter_folder`, which needs torch and peft (imported only then)."""
+`trainer.checkpoint.export.merge_adapter_folder`, which needs torch and peft (imported only then)."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def _merge(adapter: Path, out: Path) -> None:
 
 
 # A fine-tuned model's name in the OpenAI-compatible API: ft:<model>:<suffix>:<job id>, and
-# a checkpoint's: that plus :ckpt-step-<step> (app/routes/openai_presenters.py writes them; a
+# a checkpoint's: that plus :ckpt-step-<step> (app/fine_tuning/presenters.py writes them; a
 # test checks the two agree).
 CHECKPOINT_SUFFIX = "ckpt-step-"
 

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         from grpo_cli.ci import run
 
         return run(args)
-    from app.settings import build_settings
+    from app.core.settings import build_settings
 
     if args.command == "worker":
         from worker.main import run_worker
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             db.downgrade(settings.resolved_database_url, args.revision)
         return 0
     if args.command == "keys":
-        from app.db import make_engine, make_session_factory, session_scope
-        from app.services.keys import create_key
+        from app.core.db import make_engine, make_session_factory, session_scope
+        from app.sessions.service import create_key
 
         engine = make_engine(settings.resolved_database_url)
         with session_scope(make_session_factory(engine)) as session:

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.db import make_engine, make_session_factory, session_scope
-from app.services.keys import bootstrap_local_key
-from app.settings import Settings
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.settings import Settings
+from app.sessions.service import bootstrap_local_key
 from grpo_cli import db
 
 LOCAL_KEY_FILE = "api-key"

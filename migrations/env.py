@@ -7,9 +7,9 @@ from logging.config import fileConfig
 
 from alembic import context
 
-from app.db import make_engine, normalise_url
-from app.models import Base
-from app.settings import build_settings
+from app.core.db import make_engine, normalise_url
+from app.core.models import Base
+from app.core.settings import build_settings
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -37,11 +37,11 @@ import redis
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import make_engine, make_session_factory, session_scope
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.settings import Settings, build_settings
+from app.jobs import repository as jobs_repo
 from app.main import create_app
-from app.repositories import jobs as jobs_repo
-from app.services.keys import create_key
-from app.settings import Settings, build_settings
+from app.sessions.service import create_key
 from grpo_cli import db as migrations
 
 PG_ADMIN = os.environ.get("GRPO_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -12,9 +12,9 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from app.core.queue import Dispatcher
+from app.core.settings import Settings
 from app.main import create_app
-from app.queue import Dispatcher
-from app.settings import Settings
 from tests.conftest import free_port, new_project_key, tiny_spec, wait_until
 
 

@@ -106,8 +106,10 @@ def test_the_cycle_check_catches_a_circle() -> None:
 # -- queries live in repositories; transactions end at a boundary ---------------------------
 
 PACKAGES = ("app", "worker", "grpo_cli", "trainer")
-QUERY_HOME = "app/repositories/"  # the only place a statement is built or run
-BOUNDARY = "app/db.py"  # the only place a transaction ends (request, task and CLI boundaries)
+# The only place a statement is built or run: a repository module of a domain (or of the core),
+# app/<domain>/repository.py or app/<domain>/<what>_repository.py.
+QUERY_HOME = re.compile(r"^app/\w+/(\w+_)?repository\.py$")
+BOUNDARY = "app/core/db.py"  # the only place a transaction ends (request, task and CLI boundaries)
 # Session methods that read or write rows. (flush is allowed anywhere: it ends nothing.)
 QUERY_METHODS = {
     "get",
@@ -136,11 +138,11 @@ def _receiver_name(node: ast.expr) -> str | None:
 
 
 def layer_violations(relative: str, source: str) -> list[str]:
-    """Why the module at `relative` (a path like "app/services/jobs.py") breaks the rules:
-    queries only in app/repositories, commit/rollback only at the boundary, job status
-    compare-and-set only from app/transitions.py."""
+    """Why the module at `relative` (a path like "app/jobs/service.py") breaks the rules:
+    queries only in repository modules, commit/rollback only at the boundary, job status
+    compare-and-set only from app/jobs/transitions.py."""
     found: list[str] = []
-    in_repositories = relative.startswith(QUERY_HOME)
+    in_repositories = QUERY_HOME.match(relative) is not None
     sqlalchemy_aliases: set[str] = set()
     for node in ast.walk(ast.parse(source, filename=relative)):
         where = f"{relative}:{getattr(node, 'lineno', 0)}"
@@ -166,15 +168,15 @@ def layer_violations(relative: str, source: str) -> list[str]:
                 and node.attr in STATEMENT_BUILDERS
             ):
                 found.append(f"{where}: builds a statement with {receiver}.{node.attr}")
-            if node.attr == "compare_and_set" and relative != "app/transitions.py":
-                found.append(f"{where}: only app/transitions.py changes a job's status")
+            if node.attr == "compare_and_set" and relative != "app/jobs/transitions.py":
+                found.append(f"{where}: only app/jobs/transitions.py changes a job's status")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             receiver = _receiver_name(node.func.value)
             method = node.func.attr
             if receiver is None or not SESSION_NAME.search(receiver):
                 continue
             if method in QUERY_METHODS and not in_repositories:
-                found.append(f"{where}: {receiver}.{method}() outside app/repositories")
+                found.append(f"{where}: {receiver}.{method}() outside a repository module")
             if method in TRANSACTION_METHODS and relative != BOUNDARY:
                 found.append(f"{where}: {receiver}.{method}() outside the boundary ({BOUNDARY})")
     return found
@@ -194,7 +196,7 @@ def test_queries_live_in_repositories_and_only_the_boundary_commits() -> None:
 
 
 def test_the_layer_check_catches_each_kind_of_violation() -> None:
-    service = "app/services/example.py"
+    service = "app/jobs/example.py"
     assert layer_violations(service, "def f(session):\n    return session.get(Job, 1)\n")
     assert layer_violations(service, "def f(self):\n    self._session.add(row)\n")
     assert layer_violations(service, "from sqlalchemy import select\n")
@@ -206,5 +208,5 @@ def test_the_layer_check_catches_each_kind_of_violation() -> None:
     assert not layer_violations(service, "def f(session):\n    session.flush()\n")
     assert not layer_violations(service, "def f(d):\n    return d.get('key')\n")
     assert not layer_violations(service, "from sqlalchemy.orm import Session\n")
-    assert not layer_violations("app/repositories/jobs.py", "from sqlalchemy import select\n")
+    assert not layer_violations("app/jobs/repository.py", "from sqlalchemy import select\n")
     assert not layer_violations(BOUNDARY, "def f(session):\n    session.commit()\n")

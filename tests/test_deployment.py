@@ -271,8 +271,8 @@ def test_published_ports_and_health_checks_match_what_the_api_listens_on(tmp_pat
     assert published == [str(port)], "the compose file publishes another port than uvicorn's"
     checks = [health_url(SERVICES["api"]["healthcheck"]["test"])]
     checks += [health_url(i.exec_form()) for i in only(instructions, "HEALTHCHECK")]
+    from app.core.settings import build_settings
     from app.main import create_app
-    from app.settings import build_settings
 
     app = create_app(build_settings(data_dir=tmp_path))
     routes = {
@@ -507,7 +507,7 @@ import app.main
 from grpo_cli.main import main
 code = main(["db", "upgrade"])
 with TestClient(app.main.create_app()) as client:
-    from app.routes.dashboard import ASSETS
+    from app.dashboard.routes import ASSETS
     paths = ("/healthz", "/readyz", "/", *(f"/dashboard/{name}" for name in ASSETS))
     status = {p: client.get(p).status_code for p in paths}
 heavy = sorted(m for m in ("torch", "transformers", "vllm") if m in sys.modules)
@@ -551,7 +551,7 @@ def test_the_api_image_migrates_and_serves_without_torch(api_image: dict[str, An
 
 
 def test_the_api_image_serves_the_dashboard(api_image: dict[str, Any]) -> None:
-    """The page and every file it loads (app.routes.dashboard.ASSETS): a module the image's
+    """The page and every file it loads (app.dashboard.routes.ASSETS): a module the image's
     COPY line leaves out would break the page only in the container."""
     pages = [p for p in api_image["status"] if p == "/" or p.startswith("/dashboard/")]
     assert "/dashboard/job.js" in pages and "/dashboard/uPlot.esm.js" in pages

@@ -3,7 +3,7 @@ project, and a bounded, time-limited queue in arrival order.
 
 Used for what one request or job may hold that every tenant of the process competes for:
 python-grader sandboxes (trainer.sandbox.capacity) and the decoding of uploaded datasets
-(app.state). The rules:
+(app.core.state). The rules:
 
 - ``total`` slots per process; at most ``per_project`` of them held by one project at once, so
   one tenant never holds them all (``project=None``: only the total applies, as for a worker

@@ -13,13 +13,13 @@ import logging
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import transitions
-from app.db import session_scope
-from app.errors import IllegalTransition
-from app.queue import Dispatcher
-from app.repositories import jobs as jobs_repo
-from app.services.dispatch import send_after_commit
-from app.transitions import JobStatus
+from app.core.db import session_scope
+from app.core.errors import IllegalTransition
+from app.core.queue import Dispatcher
+from app.jobs import repository as jobs_repo
+from app.jobs import transitions
+from app.jobs.dispatch import send_after_commit
+from app.jobs.transitions import JobStatus
 
 log = logging.getLogger(__name__)
 

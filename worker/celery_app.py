@@ -8,7 +8,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_shutting_down
 
-from app.queue import RUN_JOB_TASK, celery_config
+from app.core.queue import RUN_JOB_TASK, celery_config
 from worker.context import WorkerContext
 from worker.runner import run_job
 

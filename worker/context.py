@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import make_engine, make_session_factory
-from app.live import TailPublisher
-from app.queue import CeleryDispatcher, Dispatcher
-from app.services import dispatch
+from app.core.db import make_engine, make_session_factory
+from app.core.live import TailPublisher
+from app.core.queue import CeleryDispatcher, Dispatcher
+from app.jobs import dispatch
 from worker.settings import WorkerSettings
 
 

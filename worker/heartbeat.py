@@ -19,7 +19,7 @@ The runner starts one per job attempt (through `worker.lease.LeaseKeeper`) as
   signal number there the moment SIGTERM/SIGINT arrives, GIL or not, so the heartbeat learns of
   a shutdown even while the worker's own Python handler (Celery's) cannot run.
 
-Every `interval` it beats (`app.repositories.jobs.heartbeat`, fenced by the attempt). Once a
+Every `interval` it beats (`app.jobs.repository.heartbeat`, fenced by the attempt). Once a
 cancel, a pause or a shutdown signal was seen, the trainer has `stop_grace_seconds` to return;
 past that, the heartbeat ends the attempt itself, fenced (cancelled, paused, or handed back to
 the queue), then
@@ -40,9 +40,9 @@ import sys
 import time
 from typing import Any
 
-from app.db import make_engine, make_session_factory, session_scope
-from app.repositories import jobs as jobs_repo
-from app.transitions import JobStatus
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.jobs import repository as jobs_repo
+from app.jobs.transitions import JobStatus
 from worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -314,8 +314,8 @@ class _Heartbeat:
         """End the attempt of a trainer that did not stop within the grace, then kill it.
         True when done (or moot); False to retry (the database is unreachable)."""
         # Imported here: the hand-back needs the broker client, which only this path uses.
-        from app.live import TailPublisher
-        from app.queue import CeleryDispatcher
+        from app.core.live import TailPublisher
+        from app.core.queue import CeleryDispatcher
         from worker.attempts import end_attempt, pause, release
 
         waited = f"the trainer did not stop within {self.grace:g}s"

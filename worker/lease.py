@@ -15,9 +15,9 @@ import threading
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import session_scope
-from app.repositories import jobs as jobs_repo
-from app.transitions import JobStatus
+from app.core.db import session_scope
+from app.jobs import repository as jobs_repo
+from app.jobs.transitions import JobStatus
 from worker.heartbeat import CANCEL, LOST, PAUSE, SHUTDOWN, HeartbeatProcess
 from worker.settings import WorkerSettings
 

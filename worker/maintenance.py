@@ -5,10 +5,10 @@
 - the sweep re-sends queued jobs whose message is older than a threshold (the broker may have
   lost it; a duplicate message is harmless because claiming takes the lease), and sends jobs
   waiting for a dispatch slot into the free slots, round-robin across projects
-  (app.services.dispatch: fair dispatch);
+  (app.jobs.dispatch: fair dispatch);
 - the purge removes what deleted jobs produced once their grace period is over: their
   checkpoint folders first, then their samples, metrics, rollups, events and checkpoint rows
-  (app.services.deletion says how a job is deleted).
+  (app.jobs.deletion says how a job is deleted).
 Every worker runs them; compare-and-set transitions make concurrent runs safe, and the purge's
 steps are idempotent.
 """
@@ -21,14 +21,14 @@ from datetime import timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import transitions
-from app.clock import utcnow
-from app.db import session_scope
-from app.errors import IllegalTransition
-from app.repositories import deletion as deletion_repo
-from app.repositories import jobs as jobs_repo
-from app.services.dispatch import fill_slots, send_after_commit, send_job
-from app.transitions import JobStatus
+from app.core.clock import utcnow
+from app.core.db import session_scope
+from app.core.errors import IllegalTransition
+from app.jobs import deletion_repository as deletion_repo
+from app.jobs import repository as jobs_repo
+from app.jobs import transitions
+from app.jobs.dispatch import fill_slots, send_after_commit, send_job
+from app.jobs.transitions import JobStatus
 from worker.context import WorkerContext
 from worker.retention import remove_job_folder
 

@@ -11,7 +11,7 @@ Each step the database stored (once) also goes to the job's experiment trackers
 not deliver comes back as an ``export_failed`` job event at the next step.
 Checkpoint retention (the job spec's ``checkpoint`` section) is applied here, not by the
 trainer: ``worker.retention`` says how. So is the project's checkpoint storage quota
-(``app.services.checkpoint_quota``): a checkpoint that would take the project over it is not
+(``app.usage.service``): a checkpoint that would take the project over it is not
 kept, and the run ends with :class:`CheckpointQuotaExceeded`.
 """
 
@@ -25,16 +25,16 @@ from typing import Any, NoReturn
 
 from sqlalchemy.orm import Session
 
-from app.clock import utcnow
-from app.db import session_scope
-from app.repositories import checkpoints as checkpoints_repo
-from app.repositories import jobs as jobs_repo
-from app.repositories import progress as progress_repo
-from app.services import checkpoint_quota
-from app.services.checkpoint_quota import StorageUse
-from app.transitions import add_event
-from app.webhook_outbox import record_job_event
-from app.webhooks import CHECKPOINT_EVENT
+from app.core.clock import utcnow
+from app.core.db import session_scope
+from app.jobs import checkpoints_repository as checkpoints_repo
+from app.jobs import repository as jobs_repo
+from app.jobs.transitions import add_event
+from app.progress import repository as progress_repo
+from app.usage import service as checkpoint_quota
+from app.usage.service import StorageUse
+from app.webhooks.outbox import record_job_event
+from app.webhooks.protocol import CHECKPOINT_EVENT
 from trainer.checkpoint.files import folder_bytes
 from trainer.config import CheckpointSpec
 from trainer.errors import TrainerError

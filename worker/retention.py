@@ -27,8 +27,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from app.repositories import checkpoints as checkpoints_repo
-from app.repositories import progress as progress_repo
+from app.jobs import checkpoints_repository as checkpoints_repo
+from app.progress import repository as progress_repo
 from trainer.checkpoint.files import TRASH_PREFIX, remove_folder
 from trainer.config import CheckpointSpec
 

@@ -22,7 +22,7 @@ what was not exported becomes an `export_failed` event. A tracker never changes 
 A trainer that does not stop within `stop_grace_seconds` of a cancel, pause or SIGTERM is ended by the
 heartbeat process instead (`worker.heartbeat`), which then kills this process.
 
-The trainer is a parameter (`Train`): the worker passes nothing and gets `trainer.loop.train`,
+The trainer is a parameter (`Train`): the worker passes nothing and gets `trainer.run.loop.train`,
 imported only when a job really runs (it pulls in torch); tests pass plain functions.
 """
 
@@ -34,14 +34,14 @@ import secrets
 from pathlib import Path
 from typing import Protocol
 
-from app import transitions
-from app.db import session_scope
-from app.models import Job
-from app.repositories import checkpoints as checkpoints_repo
-from app.repositories import files as files_repo
-from app.repositories import jobs as jobs_repo
-from app.repositories import progress as progress_repo
-from app.transitions import JobStatus
+from app.core.db import session_scope
+from app.core.models import Job
+from app.datasets import repository as files_repo
+from app.jobs import checkpoints_repository as checkpoints_repo
+from app.jobs import repository as jobs_repo
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
+from app.progress import repository as progress_repo
 from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from trainer.data.saved_datasets import hub_dataset_folder, saved_dataset_rows
 from trainer.errors import ModelNotAllowed, TrainerError
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 
 class TrainOutcome(Protocol):
-    """What the runner reads from a finished run (trainer.loop.TrainResult has more)."""
+    """What the runner reads from a finished run (trainer.run.loop.TrainResult has more)."""
 
     @property
     def final_step(self) -> int: ...
@@ -70,7 +70,7 @@ class TrainOutcome(Protocol):
 
 
 class Train(Protocol):
-    """A training run, as the runner calls it. `trainer.loop.train` is one; it may take more
+    """A training run, as the runner calls it. `trainer.run.loop.train` is one; it may take more
     optional keyword arguments. Raises TrainerError (with a `reason`) for a failure of the run."""
 
     def __call__(

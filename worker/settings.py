@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from app.settings import Settings
+from app.core.settings import Settings
 
 
 def _default_name() -> str:

@@ -1,4 +1,4 @@
-"""Webhook delivery: the workers send the outbox rows (app.webhook_outbox) to their endpoints.
+"""Webhook delivery: the workers send the outbox rows (app.webhooks.outbox) to their endpoints.
 
 One delivery at a time: claim it (a short transaction that makes it due again only after the
 attempt's timeout, so a worker that dies mid-send leaves it to another), POST it with the
@@ -24,11 +24,11 @@ from datetime import timedelta
 import httpx
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.clock import as_utc, utcnow
-from app.db import session_scope
-from app.repositories import webhooks as webhooks_repo
-from app.webhook_urls import UrlRefused, check, public_address
-from app.webhooks import encode, sign
+from app.core.clock import as_utc, utcnow
+from app.core.db import session_scope
+from app.webhooks import repository as webhooks_repo
+from app.webhooks.protocol import encode, sign
+from app.webhooks.urls import UrlRefused, check, public_address
 from worker.context import WorkerContext
 
 log = logging.getLogger(__name__)

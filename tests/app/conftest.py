@@ -10,8 +10,8 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 
+from app.core.settings import build_settings
 from app.main import create_app
-from app.settings import build_settings
 from tests.app.fuzz_target import Target
 from tests.cli.conftest import ServerProcess
 from tests.conftest import (

@@ -12,7 +12,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from app.schemas import ErrorResponse
+from app.core.responses import ErrorResponse
 
 Headers = dict[str, str | bytes]
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from app.db import make_engine, make_session_factory, session_scope
-from app.models import Job
-from app.repositories import jobs as jobs_repo
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.models import Job
+from app.jobs import repository as jobs_repo
 from tests.conftest import Api, tiny_spec
 
 INDEX = "ix_jobs_active_project"

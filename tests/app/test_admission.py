@@ -13,12 +13,12 @@ from typing import Any, cast
 
 import pytest
 
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.errors import InvalidRequest
-from app.repositories import progress as progress_repo
-from app.services import admission
-from app.settings import Settings
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.errors import InvalidRequest
+from app.core.settings import Settings
+from app.jobs import admission
+from app.progress import repository as progress_repo
 from tests.conftest import Api, tiny_spec
 from trainer.config import JobSpec
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from app.core.settings import build_settings
 from app.main import create_app
-from app.settings import build_settings
 from tests.conftest import REDIS_URL, new_project_key, tiny_spec
 
 CONCURRENT = 80  # twice the threadpool, four times the connection pool

@@ -16,19 +16,20 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from app import db, transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.ids import new_id
+from app.core import db
+from app.core import projects_repository as projects_repo
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.ids import new_id
+from app.core.models import Job
+from app.core.settings import Settings
+from app.jobs import events_repository as events_repo
+from app.jobs import idempotency_repository as idem_repo
+from app.jobs import repository as jobs_repo
+from app.jobs import service as jobs_service
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
 from app.main import create_app
-from app.models import Job
-from app.repositories import events as events_repo
-from app.repositories import idempotency as idem_repo
-from app.repositories import jobs as jobs_repo
-from app.repositories import projects as projects_repo
-from app.services import jobs as jobs_service
-from app.settings import Settings
-from app.transitions import JobStatus
 from tests.conftest import (
     RecordingDispatcher,
     new_project_key,

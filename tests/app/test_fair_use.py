@@ -15,18 +15,17 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.errors import TooManyRequests
-from app.ids import new_id
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.errors import TooManyRequests
+from app.core.ids import new_id
+from app.core.models import Job
+from app.core.ratelimit import RedisStore, RequestLimiter
+from app.core.settings import Settings
+from app.jobs import dispatch, transitions
+from app.jobs import repository as jobs_repo
+from app.jobs.transitions import JobStatus
 from app.main import create_app
-from app.models import Job
-from app.ratelimit import RedisStore, RequestLimiter
-from app.repositories import jobs as jobs_repo
-from app.services import dispatch
-from app.settings import Settings
-from app.transitions import JobStatus
 from tests.conftest import (
     RecordingDispatcher,
     free_port,

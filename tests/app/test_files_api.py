@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.db import make_engine, make_session_factory, session_scope
-from app.errors import PayloadTooLarge
-from app.models import File
-from app.services import upload_rows
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.errors import PayloadTooLarge
+from app.core.models import File
+from app.datasets import upload_rows
 from tests.conftest import Api, tiny_spec
 
 

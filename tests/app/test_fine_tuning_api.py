@@ -10,12 +10,12 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from app import transitions
-from app.clock import utcnow
-from app.db import session_scope
-from app.models import Job
-from app.repositories import progress as progress_repo
-from app.transitions import JobStatus
+from app.core.clock import utcnow
+from app.core.db import session_scope
+from app.core.models import Job
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
+from app.progress import repository as progress_repo
 from tests.conftest import Api
 
 ROWS = [{"messages": [{"role": "user", "content": f"say {w}"}], "answer": "7"} for w in "abcdef"]
@@ -244,7 +244,7 @@ def test_authentication_and_not_found_errors(api: Api) -> None:
 
 def _finish(api: Api, job_id: str, steps: int, checkpoints: tuple[int, ...]) -> None:
     """What a worker records for a job that trains `steps` steps and succeeds."""
-    from app.db import make_engine, make_session_factory
+    from app.core.db import make_engine, make_session_factory
 
     engine = make_engine(api.settings.resolved_database_url)
     sessions = make_session_factory(engine)
@@ -382,7 +382,7 @@ def test_openai_grader_paths_run_the_same_engine(api: Api) -> None:
 def test_job_rows_keep_the_request_words(api: Api) -> None:
     file = upload(api, ROWS)
     job_id = create(api, request(file["id"], suffix="kept")).json()["id"]
-    from app.db import make_engine, make_session_factory
+    from app.core.db import make_engine, make_session_factory
 
     engine = make_engine(api.settings.resolved_database_url)
     try:

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from starlette.requests import cookie_parser
 
-from app.deps import CSRF_HEADER, SESSION_COOKIE
-from app.ids import MAX_ID, MAX_STEP
+from app.core.ids import MAX_ID, MAX_STEP
+from app.sessions.deps import CSRF_HEADER, SESSION_COOKIE
 from tests.app.fuzz_target import Headers, Target
 from tests.conftest import new_project_key, tiny_spec
 
@@ -66,7 +66,7 @@ cursors = st.one_of(
 def cursor_answer(text: str) -> int:
     """The status the stream owes the cursor ``text`` as the server reads it: 200 for two
     whole numbers the columns hold (ASCII digits, no more of them than the largest value has:
-    app.ids.parse_number), 400 for anything else, 422 for what the request checks refuse first
+    app.core.ids.parse_number), 400 for anything else, 422 for what the request checks refuse first
     (NUL, over 64 characters). An empty one is no cursor: 200."""
     if "\x00" in text or len(text) > 64:
         return 422
@@ -300,7 +300,7 @@ def cookie_answers(
     method: str, cookie: str, csrf: str | None, bearer: str | None, valid: str, made: set[str]
 ) -> set[int]:
     """The statuses a call owes the Cookie header ``cookie`` as the server reads it and its
-    other credentials (app.deps.get_principal, app.routes.session)."""
+    other credentials (app.sessions.deps.get_principal, app.sessions.routes)."""
     if "\x00" in cookie:
         return {422}
     seen = cookie_parser(cookie).get(SESSION_COOKIE)  # by Starlette's own parser

@@ -10,8 +10,8 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from app.core.settings import Settings, build_settings
 from app.main import create_app
-from app.settings import Settings, build_settings
 from tests.conftest import Api, free_port, start_private_redis
 
 

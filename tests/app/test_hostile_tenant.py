@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app.settings import build_settings
+from app.core.settings import build_settings
 from tests.app.conftest import ApiProcesses
 from tests.conftest import wait_until
 

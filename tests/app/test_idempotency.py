@@ -6,10 +6,10 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.models import IdempotencyRecord
-from app.services.jobs import STALE_CLAIM, spec_fingerprint
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.models import IdempotencyRecord
+from app.jobs.service import STALE_CLAIM, spec_fingerprint
 from tests.conftest import Api, tiny_spec
 from trainer.config import JobSpec
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from app.db import make_engine, make_session_factory, session_scope
-from app.models import Checkpoint, Job, JobEvent, JobMetric, JobMetricRollup, JobSample
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.models import Checkpoint, Job, JobEvent, JobMetric, JobMetricRollup, JobSample
 from tests.app.test_progress_api import finish, running_job
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
 from trainer.run.callbacks import CompletionSample, RolloutSample

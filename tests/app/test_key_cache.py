@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.models import ApiKey
-from app.security import VerifiedKeys
-from app.services.keys import KEY_CACHE_TTL_S
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.models import ApiKey
+from app.core.security import VerifiedKeys
+from app.sessions.service import KEY_CACHE_TTL_S
 from tests.conftest import Api, wait_until
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.ids import new_id
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.ids import new_id
+from app.core.models import Job
+from app.datasets.service import SPILL_INLINE_ROWS_BYTES
+from app.jobs import repository as jobs_repo
 from app.main import create_app
-from app.models import Job
-from app.repositories import jobs as jobs_repo
-from app.services.files import SPILL_INLINE_ROWS_BYTES
 from tests.conftest import Api, new_project_key, settings_for, tiny_spec
 from trainer.config import JobSpec
 from worker.context import WorkerContext

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.models import JobMetric, JobMetricRollup
-from app.repositories import metrics as metrics_repo
-from app.repositories import progress as progress_repo
-from app.services import metrics as metrics_service
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.models import JobMetric, JobMetricRollup
+from app.progress import metrics as metrics_service
+from app.progress import metrics_repository as metrics_repo
+from app.progress import repository as progress_repo
 from grpo_cli import db as migrations
 from grpo_cli import gates
 from grpo_cli.client import Client
@@ -48,7 +48,7 @@ def make_rows(seed: int = 7) -> Rows:
     return rows
 
 
-# --- the reference: app/services/metrics.py before rollups, verbatim but for the row type ----
+# --- the reference: app/progress/metrics.py before rollups, verbatim but for the row type ----
 
 
 def old_series(rows: Rows, names: list[str], max_points: int | None) -> dict[str, list[Any]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.db import make_engine, make_session_factory, session_scope
-from app.models import Job
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.models import Job
 from tests.conftest import Api, tiny_spec
 
 

@@ -1,4 +1,4 @@
-"""Pooled connections and a database restart (app.db.ping_idle_connections): the API pings a
+"""Pooled connections and a database restart (app.core.db.ping_idle_connections): the API pings a
 connection only when it sat idle, and a dead one never reaches a second request."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from app.db import make_engine
+from app.core.db import make_engine
 from tests.conftest import PG_ADMIN, wait_until
 
 

@@ -1,4 +1,4 @@
-"""Warming the API's database pools at start (app.db.warm_pool, app.state.warm_pools): the first
+"""Warming the API's database pools at start (app.core.db.warm_pool, app.core.state.warm_pools): the first
 burst of requests after a start finds its connections open, with the tables in each server
 backend's catalog cache, instead of opening them inside requests."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, text
 
-from app.db import make_engine, warm_pool
-from app.models import Base
-from app.state import build_state, warm_pools
+from app.core.db import make_engine, warm_pool
+from app.core.models import Base
+from app.core.state import build_state, warm_pools
 from tests.conftest import settings_for
 
 TABLES = [table.name for table in Base.metadata.sorted_tables]

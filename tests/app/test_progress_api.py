@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app import transitions
-from app.db import make_engine, make_session_factory, session_scope
-from app.transitions import JobStatus
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
 from tests.conftest import Api, tiny_spec
 from trainer.run.callbacks import CompletionSample, RolloutSample, RunInfo
 from worker.context import WorkerContext
@@ -33,7 +33,7 @@ def running_job(api: Api) -> tuple[str, DatabaseCallbacks, WorkerContext]:
     ctx = WorkerContext(
         ws, make_session_factory(make_engine(ws.resolved_database_url)), _NoDispatch()
     )
-    from app.live import TailPublisher
+    from app.core.live import TailPublisher
 
     ctx.tail = TailPublisher(ws.resolved_redis_url)
     with session_scope(ctx.sessions) as session:

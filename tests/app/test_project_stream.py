@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.settings import Settings
+from app.core.settings import Settings
 from tests.conftest import settings_for, tiny_spec
 from tests.live_server import Server, serve
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.db import session_scope
-from app.transitions import add_event
+from app.core.db import session_scope
+from app.jobs.transitions import add_event
 from tests.app.test_progress_api import running_job
 from tests.conftest import Api
 

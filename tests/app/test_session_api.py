@@ -13,13 +13,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.models import ApiKey
+from app.core.session_tokens import SessionTokens, load_or_create_secret
+from app.core.settings import build_settings
 from app.main import create_app
-from app.models import ApiKey
-from app.services.keys import KEY_CACHE_TTL_S
-from app.session_tokens import SessionTokens, load_or_create_secret
-from app.settings import build_settings
+from app.sessions.service import KEY_CACHE_TTL_S
 from tests.conftest import Api, tiny_spec, wait_until
 
 CSRF = {"X-Requested-With": "test"}

@@ -15,9 +15,9 @@ import httpx
 import psycopg
 import pytest
 
-from app.errors import TooManyRequests
-from app.ratelimit import RedisStore, StreamSlots
-from app.settings import Settings
+from app.core.errors import TooManyRequests
+from app.core.ratelimit import RedisStore, StreamSlots
+from app.core.settings import Settings
 from tests.conftest import (
     REDIS_URL,
     settings_for,

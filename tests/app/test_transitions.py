@@ -8,14 +8,14 @@ import pytest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.errors import IllegalTransition
-from app.ids import new_id
-from app.models import Job, JobEvent
-from app.settings import Settings
-from app.transitions import JobStatus
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.errors import IllegalTransition
+from app.core.ids import new_id
+from app.core.models import Job, JobEvent
+from app.core.settings import Settings
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
 from tests.conftest import new_project_key
 
 
@@ -60,7 +60,7 @@ def force_status(sessions: sessionmaker[Session], job_id: str, status: JobStatus
 
 
 # What each state means (design.md section 4 and docs/design-notes.md), written out here rather
-# than read from `app.transitions.ALLOWED`, so that a wrong entry in the table fails this test:
+# than read from `app.jobs.transitions.ALLOWED`, so that a wrong entry in the table fails this test:
 # - queued: waiting for a worker. A worker starts it, or it is cancelled before it starts. It
 #   cannot end any other way (nothing ran, so it cannot succeed; `queued -> failed` is left out
 #   on purpose), and only a running job can be asked to stop (cancelling).
@@ -245,6 +245,6 @@ def test_racing_finishers_yield_exactly_one_terminal_state(
 def test_the_lease_holding_states_are_declared_alike_for_queries_and_rules() -> None:
     """The repositories filter on LEASE_HOLDING_STATES, the state machine fences on
     LEASE_HOLDING_STATES: one set."""
-    from app.repositories.jobs import LEASE_HOLDING_STATES
+    from app.jobs.repository import LEASE_HOLDING_STATES
 
     assert set(LEASE_HOLDING_STATES) == {s.value for s in transitions.LEASE_HOLDING_STATES}

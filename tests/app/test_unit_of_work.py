@@ -13,13 +13,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Message, Receive, Scope, Send
 
-from app import db
-from app.clock import utcnow
-from app.ids import new_id
+from app.core import db
+from app.core.clock import utcnow
+from app.core.ids import new_id
+from app.core.models import IdempotencyRecord, Job, Project
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import IdempotencyRecord, Job, Project
-from app.repositories import keys as keys_repo
-from app.settings import Settings
+from app.sessions import repository as keys_repo
 from tests.conftest import new_project_key, tiny_spec
 
 
@@ -151,7 +151,7 @@ def test_an_sse_stream_holds_no_connection_while_it_waits(settings: Settings) ->
             assert pool.checkedout() == 0
 
 
-# -- the unit of work itself (app.db) ------------------------------------------------------
+# -- the unit of work itself (app.core.db) ------------------------------------------------------
 
 
 def test_after_commit_work_runs_after_the_commit_and_is_committed(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.services.checkpoint_quota import human_bytes
+from app.usage.service import human_bytes
 from tests.app.test_progress_api import finish, running_job
 from tests.conftest import Api
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from app import transitions, webhook_urls
-from app.db import make_engine, make_session_factory, session_scope
-from app.transitions import JobStatus
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
+from app.webhooks import urls as webhook_urls
 from tests.conftest import Api, tiny_spec
 
 EVENTS = ["job.succeeded", "job.failed"]

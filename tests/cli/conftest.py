@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from app.settings import Settings, build_settings
+from app.core.settings import Settings, build_settings
 from tests.conftest import REDIS_URL, free_port, new_project_key, tiny_spec, wait_until
 from tests.worker.conftest import ROOT, WorkerProcess
 

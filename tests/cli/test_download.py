@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from tests.app.test_checkpoint_download import ADAPTER, FULL, write_checkpoint
 from tests.app.test_progress_api import running_job
 from tests.cli.helpers import cli

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app.db import make_engine
-from app.models import Job
+from app.core.db import make_engine
+from app.core.models import Job
 from tests.cli.conftest import CliService
 from tests.cli.helpers import Result, cli
 from tests.conftest import wait_until

@@ -15,9 +15,9 @@ import httpx
 import pytest
 import uvicorn
 
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
-from app.webhooks import EVENT_TYPES
+from app.webhooks.protocol import EVENT_TYPES
 from grpo_cli.ci_args import WEBHOOK_EVENTS, Exit
 from grpo_cli.main import main
 from tests.conftest import RecordingDispatcher, free_port, new_project_key, tiny_spec, wait_until

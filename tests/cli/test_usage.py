@@ -128,7 +128,7 @@ def test_a_409_is_retried_only_when_it_is_a_race() -> None:
 
 
 def test_the_clients_status_choices_are_the_apis() -> None:
-    from app.job_status import JobStatus
+    from app.core.job_status import JobStatus
     from grpo_cli.ci_args import JOB_STATUSES
 
     assert sorted(JOB_STATUSES) == sorted(s.value for s in JobStatus)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings, build_settings
+from app.core.settings import Settings, build_settings
 from tests.conftest import REDIS_URL, new_project_key
 from tests.live_server import serve
 from tests.worker.conftest import start_worker  # noqa: F401  (fixture used by the tests here)

@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
-from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.job_status import JobStatus
-from app.repositories import jobs as jobs_repo
-from app.repositories import progress as progress_repo
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.job_status import JobStatus
+from app.jobs import repository as jobs_repo
+from app.jobs import transitions
+from app.progress import repository as progress_repo
 from tests.conftest import tiny_spec
 from tests.dashboard.conftest import Served
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.core.settings import build_settings
+from app.dashboard.routes import ASSETS, DASHBOARD_DIR
 from app.main import create_app
-from app.routes.dashboard import ASSETS, DASHBOARD_DIR
-from app.settings import build_settings
 
 
 @pytest.fixture

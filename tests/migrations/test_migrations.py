@@ -8,8 +8,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from app.db import make_engine
-from app.models import Base
+from app.core.db import make_engine
+from app.core.models import Base
 from grpo_cli import db
 from tests.conftest import create_pg_database, drop_pg_database
 

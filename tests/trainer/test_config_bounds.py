@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from app.error_handlers import install
-from app.field_paths import field_path
+from app.core.error_handlers import install
+from app.core.field_paths import field_path
 from trainer.config import JobSpec, spec_limits_violations
 
 BASE: dict[str, Any] = {

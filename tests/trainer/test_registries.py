@@ -11,7 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from app.field_paths import field_path
+from app.core.field_paths import field_path
 from trainer.config import (
     GRADER_TYPES,
     AdvantageScale,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings
+from app.core.settings import Settings
 from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

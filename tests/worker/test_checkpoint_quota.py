@@ -1,5 +1,5 @@
 """The per-project checkpoint storage quota (GRPO_MAX_CHECKPOINT_BYTES_PER_PROJECT), enforced by
-the worker as it records each checkpoint (worker.progress, app.services.checkpoint_quota).
+the worker as it records each checkpoint (worker.progress, app.usage.service).
 
 Jobs run through worker.runner.run_job with the real database callbacks; the trainer is a
 stand-in that writes checkpoint folders of chosen sizes (no model: the quota only reads the
@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.repositories import progress as progress_repo
-from app.services import checkpoint_quota
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.jobs import transitions
+from app.progress import repository as progress_repo
+from app.usage import service as checkpoint_quota
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
 from trainer.config import JobSpec
 from trainer.run.callbacks import Callbacks, RunInfo

@@ -19,9 +19,9 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from app.core.queue import CeleryDispatcher
+from app.core.settings import Settings, build_settings
 from app.main import create_app
-from app.queue import CeleryDispatcher
-from app.settings import Settings, build_settings
 from grpo_cli import db as migrations
 from tests.conftest import (
     REDIS_URL,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from app.db import make_engine, make_session_factory
-from app.settings import Settings
+from app.core.db import make_engine, make_session_factory
+from app.core.settings import Settings
 from tests.conftest import RecordingDispatcher, tiny_spec
 from tests.hub_cache import add_snapshot
 from tests.worker.test_runner import FakeResult, fake_trainer, job, make_job

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.ids import new_id
-from app.models import Job, JobMetric
-from app.settings import Settings
-from app.transitions import JobStatus
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.ids import new_id
+from app.core.models import Job, JobMetric
+from app.core.settings import Settings
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
 from tests.conftest import RecordingDispatcher, new_project_key
 from trainer.run.callbacks import RunInfo
 from worker import maintenance

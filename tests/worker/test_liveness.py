@@ -31,14 +31,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app import transitions
-from app.clock import as_utc, utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.ids import new_id
-from app.models import Job, JobEvent
-from app.services import jobs as jobs_service
-from app.services import pausing
-from app.settings import Settings
+from app.core.clock import as_utc, utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.ids import new_id
+from app.core.models import Job, JobEvent
+from app.core.settings import Settings
+from app.jobs import pausing, transitions
+from app.jobs import service as jobs_service
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec, wait_until
 from tests.worker.test_runner import FakeResult
 from trainer.config import JobSpec

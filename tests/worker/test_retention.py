@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from app import transitions
-from app.db import make_engine, make_session_factory, session_scope
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.jobs import transitions
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
 from trainer.checkpoint.store import list_checkpoints, save_checkpoint
 from trainer.config import JobSpec

@@ -13,15 +13,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.ids import new_id
-from app.models import Checkpoint, File, Job, JobEvent, JobMetric
-from app.services import jobs as jobs_service
-from app.services import pausing
-from app.settings import Settings
-from app.transitions import JobStatus
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.ids import new_id
+from app.core.models import Checkpoint, File, Job, JobEvent, JobMetric
+from app.core.settings import Settings
+from app.jobs import pausing, transitions
+from app.jobs import service as jobs_service
+from app.jobs.transitions import JobStatus
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
 from trainer.config import JobSpec
 from trainer.errors import TrainerError

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from app.settings import Settings
+from app.core.settings import Settings
 from tests.conftest import Api, free_port, tiny_spec
 from tests.worker.conftest import WorkerProcess, wait_for
 from tests.worker.trackers_support import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.settings import Settings
+from app.core.settings import Settings
 from tests.worker.trackers_support import (
     CATALOG,
     catalog_trainer,

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.ids import new_id
-from app.models import Job, JobEvent, JobMetric
-from app.settings import Settings
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.ids import new_id
+from app.core.models import Job, JobEvent, JobMetric
+from app.core.settings import Settings
+from app.jobs import transitions
 from bench.metrics_read import start_mlflow as bench_start_mlflow
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
 from trainer.config import JobSpec

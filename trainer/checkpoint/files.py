@@ -4,7 +4,7 @@ and measuring checkpoint folders: torch-free.
 A checkpoint folder (``trainer.checkpoint.store``) holds a loadable model (or LoRA adapters) and
 tokenizer, plus these files, which only the trainer reads back. Everything that hands a
 checkpoint's model to someone else leaves them out: ``grpo export`` (``trainer.checkpoint.export``) and the
-API's checkpoint download (``app.services.checkpoint_download``), which must not import torch.
+API's checkpoint download (``app.progress.checkpoint_download``), which must not import torch.
 
 Deleting a checkpoint (or a job's whole folder) goes through :func:`remove_folder` here too, in
 the trainer's own pruning and in the service's retention and purge alike: the folder is first

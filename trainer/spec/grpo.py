@@ -30,11 +30,11 @@ __all__ = [
 # The names a job can choose, declared once, here: pydantic rejects anything else with a 422
 # naming the field. Each is implemented by a name-keyed registry whose keys must equal these
 # (tests/trainer/test_registries.py checks):
-#   KLEstimatorName   -> trainer.kl.KL_ESTIMATORS
-#   AdvantageScale    -> trainer.advantages.ADVANTAGE_SCALES
-#   LossAggregation   -> trainer.losses.LOSS_AGGREGATIONS
+#   KLEstimatorName   -> trainer.update.kl.KL_ESTIMATORS
+#   AdvantageScale    -> trainer.update.advantages.ADVANTAGE_SCALES
+#   LossAggregation   -> trainer.update.losses.LOSS_AGGREGATIONS
 #   RolloutEngineName -> trainer.rollout.registry.ROLLOUT_ENGINES
-#   SamplerCorrectionMode -> trainer.sampler_correction.SAMPLER_CORRECTIONS
+#   SamplerCorrectionMode -> trainer.update.sampler_correction.SAMPLER_CORRECTIONS
 # Grader types are the `type` tags of GraderSpecUnion's members (trainer.graders.GRADER_BUILDERS).
 # What engines and estimators are beyond their names (traits) is declared in trainer.spec.traits.
 KLEstimatorName = Literal["none", "k1", "k2", "k3", "k3_unbiased", "k1_causal"]

@@ -4,9 +4,9 @@ comparing names.
 A rollout engine's traits say what starting it involves (``trainer.rollout.startup``) and which
 spec settings it can serve (``JobSpec``'s validators); a KL estimator's say how exactly it
 follows the gradient of KL(pi || ref) in each placement (``JobSpec.warnings``; the derivations
-are ``trainer.kl``'s). Torch-free, like the rest of the spec. Keys must equal the spec's names
+are ``trainer.update.kl``'s). Torch-free, like the rest of the spec. Keys must equal the spec's names
 (tests/trainer/test_registries.py), so a new engine or estimator is a row here beside its entry
-in its registry (``trainer.rollout.base.ROLLOUT_ENGINES``, ``trainer.kl.KL_ESTIMATORS``).
+in its registry (``trainer.rollout.registry.ROLLOUT_ENGINES``, ``trainer.update.kl.KL_ESTIMATORS``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ ROLLOUT_ENGINE_TRAITS: dict[RolloutEngineName, RolloutEngineTraits] = {
 
 
 # The expected gradient of an estimator's sum over a completion placed in the loss, on-policy,
-# against grad KL_seq = grad KL(pi || ref) over whole completions (trainer.kl's table):
+# against grad KL_seq = grad KL(pi || ref) over whole completions (trainer.update.kl's table):
 #   none                  no KL term;
 #   zero                  0 (its value estimates the KL, its gradient does not);
 #   per_position          sum_t E[grad KL_t] with each position's prefix held fixed;

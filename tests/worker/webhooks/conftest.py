@@ -12,14 +12,14 @@ import pytest
 from sqlalchemy import select, update
 from standardwebhooks.webhooks import Webhook
 
-from app import transitions
-from app.clock import utcnow
-from app.db import make_engine, make_session_factory, session_scope
-from app.ids import new_id
-from app.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from app.repositories import webhooks as webhooks_repo
-from app.services import webhooks as webhooks_service
-from app.settings import Settings
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.ids import new_id
+from app.core.models import Job, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from app.core.settings import Settings
+from app.jobs import transitions
+from app.webhooks import repository as webhooks_repo
+from app.webhooks import service as webhooks_service
 from tests.conftest import RecordingDispatcher, new_project_key
 from tests.worker.webhooks.receiver import Receiver
 from worker.context import WorkerContext

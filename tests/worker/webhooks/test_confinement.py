@@ -8,10 +8,11 @@ import ipaddress
 import httpx
 import pytest
 
-from app import transitions, webhook_urls
-from app.db import session_scope
-from app.settings import Settings
-from app.transitions import JobStatus
+from app.core.db import session_scope
+from app.core.settings import Settings
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
+from app.webhooks import urls as webhook_urls
 from tests.worker.webhooks.conftest import (
     attempts,
     deliveries,

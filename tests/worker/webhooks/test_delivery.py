@@ -14,12 +14,12 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from app import transitions
-from app.clock import as_utc, utcnow
-from app.db import session_scope
-from app.repositories import webhooks as webhooks_repo
-from app.settings import Settings
-from app.transitions import JobStatus
+from app.core.clock import as_utc, utcnow
+from app.core.db import session_scope
+from app.core.settings import Settings
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
+from app.webhooks import repository as webhooks_repo
 from tests.worker.conftest import WorkerProcess, wait_for
 from tests.worker.webhooks.conftest import (
     attempts,

@@ -1,0 +1,1 @@
+"""/v1/graders: try a grader on a sample before a job spends a GPU on it."""

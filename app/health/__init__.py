@@ -1,0 +1,1 @@
+"""Liveness and readiness: the probes of the database and the broker."""

@@ -1,0 +1,103 @@
+"""Response bodies of /v1/jobs (requests are the job spec itself, trainer.config.JobSpec); each
+domain declares its own beside its routes."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import PurePath
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+
+class JobError(BaseModel):
+    code: str
+    message: str | None
+
+
+class JobProgress(BaseModel):
+    step: int = Field(description="Last completed step.")
+    total_steps: int
+    last_metrics: dict[str, float] | None = None
+    heartbeat_age_s: float | None = Field(
+        default=None, description="Seconds since the worker last reported; null when not running."
+    )
+    eta_s: float | None = Field(default=None, description="Estimated seconds to finish.")
+
+
+class JobOut(BaseModel):
+    object: Literal["job"] = "job"
+    id: str
+    name: str | None
+    status: str
+    model: str
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempt: int
+    max_attempts: int
+    error: JobError | None
+    progress: JobProgress
+    metadata: dict[str, str]
+    spec: dict[str, Any] = Field(description="The resolved job spec, every default filled in.")
+
+
+class JobSummary(JobOut):
+    """A job in a list: everything but the inline dataset rows, which can be megabytes."""
+
+    spec: dict[str, Any] = Field(
+        description="The resolved job spec, except that inline `dataset.rows` are replaced by "
+        "their count, `dataset.row_count`. GET /v1/jobs/{id} has the full spec."
+    )
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobSummary]
+    has_more: bool
+    next_after: str | None = Field(description="Pass as `after` to get the next page.")
+
+
+class EventOut(BaseModel):
+    object: Literal["job.event"] = "job.event"
+    id: int
+    job_id: str
+    attempt: int
+    type: str
+    level: str
+    message: str
+    data: dict[str, Any] | None
+    created_at: datetime
+
+    @field_validator("data")
+    @classmethod
+    def _no_server_path(cls, data: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Checkpoint events store the worker's absolute folder; users see its name only.
+        if data and isinstance(data.get("path"), str):
+            return {**data, "path": PurePath(data["path"]).name}
+        return data
+
+
+class EventList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EventOut]
+    has_more: bool
+    next_after: int | None
+
+
+class ValidationResult(BaseModel):
+    object: Literal["job.validation"] = "job.validation"
+    valid: Literal[True] = True
+    spec: dict[str, Any] = Field(description="The resolved spec with every default filled in.")
+    warnings: list[str]
+    dataset_rows: int | None = Field(description="Rows the dataset resolves to, when known.")
+
+
+class JobDeleted(BaseModel):
+    id: str
+    object: Literal["job.deleted"] = "job.deleted"
+    deleted: Literal[True] = True
+    purge_after: datetime = Field(
+        description="From then on the workers purge its checkpoints, samples, metrics and events."
+    )

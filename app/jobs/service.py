@@ -1,0 +1,395 @@
+"""Job rules: create (idempotent, whole in `JobCreation`; sent to the broker only after the
+commit), read, cancel.
+
+Everything here runs inside the caller's unit of work and only flushes; the request boundary
+(app.core.deps.get_session) commits. The one exception is the idempotency claim, see `_claim_key`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.core import db
+from app.core import projects_repository as projects_repo
+from app.core.clock import as_utc, utcnow
+from app.core.errors import (
+    Conflict,
+    IdempotencyKeyReused,
+    IllegalTransition,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+)
+from app.core.ids import new_id
+from app.core.models import File, Job
+from app.core.queue import Dispatcher
+from app.core.settings import Settings
+from app.datasets import repository as files_repo
+from app.datasets import service as datasets_service
+from app.jobs import admission, transitions
+from app.jobs import idempotency_repository as idem_repo
+from app.jobs import repository as jobs_repo
+from app.jobs.dispatch import send_after_commit
+from app.jobs.transitions import JobStatus
+from trainer.config import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
+
+# An in-progress idempotency claim older than this belongs to a request that died mid-way.
+STALE_CLAIM = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The stored first response of an idempotent retry, to be sent again unchanged."""
+
+    status_code: int
+    body: dict[str, Any]
+
+
+def spec_fingerprint(raw_body: dict[str, Any]) -> str:
+    """Hash of the request body as sent (key order does not matter)."""
+    canonical = json.dumps(raw_body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _claim_key(
+    claims: sessionmaker[Session], *, project_id: str, key: str, fingerprint: str, ttl: timedelta
+) -> Replay | None:
+    """Claim the idempotency key in its own committed transactions.
+
+    This is the one place outside a boundary that commits, on purpose: the claim must be
+    visible to a concurrent duplicate *before* this request has done its work (that is what
+    turns the duplicate into a 409 instead of a second job), so it cannot wait for the request's
+    commit. `claims` runs each statement as its own transaction (app.core.state), and a first
+    request claims with one statement. Returns the stored response for a replay, raises for a
+    mismatch or a request still in flight, or returns None when this request owns the key and
+    must do the work."""
+    now = utcnow()
+    with db.session_scope(claims) as session:
+        if idem_repo.claim(
+            session,
+            project_id=project_id,
+            key=key,
+            request_hash=fingerprint,
+            now=now,
+            expired_before=now - ttl,
+        ):
+            return None
+        record = idem_repo.get(session, project_id=project_id, key=key)
+    if record is None:  # released between our two statements: try once more
+        raise Conflict(
+            "idempotency key is being reused concurrently; retry", param="Idempotency-Key"
+        )
+    if record.request_hash != fingerprint:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was used with a different request body",
+            param="Idempotency-Key",
+        )
+    if record.state != "completed":
+        if now - (as_utc(record.created_at) or now) > STALE_CLAIM:
+            # Its request died mid-way: release the claim (only while it is still that stale
+            # one, never a retry's fresh claim), so the next retry is served.
+            _release_key(claims, project_id=project_id, key=key, claimed_before=now - STALE_CLAIM)
+            raise Conflict(
+                "an earlier request with this Idempotency-Key did not finish; retry",
+                param="Idempotency-Key",
+            )
+        raise Conflict(
+            "a request with this Idempotency-Key is still in progress", param="Idempotency-Key"
+        )
+    return Replay(record.response_status or 201, record.response_body or {})
+
+
+def _release_key(
+    claims: sessionmaker[Session],
+    *,
+    project_id: str,
+    key: str,
+    claimed_before: datetime | None = None,
+) -> None:
+    """Give a claimed key back (its own transaction, like the claim) so a retry can proceed;
+    with `claimed_before`, only an in-progress claim made before then."""
+    with db.session_scope(claims) as session:
+        idem_repo.release(session, project_id=project_id, key=key, claimed_before=claimed_before)
+
+
+def dataset_file(session: Session, *, project_id: str, spec: JobSpec) -> File | None:
+    """The uploaded file the spec's dataset names (None when it names none); a 422 naming
+    `dataset.file_id` when it is not this project's."""
+    file_id = spec.dataset.file_id
+    if file_id is None:
+        return None
+    row = files_repo.get_for_project(session, project_id=project_id, file_id=file_id)
+    if row is None:
+        raise InvalidRequest(f"file {file_id} not found", param="dataset.file_id")
+    return row
+
+
+def check_validation_file(
+    session: Session, *, project_id: str, spec: JobSpec, train_rows: int | None
+) -> File | None:
+    """The file the spec's ``dataset.validation_file_id`` names (None when it names none); a
+    422 naming that field when it is not this project's, or when training and validation rows
+    together exceed what one job may hold (the worker appends them as the held-out set)."""
+    file_id = spec.dataset.validation_file_id
+    if file_id is None:
+        return None
+    param = "dataset.validation_file_id"
+    row = files_repo.get_for_project(session, project_id=project_id, file_id=file_id)
+    if row is None:
+        raise InvalidRequest(f"file {file_id} not found", param=param)
+    if row.row_count > MAX_HOLDOUT_ROWS:
+        raise InvalidRequest(
+            f"validation file has {row.row_count} rows; at most {MAX_HOLDOUT_ROWS} are evaluated",
+            param=param,
+        )
+    if train_rows is not None and train_rows + row.row_count > MAX_INLINE_ROWS:
+        raise InvalidRequest(
+            f"training ({train_rows}) and validation ({row.row_count}) rows together exceed "
+            f"{MAX_INLINE_ROWS}",
+            param=param,
+        )
+    return row
+
+
+# A project at its limit waits for jobs to end; there is no better estimate of when.
+QUOTA_RETRY_AFTER_S = 30
+
+
+def check_active_jobs(session: Session, *, project_id: str, limit: int) -> int:
+    """QuotaExceeded (429) when the project holds more than `limit` queued or running jobs,
+    counting the one this unit of work has just added; else how many of its jobs hold a
+    dispatch slot (app.jobs.dispatch), counted in the same pass under the same lock.
+
+    Exact under concurrency: the count is taken under the project's row lock and the lock is
+    held until the commit, so two creates at the limit cannot both pass (the second counts the
+    first's committed job). `create_job` runs this as the last work before the commit
+    (app.core.db.before_commit): the lock is then held for one count and the commit, in one thread,
+    and not across the rest of the request, which is what serialised one project's creates."""
+    projects_repo.lock(session, project_id=project_id)
+    active, dispatched = jobs_repo.count_active_and_dispatched(session, project_id=project_id)
+    if active > limit:
+        raise QuotaExceeded(
+            f"this project has {active - 1} queued or running jobs, the most it may have "
+            f"(max_active_jobs_per_project={limit}); wait for one to end or cancel one",
+            retry_after=QUOTA_RETRY_AFTER_S,
+        )
+    return dispatched
+
+
+def _admit_and_dispatch_at_commit(
+    session: Session,
+    *,
+    dispatcher: Dispatcher,
+    project_id: str,
+    job_id: str,
+    queue: str,
+    limit: int,
+) -> None:
+    """The new job's last work before the commit: the quota, then its send after the commit,
+    decided on the dispatch slots counted under the same lock."""
+    dispatched = check_active_jobs(session, project_id=project_id, limit=limit)
+    # Only after the commit: a worker can never receive an id it cannot read.
+    send_after_commit(
+        session, dispatcher, job_id=job_id, queue=queue, created=True, slots_held=dispatched
+    )
+
+
+def create_job(
+    session: Session,
+    *,
+    claims: sessionmaker[Session],
+    dispatcher: Dispatcher,
+    project_id: str,
+    spec: JobSpec,
+    idempotency_key: str | None,
+    idempotency_ttl: timedelta,
+    max_attempts: int,
+    queue: str,
+    settings: Settings,
+    openai: dict[str, Any] | None = None,
+    fingerprint: str | None = None,
+) -> Job | Replay:
+    """A new queued job, sent to `queue` once the request commits; or, for a retry with the
+    same Idempotency-Key and spec, the first request's stored response.
+
+    With a key, the caller must hand the response it sends to `record_response` in the same
+    unit of work, so the job and its replayable response commit together. `claims` makes the
+    key's own transactions (see `_claim_key`). The per-project quota is checked at the commit
+    (`check_active_jobs`): a refusal there rolls everything back and releases the key.
+
+    `openai` is stored with a job created through the OpenAI-compatible API (its request's own
+    words); `fingerprint` replaces the resolved spec's as what a key's retries must match (that
+    API fills a missing seed at random, so its request body is the stable part)."""
+    resolved = spec.model_dump(mode="json")  # the spec as stored, and what the key fingerprints
+    if idempotency_key is not None:
+        replay = _claim_key(
+            claims,
+            project_id=project_id,
+            key=idempotency_key,
+            fingerprint=fingerprint or spec_fingerprint(resolved),
+            ttl=idempotency_ttl,
+        )
+        if replay is not None:
+            return replay
+        # The claim is already committed. If this unit of work rolls back (a bad dataset file,
+        # the quota, a failed commit), release it, so a retry is served at once instead of
+        # getting 409s until the claim goes stale.
+        db.after_rollback(
+            session,
+            functools.partial(_release_key, claims, project_id=project_id, key=idempotency_key),
+        )
+    train_file = dataset_file(session, project_id=project_id, spec=spec)
+    train_rows = train_file.row_count if train_file is not None else spec.dataset.known_row_count()
+    check_validation_file(session, project_id=project_id, spec=spec, train_rows=train_rows)
+    # What this operator allows (model folders, job size): after the claim, so a refusal rolls
+    # back and releases the key like any other 4xx.
+    admission.admit(spec, settings=settings, project_id=project_id, session=session)
+    now = utcnow()
+    job = Job(
+        id=new_id("job"),
+        project_id=project_id,
+        name=spec.name,
+        # Large inline rows are stored as a file of the project (files.spill_inline_rows).
+        spec=datasets_service.spill_inline_rows(session, project_id=project_id, spec=resolved),
+        attempt=0,
+        max_attempts=max_attempts,
+        queue=queue,
+        created_at=now,
+        updated_at=now,
+        total_steps=spec.grpo.steps,
+        openai=openai,
+    )
+    transitions.record_created(session, job)
+    db.before_commit(
+        session,
+        functools.partial(
+            _admit_and_dispatch_at_commit,
+            dispatcher=dispatcher,
+            project_id=project_id,
+            job_id=job.id,
+            queue=queue,
+            limit=settings.max_active_jobs_per_project,
+        ),
+    )
+    return job
+
+
+def record_response(
+    session: Session,
+    *,
+    project_id: str,
+    idempotency_key: str | None,
+    status_code: int,
+    body: dict[str, Any],
+) -> None:
+    """Store the response of the request that owns `idempotency_key`, for its retries to
+    replay byte for byte. No-op without a key."""
+    if idempotency_key is not None:
+        idem_repo.complete(
+            session, project_id=project_id, key=idempotency_key, status=status_code, body=body
+        )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a create answers: the body and its status code; `replayed` when it is the stored
+    first answer of an idempotent retry, sent again byte for byte."""
+
+    status_code: int
+    body: dict[str, Any]
+    replayed: bool = False
+
+
+class JobCreation:
+    """The idempotent create, the whole protocol in one call: claim the Idempotency-Key (or
+    answer a retry with the stored first answer), create the job, render the answer and record
+    it for the key's retries, all in the caller's unit of work. Built once per process at
+    start-up (app.core.state) and handed to every create route (app.jobs.deps.JobCreationDep), so no
+    route can forget half of it."""
+
+    def __init__(
+        self, *, claims: sessionmaker[Session], dispatcher: Dispatcher, settings: Settings
+    ) -> None:
+        self.claims = claims
+        self.dispatcher = dispatcher
+        self.settings = settings
+
+    def create(
+        self,
+        session: Session,
+        *,
+        project_id: str,
+        spec: JobSpec,
+        idempotency_key: str | None,
+        render: Callable[[Job], dict[str, Any]],
+        status_code: int,
+        openai: dict[str, Any] | None = None,
+        fingerprint: str | None = None,
+    ) -> Answer:
+        """`render` turns the new job into the answer's body, sent with `status_code`;
+        `openai` and `fingerprint` as in `create_job`."""
+        created = create_job(
+            session,
+            claims=self.claims,
+            dispatcher=self.dispatcher,
+            project_id=project_id,
+            spec=spec,
+            idempotency_key=idempotency_key,
+            idempotency_ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
+            max_attempts=self.settings.max_attempts,
+            queue=self.settings.queue_name,
+            settings=self.settings,
+            openai=openai,
+            fingerprint=fingerprint,
+        )
+        if isinstance(created, Replay):
+            return Answer(created.status_code, created.body, replayed=True)
+        body = render(created)
+        record_response(
+            session,
+            project_id=project_id,
+            idempotency_key=idempotency_key,
+            status_code=status_code,
+            body=body,
+        )
+        return Answer(status_code, body)
+
+
+def get_job(session: Session, *, project_id: str, job_id: str) -> Job:
+    """The project's job, or NotFound naming `job_id` (another project's job is not found)."""
+    job = jobs_repo.get_for_project(session, project_id=project_id, job_id=job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found", param="job_id")
+    return job
+
+
+def cancel_job(session: Session, *, job: Job) -> Job:
+    """Idempotent: a queued or paused job is cancelled at once, a running (or pausing) one is
+    asked to stop (cancelling, the worker ends it within a step), a finished one is returned as
+    is."""
+    for _ in range(3):  # the worker may change the status under us; re-read and decide again
+        status = JobStatus(job.status)
+        try:
+            if status in (JobStatus.QUEUED, JobStatus.PAUSED):
+                transitions.transition(
+                    session, job.id, JobStatus.CANCELLED, message=f"cancelled while {status}"
+                )
+            elif status in (JobStatus.RUNNING, JobStatus.PAUSING):
+                transitions.transition(
+                    session, job.id, JobStatus.CANCELLING, message="cancel requested"
+                )
+        except IllegalTransition:
+            # The compare-and-set matched nothing, so this transaction wrote nothing: no
+            # rollback needed, only a fresh read of what the worker did.
+            jobs_repo.reload(session, job=job)
+            continue
+        return jobs_repo.reload(session, job=job)
+    raise Conflict(f"job {job.id} is changing state; retry the cancel", param="job_id")

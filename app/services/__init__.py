@@ -1,1 +1,0 @@
-"""Business rules of the API: what may happen to jobs, keys and files."""

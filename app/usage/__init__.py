@@ -1,0 +1,1 @@
+"""/v1/usage: a project's checkpoint storage and its quota."""

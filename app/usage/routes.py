@@ -1,0 +1,55 @@
+"""/v1/usage: what the caller's project stores (checkpoint bytes, in total and per job), and its
+checkpoint storage quota (app.usage.service)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.core.deps import SessionDep, StateDep
+from app.core.responses import ERRORS
+from app.jobs import checkpoints_repository as checkpoints_repo
+from app.sessions.deps import PrincipalDep
+from app.usage import service as checkpoint_quota
+from app.usage.schemas import CheckpointQuotaOut, JobUsage, UsageOut
+
+router = APIRouter(prefix="/v1/usage", tags=["usage"], responses=ERRORS)
+
+
+@router.get(
+    "",
+    response_model=UsageOut,
+    summary="Storage used by this project",
+    description="Checkpoint bytes of the project's jobs (deleted jobs and checkpoints deleted "
+    "by retention not counted), from the sizes recorded as each checkpoint was saved; and its "
+    "checkpoint storage quota (GRPO_MAX_CHECKPOINT_BYTES_PER_PROJECT), which counts deleted "
+    "jobs' checkpoints too until they are purged.",
+)
+def get_usage(
+    principal: PrincipalDep,
+    session: SessionDep,
+    state: StateDep,
+    limit: Annotated[int, Query(ge=1, le=100, description="Jobs listed, largest first.")] = 20,
+) -> UsageOut:
+    total, count, jobs = checkpoints_repo.usage_totals(session, project_id=principal.project_id)
+    rows = checkpoints_repo.usage_by_job(session, project_id=principal.project_id, limit=limit)
+    quota = checkpoint_quota.use_of(
+        session,
+        project_id=principal.project_id,
+        limit=state.settings.max_checkpoint_bytes_per_project,
+    )
+    return UsageOut(
+        checkpoint_bytes=total,
+        checkpoints=count,
+        jobs_with_checkpoints=jobs,
+        jobs=[
+            JobUsage(job_id=r[0], checkpoint_bytes=int(r[1]), checkpoints=int(r[2])) for r in rows
+        ],
+        has_more=jobs > len(rows),
+        checkpoint_quota=CheckpointQuotaOut(
+            used_bytes=quota.used_bytes,
+            pending_purge_bytes=quota.pending_purge_bytes,
+            limit_bytes=quota.limit_bytes,
+        ),
+    )

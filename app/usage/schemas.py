@@ -1,0 +1,44 @@
+"""Response bodies of /v1/usage."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class JobUsage(BaseModel):
+    job_id: str
+    checkpoint_bytes: int
+    checkpoints: int
+
+
+class CheckpointQuotaOut(BaseModel):
+    used_bytes: int = Field(
+        description="Bytes counted against the limit: `checkpoint_bytes` plus "
+        "`pending_purge_bytes`."
+    )
+    pending_purge_bytes: int = Field(
+        description="Checkpoints of deleted jobs, still stored until the workers purge them "
+        "(GRPO_DELETE_GRACE_SECONDS after the delete)."
+    )
+    limit_bytes: int | None = Field(
+        description="GRPO_MAX_CHECKPOINT_BYTES_PER_PROJECT; null: no limit. A checkpoint that "
+        "would take `used_bytes` beyond it is not kept and fails its job "
+        "(`checkpoint_quota_exceeded`)."
+    )
+
+
+class UsageOut(BaseModel):
+    object: Literal["usage"] = "usage"
+    checkpoint_bytes: int = Field(
+        description="Bytes of the project's kept checkpoints (jobs not deleted), as recorded "
+        "when each was saved."
+    )
+    checkpoints: int = Field(description="How many kept checkpoints that is.")
+    jobs_with_checkpoints: int
+    jobs: list[JobUsage] = Field(description="Per job, the largest first, at most `limit`.")
+    has_more: bool = Field(description="More jobs hold checkpoints than are listed.")
+    checkpoint_quota: CheckpointQuotaOut = Field(
+        description="The project's checkpoint storage against its limit."
+    )
