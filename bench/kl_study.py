@@ -4,7 +4,7 @@
 
 SmolLM2-135M-Instruct learns single-digit addition (the recipe of BENCHMARKS.md section 3, made
 smaller: 4 prompts x 8 completions a step) six times, with the same seeds: no KL, then k1, k2,
-k3 and k3_unbiased in the loss, and k1 in the reward, all at the same beta. Every run records
+k3, k3_unbiased and k1_causal in the loss, and k1 in the reward, all at the same beta. Every run records
 each step's metrics (reward, grad norm, the estimators' own `kl`) and, every ``--kl-every``
 steps, the TRUE KL to the reference measured the same way for every run: completions sampled
 from the current policy on the held-out prompts, and at each of their positions the exact
@@ -45,6 +45,7 @@ CONFIGS: dict[str, tuple[str, str]] = {
     "k3": ("k3", "loss"),
     "k3_unbiased": ("k3_unbiased", "loss"),
     "k1_reward": ("k1", "reward"),
+    "k1_causal": ("k1_causal", "loss"),
 }
 
 
