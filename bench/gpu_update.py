@@ -31,9 +31,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from trainer.config import GRPOSpec, LoraSpec
 from trainer.models.loading import disable_dropout, enable_gradient_checkpointing
 from trainer.models.lora import apply_lora
+from trainer.spec import GRPOSpec, LoraSpec
 from trainer.update.optim import build_optimizer
 from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
 from trainer.update.step import pack_batch

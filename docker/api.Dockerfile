@@ -20,8 +20,7 @@ COPY app ./app
 # Only the torch-free part of the trainer: the job spec, the model-folder rule, the names of
 # a checkpoint's trainer-only files, the fair slots of shared capacities, and the graders (with their templates, formulas, sandbox,
 # subprocess pool and judge client) that POST /v1/graders/run runs.
-COPY trainer/__init__.py trainer/config.py trainer/expressions.py trainer/templates.py \
-     trainer/fair_slots.py ./trainer/
+COPY trainer/__init__.py trainer/fair_slots.py ./trainer/
 COPY trainer/models/__init__.py trainer/models/paths.py ./trainer/models/
 COPY trainer/checkpoint/__init__.py trainer/checkpoint/files.py ./trainer/checkpoint/
 COPY trainer/spec ./trainer/spec

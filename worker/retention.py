@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.progress import repository as progress_repo
 from trainer.checkpoint.files import TRASH_PREFIX, remove_folder
-from trainer.config import CheckpointSpec
+from trainer.spec import CheckpointSpec
 
 log = logging.getLogger(__name__)
 

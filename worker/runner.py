@@ -42,11 +42,11 @@ from app.jobs import repository as jobs_repo
 from app.jobs import transitions
 from app.jobs.transitions import JobStatus
 from app.progress import repository as progress_repo
-from trainer.config import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from trainer.data.saved_datasets import hub_dataset_folder, saved_dataset_rows
 from trainer.errors import ModelNotAllowed, TrainerError
 from trainer.models.paths import allowed_dataset_folder, dataset_refusal
 from trainer.run.callbacks import Callbacks
+from trainer.spec import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from worker.attempts import end_attempt, pause, release
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from app.core.errors import InvalidRequest
-from trainer.config import MAX_INLINE_ROWS
+from trainer.spec import MAX_INLINE_ROWS
 from trainer.spec.row_budget import MAX_ROW_DECODED_BYTES, RowBudget
 
 __all__ = ["MAX_PARQUET_COLUMNS", "parquet_records"]

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.core.errors import InvalidRequest, PayloadTooLarge
-from trainer.config import MAX_INLINE_ROWS, PromptRow
+from trainer.spec import MAX_INLINE_ROWS, PromptRow
 from trainer.spec.row_budget import RowBudget, RowBudgetExceeded, text_record_bound
 
 __all__ = ["MAX_LINE_ERRORS", "parse_rows"]

@@ -19,8 +19,8 @@ from app.datasets.upload_rows import parse_rows
 from app.files import result_files
 from app.jobs import repository as jobs_repo
 from app.jobs import transitions
-from trainer.config import text_problem
 from trainer.fair_slots import FairSlots
+from trainer.spec import text_problem
 
 
 def create_file(

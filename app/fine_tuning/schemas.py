@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer.config import MAX_SEED, MAX_STEPS, GraderSpec, StrictModel
+from trainer.spec import MAX_SEED, MAX_STEPS, GraderSpec, StrictModel
 
 Auto = Literal["auto"]
 

@@ -24,10 +24,10 @@ from typing import Any, cast
 
 from app.core.capacity import held_slot
 from app.jobs.admission import admit_judge
-from trainer.config import GraderSpecBase, grader_name, literal_tag
 from trainer.graders import BatchGrader, Grader, Multi, build_grader, grade_one
 from trainer.graders.python import PythonGrade
 from trainer.sandbox import SandboxCapacity, build_sandbox_settings
+from trainer.spec import GraderSpecBase, grader_name, literal_tag
 
 __all__ = ["GraderRun", "run_grader", "validate_grader"]
 

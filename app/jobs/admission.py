@@ -1,6 +1,6 @@
 """Admission: what a valid job spec may still not ask of *this* service.
 
-`trainer.config.JobSpec` checks a spec on its own (types, bounds, storable text). Whether this
+`trainer.spec.JobSpec` checks a spec on its own (types, bounds, storable text). Whether this
 deployment accepts it depends on the operator: which model folders a job may read, and how big
 a job may be. `admit` checks both, at submission (`POST /v1/jobs`) and in the dry run
 (`POST /v1/jobs/validate`), and raises a 422 naming the field. The worker checks the model
@@ -27,20 +27,20 @@ from app.core.errors import InvalidRequest
 from app.core.settings import Settings
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import repository as jobs_repo
-from trainer.config import (
-    PACKAGED_MODELS,
-    GraderSpecBase,
-    JobSpec,
-    is_hub_repo_id,
-    spec_limits_violations,
-    text_problem,
-)
 from trainer.judge import build_judge_settings
 from trainer.models.paths import (
     allowed_dataset_folder,
     allowed_model_folder,
     dataset_refusal,
     model_refusal,
+)
+from trainer.spec import (
+    PACKAGED_MODELS,
+    GraderSpecBase,
+    JobSpec,
+    is_hub_repo_id,
+    spec_limits_violations,
+    text_problem,
 )
 
 

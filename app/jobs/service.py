@@ -39,7 +39,7 @@ from app.jobs import idempotency_repository as idem_repo
 from app.jobs import repository as jobs_repo
 from app.jobs.dispatch import send_after_commit
 from app.jobs.transitions import JobStatus
-from trainer.config import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
+from trainer.spec import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
 
 # An in-progress idempotency claim older than this belongs to a request that died mid-way.
 STALE_CLAIM = timedelta(seconds=60)

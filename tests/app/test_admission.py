@@ -20,7 +20,7 @@ from app.core.settings import Settings
 from app.jobs import admission
 from app.progress import repository as progress_repo
 from tests.conftest import Api, tiny_spec
-from trainer.config import JobSpec
+from trainer.spec import JobSpec
 
 ENDPOINTS = ("/v1/jobs/validate", "/v1/jobs")
 
@@ -156,7 +156,7 @@ def test_a_job_larger_than_the_operator_allows_is_refused_naming_the_field(
     assert _submit(api, "/v1/jobs", grpo=fits).status_code == 201
 
 
-# ---- init_from: the spec field arrives with a later change to trainer/config.py; the admission
+# ---- init_from: the spec field arrives with a later change to trainer/spec/job.py; the admission
 # rule is already here, exercised with a spec-like object.
 
 

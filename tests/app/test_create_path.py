@@ -37,7 +37,7 @@ from tests.conftest import (
     tiny_spec,
     wait_until,
 )
-from trainer.config import JobSpec
+from trainer.spec import JobSpec
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.models import IdempotencyRecord
 from app.jobs.service import STALE_CLAIM, spec_fingerprint
 from tests.conftest import Api, tiny_spec
-from trainer.config import JobSpec
+from trainer.spec import JobSpec
 
 
 def test_same_key_and_body_returns_the_original_response(api: Api) -> None:

@@ -20,7 +20,7 @@ from app.datasets.service import SPILL_INLINE_ROWS_BYTES
 from app.jobs import repository as jobs_repo
 from app.main import create_app
 from tests.conftest import Api, new_project_key, settings_for, tiny_spec
-from trainer.config import JobSpec
+from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.runner import load_spec
 from worker.settings import build_worker_settings

@@ -14,8 +14,8 @@ from trainer.checkpoint.store import (
     save_checkpoint,
     sweep_temp_dirs,
 )
-from trainer.config import CheckpointSpec
 from trainer.models.loading import load_policy, resolve_model
+from trainer.spec import CheckpointSpec
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from trainer.checkpoint.store import (
     save_checkpoint,
     sweep_temp_dirs,
 )
-from trainer.config import CheckpointSpec, JobSpec
 from trainer.models.loading import load_policy, resolve_model
+from trainer.spec import CheckpointSpec, JobSpec
 
 
 def test_keeps_the_newest_n_and_the_best_by_the_metric() -> None:

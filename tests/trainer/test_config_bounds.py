@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from app.core.error_handlers import install
 from app.core.field_paths import field_path
-from trainer.config import JobSpec, spec_limits_violations
+from trainer.spec import JobSpec, spec_limits_violations
 
 BASE: dict[str, Any] = {
     "name": "job",

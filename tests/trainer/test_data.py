@@ -5,7 +5,6 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from trainer.config import DatasetSpec, PromptRow
 from trainer.data.dataset import (
     Example,
     PromptSampler,
@@ -21,6 +20,7 @@ from trainer.data.dataset import (
 )
 from trainer.errors import TrainerError
 from trainer.models.loading import build_tiny_tokenizer
+from trainer.spec import DatasetSpec, PromptRow
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from trainer.config import GraderSpec, JobSpec
 from trainer.graders import (
     MAX_GRADED_CHARS,
     GraderSet,
@@ -25,6 +24,7 @@ from trainer.graders import (
 )
 from trainer.graders.pool import IsolatedGrader
 from trainer.scoring.rewards import RewardFunction, score_batch
+from trainer.spec import GraderSpec, JobSpec
 
 _SPEC = TypeAdapter(GraderSpec)
 
@@ -377,11 +377,11 @@ def test_score_batch_of_a_reward_function_counts_nothing() -> None:
 
 def test_step_metrics_count_grader_failures() -> None:
     # torch comes with these: imported here, not at the top (see the module docstring).
-    from trainer.config import GRPOSpec
     from trainer.data.dataset import Example, PromptSampler
     from trainer.rollout.base import Completion
     from trainer.run.metrics import rollout_metrics
     from trainer.scoring.collect import collect_groups
+    from trainer.spec import GRPOSpec
 
     texts = iter(["ok", "raise", "nan", "ok"])
 
@@ -413,7 +413,7 @@ def test_step_metrics_count_grader_failures() -> None:
 def test_validating_patterns_keeps_none_of_them_in_re2s_cache() -> None:
     import re2
 
-    from trainer.config import compile_regex
+    from trainer.spec import compile_regex
 
     before = re2._Regexp._make.cache_info().currsize
     for i in range(20):

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from trainer.expressions import ExpressionError, check_expression, evaluate
 from trainer.graders import GraderSet, build_grader, build_graders, grade_one
 from trainer.graders.text import SIMILARITY
+from trainer.spec.expressions import ExpressionError, check_expression, evaluate
 from trainer.spec.graders import SIMILARITY_METRICS, GraderSpec
-from trainer.templates import TemplateError, check_template, render, sample_namespace
+from trainer.spec.templates import TemplateError, check_template, render, sample_namespace
 
 SPEC: TypeAdapter[Any] = TypeAdapter(GraderSpec)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from trainer.config import AdvantageScale, GRPOSpec, JobSpec, KLEstimatorName
+from trainer.spec import AdvantageScale, GRPOSpec, JobSpec, KLEstimatorName
 from trainer.update import kl as kl_math
 from trainer.update.phases import Scored, compute_advantages, reward_kl_penalty
 from trainer.update.step import Batch

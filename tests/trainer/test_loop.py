@@ -17,13 +17,13 @@ import torch
 
 import trainer.rollout.startup as startup_module
 from trainer.checkpoint.store import RETENTION_METRIC
-from trainer.config import JobSpec
 from trainer.data.dataset import PromptsTooLong
 from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.rollout.registry import make_engine
 from trainer.run.callbacks import Callbacks, RolloutSample, RunInfo
 from trainer.run.loop import train
+from trainer.spec import JobSpec
 from trainer.update import losses
 
 CATALOG = {

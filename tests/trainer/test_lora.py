@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM
 
 from tests.trainer.conftest import tiny_llama
 from tests.trainer.test_loop import Recorder, tiny_spec
-from trainer.config import LoraSpec
 from trainer.errors import LoraTargetNotSupported
 from trainer.models.loading import load_policy, resolve_model
 from trainer.models.lora import (
@@ -29,6 +28,7 @@ from trainer.models.lora import (
 )
 from trainer.models.reference import reference_for
 from trainer.run.loop import train
+from trainer.spec import LoraSpec
 from trainer.update.logprobs import completion_logprobs
 
 

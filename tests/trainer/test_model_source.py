@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trainer.config import JobSpec
 from trainer.models.paths import hub_allowlist, hub_model_refusal
+from trainer.spec import JobSpec
 
 BASE: dict[str, Any] = {
     "dataset": {"generator": {"type": "arithmetic", "count": 4}},

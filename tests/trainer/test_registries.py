@@ -1,4 +1,4 @@
-"""The job spec (trainer.config) declares every selectable name once; the name-keyed registries
+"""The job spec (trainer.spec) declares every selectable name once; the name-keyed registries
 that implement them, the API's error paths and the CLI's choices must agree with it."""
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ import torch
 from pydantic import ValidationError
 
 from app.core.field_paths import field_path
-from trainer.config import (
+from trainer.graders import GRADER_BUILDERS
+from trainer.rollout.registry import ROLLOUT_ENGINES, make_engine
+from trainer.run.cli import build_parser
+from trainer.spec import (
     GRADER_TYPES,
     AdvantageScale,
     DatasetSpec,
@@ -23,9 +26,6 @@ from trainer.config import (
     RolloutEngineName,
     SamplerCorrectionMode,
 )
-from trainer.graders import GRADER_BUILDERS
-from trainer.rollout.registry import ROLLOUT_ENGINES, make_engine
-from trainer.run.cli import build_parser
 from trainer.spec.traits import KL_ESTIMATOR_TRAITS, ROLLOUT_ENGINE_TRAITS
 from trainer.update.advantages import ADVANTAGE_SCALES, group_advantages
 from trainer.update.kl import KL_ESTIMATORS, REWARD_ESTIMATOR, per_token_kl
@@ -35,7 +35,7 @@ from trainer.update.sampler_correction import SAMPLER_CORRECTIONS
 
 def _spec_grader_tags() -> set[str]:
     """The grader types the API accepts, read from the published JSON schema (not from the
-    helpers in trainer.config, so that a union built differently from GRADER_SPECS shows up)."""
+    helpers in trainer.spec, so that a union built differently from GRADER_SPECS shows up)."""
     items = JobSpec.model_json_schema()["properties"]["graders"]["items"]
     return set(items["discriminator"]["mapping"])
 
@@ -183,13 +183,13 @@ def test_with_rows_replaces_the_source_and_revalidates() -> None:
 
 
 def test_trainer_config_re_exports_every_spec_section() -> None:
-    import trainer.config
+    import trainer.spec
     from trainer.spec import base, dataset, graders, grpo
 
     for module in (base, dataset, graders, grpo):
         for name in module.__all__:
-            assert getattr(trainer.config, name) is getattr(module, name), name
-            assert name in trainer.config.__all__, name
+            assert getattr(trainer.spec, name) is getattr(module, name), name
+            assert name in trainer.spec.__all__, name
 
 
 def test_the_spec_and_the_graders_load_no_torch() -> None:
@@ -199,7 +199,7 @@ def test_the_spec_and_the_graders_load_no_torch() -> None:
     import sys
 
     code = (
-        "import sys, trainer.config, trainer.graders, trainer.graders.pool; "
+        "import sys, trainer.spec, trainer.graders, trainer.graders.pool; "
         "print(','.join(sorted(m for m in ('torch', 'numpy', 'transformers', 'vllm') "
         "if m in sys.modules)))"
     )

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from tests.trainer.conftest import tiny_llama
-from trainer.config import GRPOSpec
+from trainer.spec import GRPOSpec
 from trainer.update.logprobs import completion_logprobs
 from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
 from trainer.update.sampler_correction import correction_weights, mismatch_metrics

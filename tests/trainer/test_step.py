@@ -7,10 +7,10 @@ import torch
 from transformers import LlamaForCausalLM
 
 from tests.trainer.conftest import tiny_llama
-from trainer.config import GRPOSpec
 from trainer.errors import NonFiniteLossError
 from trainer.models.loading import enable_gradient_checkpointing
 from trainer.seeding import derive_seed
+from trainer.spec import GRPOSpec
 from trainer.update.logprobs import completion_logprobs
 from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
 from trainer.update.step import (

@@ -9,9 +9,9 @@ import torch
 from transformers import LlamaForCausalLM
 
 from tests.trainer.conftest import tiny_llama
-from trainer.config import GRPOSpec
 from trainer.models.loading import disable_dropout
 from trainer.models.lora import apply_lora
+from trainer.spec import GRPOSpec
 from trainer.spec.adaptation import LoraSpec
 from trainer.update.optim import build_optimizer, decay_groups
 from trainer.update.passes import NonFiniteGuard, UpdateInputs, UpdateStats, run_updates

@@ -18,8 +18,8 @@ from app.jobs import transitions
 from app.progress import repository as progress_repo
 from app.usage import service as checkpoint_quota
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
-from trainer.config import JobSpec
 from trainer.run.callbacks import Callbacks, RunInfo
+from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.maintenance import purge_deleted_jobs

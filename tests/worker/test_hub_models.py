@@ -16,8 +16,8 @@ from app.core.settings import Settings
 from tests.conftest import RecordingDispatcher, tiny_spec
 from tests.hub_cache import add_snapshot
 from tests.worker.test_runner import FakeResult, fake_trainer, job, make_job
-from trainer.config import JobSpec
 from trainer.run.callbacks import Callbacks
+from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.runner import run_job
 from worker.settings import build_worker_settings

@@ -40,8 +40,8 @@ from app.jobs import pausing, transitions
 from app.jobs import service as jobs_service
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec, wait_until
 from tests.worker.test_runner import FakeResult
-from trainer.config import JobSpec
 from trainer.run.callbacks import Callbacks, RunInfo
+from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.maintenance import reap_stale_jobs
 from worker.runner import run_job

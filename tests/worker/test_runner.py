@@ -22,9 +22,9 @@ from app.jobs import pausing, transitions
 from app.jobs import service as jobs_service
 from app.jobs.transitions import JobStatus
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
-from trainer.config import JobSpec
 from trainer.errors import TrainerError
 from trainer.run.callbacks import Callbacks, RunInfo
+from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.progress import LeaseLost
 from worker.runner import Train, run_job

@@ -4,7 +4,7 @@ dataset's rows or the integrations themselves."""
 from __future__ import annotations
 
 from tests.conftest import tiny_spec
-from trainer.config import JobSpec
+from trainer.spec import JobSpec
 from worker.trackers.params import MAX_PARAMS, MAX_VALUE_CHARS, flatten_spec
 
 

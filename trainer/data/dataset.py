@@ -21,8 +21,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from trainer.config import DatasetSpec, PromptRow
 from trainer.errors import TrainerError
+from trainer.spec import DatasetSpec, PromptRow
 
 __all__ = [
     "Example",

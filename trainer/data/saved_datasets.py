@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from trainer.config import MAX_INLINE_ROWS, PromptRow, SavedDataset
 from trainer.errors import TrainerError
+from trainer.spec import MAX_INLINE_ROWS, PromptRow, SavedDataset
 from trainer.spec.row_budget import RowBudget, RowBudgetExceeded
 
 __all__ = ["hub_dataset_folder", "saved_dataset_rows"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from trainer.config import GraderSpecBase, grader_name, literal_tag
 from trainer.graders.base import (
     MAX_GRADED_CHARS,
     BatchGrader,
@@ -39,6 +38,7 @@ from trainer.graders.multi import Multi
 from trainer.graders.python import PythonGrade
 from trainer.graders.score_model import JudgeScore
 from trainer.graders.text import StringCheck, TextSimilarity
+from trainer.spec import GraderSpecBase, grader_name, literal_tag
 
 __all__ = [
     "GRADER_BUILDERS",
@@ -69,7 +69,7 @@ __all__ = [
 # Spec ``type`` tag -> (spec of that type, metric name) -> runtime grader. Each builder takes
 # its own spec class, hence Any in the value type: build_grader picks the builder by the spec's
 # own tag, and the tags identify the classes (pydantic rejects a union with a repeated tag).
-# Keys must equal trainer.config.GRADER_TYPES (tests/trainer/test_registries.py).
+# Keys must equal trainer.spec.GRADER_TYPES (tests/trainer/test_registries.py).
 GRADER_BUILDERS: dict[str, Callable[[Any, str], Grader | BatchGrader]] = {
     "exact_match": ExactMatch.from_spec,
     "numeric_match": NumericMatch.from_spec,

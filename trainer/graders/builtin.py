@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from trainer.config import (
+from trainer.graders.base import MAX_GRADED_CHARS, Item
+from trainer.spec import (
     ExactMatchGrader,
     LengthGrader,
     NumericMatchGrader,
     RegexGrader,
     compile_regex,
 )
-from trainer.graders.base import MAX_GRADED_CHARS, Item
 
 __all__ = ["ExactMatch", "LengthScore", "NumericMatch", "RegexMatch", "last_number"]
 
@@ -113,7 +113,7 @@ class RegexMatch:
 
     name: str
     weight: float
-    pattern: Any  # an RE2 pattern (trainer.config.compile_regex)
+    pattern: Any  # an RE2 pattern (trainer.spec.compile_regex)
     full_match: bool = False
 
     @classmethod

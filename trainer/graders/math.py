@@ -8,7 +8,7 @@ from typing import Any
 from trainer.graders.base import Item
 from trainer.graders.pool import IsolatedGrader
 from trainer.spec.graders import MathGrader as MathGraderSpec
-from trainer.templates import render, sample_namespace
+from trainer.spec.templates import render, sample_namespace
 
 __all__ = ["MathEquivalence", "math_grader"]
 

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from trainer.expressions import evaluate
 from trainer.graders.base import BatchGrader, Grader, Item, grade_one
+from trainer.spec.expressions import evaluate
 from trainer.spec.graders import MultiGrader as MultiGraderSpec
 
 __all__ = ["Multi", "SubScoreError"]

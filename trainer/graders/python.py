@@ -9,7 +9,7 @@ from trainer.graders.base import Graded, Item
 from trainer.sandbox import SandboxBusy, SandboxError, SandboxPool, build_sandbox_settings
 from trainer.sandbox.settings import SandboxSettings
 from trainer.spec.graders import PythonGrader as PythonGraderSpec
-from trainer.templates import sample_namespace
+from trainer.spec.templates import sample_namespace
 
 __all__ = ["PythonGrade"]
 

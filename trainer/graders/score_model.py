@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from trainer.graders.base import Graded, Item
 from trainer.judge import JudgeSettings, build_judge_settings, chat_all, request_body
 from trainer.spec.graders import ScoreModelGrader
-from trainer.templates import TemplateError, render, sample_namespace
+from trainer.spec.templates import TemplateError, render, sample_namespace
 
 __all__ = ["JudgeScore", "parse_score"]
 

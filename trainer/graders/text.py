@@ -1,5 +1,5 @@
 """OpenAI's text graders: ``string_check`` and ``text_similarity``, over templates of the sample
-and the row (:mod:`trainer.templates`)."""
+and the row (:mod:`trainer.spec.templates`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from trainer.graders.base import Item
 from trainer.spec.graders import StringCheckGrader, TextSimilarityGrader
-from trainer.templates import render, sample_namespace
+from trainer.spec.templates import render, sample_namespace
 
 __all__ = ["MAX_SIMILARITY_CHARS", "SIMILARITY", "StringCheck", "TextSimilarity"]
 

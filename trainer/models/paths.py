@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 
-from trainer.config import PACKAGED_MODELS, text_problem
+from trainer.spec import PACKAGED_MODELS, text_problem
 
 __all__ = [
     "DATASET_MARKERS",

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.config import TrainingDtype
+from trainer.spec import TrainingDtype
 
 __all__ = [
     "autocast",

@@ -17,7 +17,7 @@ Sampling semantics every engine follows, so that the trainer can treat them alik
 
 Adding an engine: its module under ``trainer/rollout/`` (built on this interface), a factory in
 :data:`trainer.rollout.registry.ROLLOUT_ENGINES` that imports that module lazily, and its name
-in ``trainer.config.RolloutEngineName`` (a test checks the keys equal the spec's names).
+in ``trainer.spec.RolloutEngineName`` (a test checks the keys equal the spec's names).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from trainer.config import RolloutEngineName
+from trainer.spec import RolloutEngineName
 
 EngineKind = RolloutEngineName  # older name, kept importable
 FinishReason = Literal["stop", "length"]

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from trainer.config import JobSpec
 from trainer.models.lora import merged_model
 from trainer.rollout.base import RolloutEngine, default_enforce_eager, torch_dtype
 from trainer.rollout.colocation import (
@@ -35,6 +34,7 @@ from trainer.rollout.colocation import (
     update_reserve_bytes,
 )
 from trainer.rollout.registry import make_engine
+from trainer.spec import JobSpec
 from trainer.spec.traits import ROLLOUT_ENGINE_TRAITS
 
 KV_HEADROOM = 1.25  # vLLM-CPU stores about 1.2x the bytes per token computed below (measured)

@@ -19,7 +19,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import ValidationError
 
-from trainer.config import JobSpec, RolloutEngineName
+from trainer.spec import JobSpec, RolloutEngineName
 
 __all__ = ["build_parser", "load_recipe", "main"]
 

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from trainer.config import JobSpec
 from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.graders import Grader
 from trainer.models.reference import Reference
@@ -41,6 +40,7 @@ from trainer.run.setup import (
 from trainer.scoring.collect import Collected, collect_groups
 from trainer.scoring.rewards import RewardFn, Scorer
 from trainer.seeding import derive_seed
+from trainer.spec import JobSpec
 from trainer.update.passes import UpdateInputs, run_updates
 from trainer.update.phases import (
     advantages_by_group,

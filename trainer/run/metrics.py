@@ -44,12 +44,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from trainer.config import GRPOSpec, KLEstimatorName
 from trainer.graders import Item
 from trainer.rollout.base import RolloutEngine
 from trainer.run.callbacks import CompletionSample, RolloutSample
 from trainer.scoring.collect import Collected
 from trainer.scoring.rewards import Scorer
+from trainer.spec import GRPOSpec, KLEstimatorName
 from trainer.update import kl as kl_math
 from trainer.update.losses import masked_mean
 from trainer.update.passes import PreUpdate, UpdateStats

@@ -22,7 +22,6 @@ from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedTokenizerBase
 
 from trainer.checkpoint.store import sweep_temp_dirs
-from trainer.config import JobSpec
 from trainer.data.dataset import (
     Example,
     PromptSampler,
@@ -45,6 +44,7 @@ from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine, start_engine
 from trainer.run.callbacks import Callbacks, RunInfo
 from trainer.scoring.rewards import RewardFn, Scorer, resolve_scorer
+from trainer.spec import JobSpec
 from trainer.update.optim import build_optimizer
 from trainer.update.passes import NonFiniteGuard
 from trainer.update.step import make_scheduler

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from trainer.config import GRPOSpec
 from trainer.data.dataset import Example, PromptSampler
 from trainer.models.memory import release_free_memory
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.scoring.rewards import Scorer, score_batch
 from trainer.seeding import derive_seed
+from trainer.spec import GRPOSpec
 
 __all__ = ["Collected", "Group", "collect_groups", "prompts_for_round", "zero_variance_groups"]
 

@@ -23,8 +23,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from trainer.config import GraderSpec
 from trainer.graders import BatchGrader, Grader, GraderSet, Item, ScoreBatch, build_graders
+from trainer.spec import GraderSpec
 
 __all__ = [
     "CountingScorer",

@@ -1,2 +1,162 @@
-"""The sections of the GRPO job spec, split by topic. Import them from :mod:`trainer.config`,
-which re-exports every public name here; this package, like it, must stay torch-free."""
+"""The GRPO job spec, whole: one pydantic model (:class:`JobSpec`, in ``job``) shared by the API
+(validation) and the trainer (execution), its sections by topic (``base``, ``dataset``,
+``graders``, ``grpo``, ``adaptation``, ``integrations``, ``checkpoint``, ``model_source``), the
+validators they need (``expressions``, ``templates``, ``regex``, ``row_budget``) and what each
+registered name is beyond its name (``traits``).
+
+This package is the one front door: ``from trainer.spec import JobSpec, GRPOSpec, ...``. It is
+torch-free (the API imports it; an import contract checks) and imports nothing else of the
+trainer.
+"""
+
+from __future__ import annotations
+
+from trainer.spec.adaptation import (
+    ALL_LINEAR,
+    LoraSpec,
+    TrainingDtype,
+)
+from trainer.spec.base import (
+    MAX_HOLDOUT_ROWS,
+    MAX_INLINE_ROWS,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TEXT_CHARS,
+    MAX_TOKENS,
+    StrictModel,
+    literal_tag,
+    text_problem,
+)
+from trainer.spec.checkpoint import (
+    METRIC_NAME_PATTERN,
+    BestMode,
+    CheckpointSpec,
+)
+from trainer.spec.dataset import (
+    ArithmeticGenerator,
+    ChatMessage,
+    DatasetSpec,
+    PromptRow,
+    SavedDataset,
+    row_fields_problem,
+)
+from trainer.spec.graders import (
+    GRADER_SPECS,
+    GRADER_TYPES,
+    MAX_LENGTH_CHARS,
+    MAX_PATTERN_CHARS,
+    REGEX_MAX_MEM,
+    ExactMatchGrader,
+    GraderSpec,
+    GraderSpecBase,
+    GraderSpecUnion,
+    LengthGrader,
+    MathGrader,
+    MultiGrader,
+    NumericMatchGrader,
+    PythonGrader,
+    RegexGrader,
+    ScoreModelGrader,
+    StringCheckGrader,
+    TextSimilarityGrader,
+    compile_regex,
+    grader_name,
+)
+from trainer.spec.grpo import (
+    MAX_COMPLETIONS_PER_UPDATE,
+    AdvantageScale,
+    DynamicSamplingSpec,
+    EvalSpec,
+    GRPOSpec,
+    KLEstimatorName,
+    KLPlacement,
+    KLSpec,
+    LossAggregation,
+    OverlongSpec,
+    RolloutEngineName,
+    RolloutSpec,
+    SamplerCorrectionMode,
+    SamplerCorrectionSpec,
+)
+from trainer.spec.integrations import (
+    INTEGRATION_TYPES,
+    IntegrationSpec,
+    MlflowIntegration,
+    WandbIntegration,
+)
+from trainer.spec.job import (
+    PACKAGED_MODELS,
+    InitFrom,
+    JobSpec,
+    spec_limits_violations,
+)
+from trainer.spec.model_source import (
+    is_hub_repo_id,
+)
+
+__all__ = [
+    "ALL_LINEAR",
+    "GRADER_SPECS",
+    "GRADER_TYPES",
+    "INTEGRATION_TYPES",
+    "MAX_COMPLETIONS_PER_UPDATE",
+    "MAX_HOLDOUT_ROWS",
+    "MAX_INLINE_ROWS",
+    "MAX_LENGTH_CHARS",
+    "MAX_PATTERN_CHARS",
+    "MAX_SEED",
+    "MAX_STEPS",
+    "MAX_TEXT_CHARS",
+    "MAX_TOKENS",
+    "METRIC_NAME_PATTERN",
+    "PACKAGED_MODELS",
+    "REGEX_MAX_MEM",
+    "AdvantageScale",
+    "ArithmeticGenerator",
+    "BestMode",
+    "ChatMessage",
+    "CheckpointSpec",
+    "DatasetSpec",
+    "DynamicSamplingSpec",
+    "EvalSpec",
+    "ExactMatchGrader",
+    "GRPOSpec",
+    "GraderSpec",
+    "GraderSpecBase",
+    "GraderSpecUnion",
+    "InitFrom",
+    "IntegrationSpec",
+    "JobSpec",
+    "KLEstimatorName",
+    "KLPlacement",
+    "KLSpec",
+    "LengthGrader",
+    "LoraSpec",
+    "LossAggregation",
+    "MathGrader",
+    "MlflowIntegration",
+    "MultiGrader",
+    "NumericMatchGrader",
+    "OverlongSpec",
+    "PromptRow",
+    "PythonGrader",
+    "RegexGrader",
+    "RolloutEngineName",
+    "RolloutSpec",
+    "SamplerCorrectionMode",
+    "SamplerCorrectionSpec",
+    "SavedDataset",
+    "ScoreModelGrader",
+    "StrictModel",
+    "StringCheckGrader",
+    "TextSimilarityGrader",
+    "TrainingDtype",
+    "WandbIntegration",
+    "compile_regex",
+    "grader_name",
+    "is_hub_repo_id",
+    "literal_tag",
+    "row_fields_problem",
+    "spec_limits_violations",
+    "text_problem",
+]

@@ -9,10 +9,10 @@ from typing import Annotated, ClassVar, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from trainer.expressions import MAX_EXPRESSION_CHARS, ExpressionError, check_expression
 from trainer.spec.base import StrictModel, literal_tag
+from trainer.spec.expressions import MAX_EXPRESSION_CHARS, ExpressionError, check_expression
 from trainer.spec.regex import MAX_PATTERN_CHARS, REGEX_MAX_MEM, compile_regex
-from trainer.templates import MAX_TEMPLATE_CHARS, TemplateError, check_template
+from trainer.spec.templates import MAX_TEMPLATE_CHARS, TemplateError, check_template
 
 __all__ = [
     "GRADER_SPECS",
@@ -217,7 +217,7 @@ class TextSimilarityGrader(_ComparesTexts):
 
 class MultiGrader(GraderSpecBase):
     """OpenAI's multi: named sub-graders combined by ``calculate_output``, an arithmetic
-    expression over their names (``0.7 * correct + 0.3 * format``; see trainer.expressions).
+    expression over their names (``0.7 * correct + 0.3 * format``; see trainer.spec.expressions).
     The result must lie in [0, 1] like every grader's score (outside it, the sample's grade
     counts as an error)."""
 

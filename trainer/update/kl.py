@@ -45,7 +45,7 @@ penalty is always :data:`REWARD_ESTIMATOR`, whatever estimator a job names for i
 ``kl`` metric (tests/trainer/test_kl_reward.py enumerates every combination).
 
 Adding an estimator: one function here, an entry in :data:`KL_ESTIMATORS`, its name in
-``trainer.config.KLEstimatorName`` and its exactness per placement (the table above) in
+``trainer.spec.KLEstimatorName`` and its exactness per placement (the table above) in
 ``trainer.spec.traits.KL_ESTIMATOR_TRAITS``, which validation's warnings read (the spec declares
 the names; a test checks they match).
 """
@@ -57,7 +57,7 @@ from typing import Any, Protocol, get_args
 import torch
 from torch import Tensor
 
-from trainer.config import KLEstimatorName, KLPlacement
+from trainer.spec import KLEstimatorName, KLPlacement
 from trainer.spec.traits import KL_REWARD_PENALTY
 
 # Older names, kept importable.
@@ -187,7 +187,7 @@ def _k1_causal(
 # score-function gradient is the gradient of KL(pi || ref). Declared with the estimators' traits.
 REWARD_ESTIMATOR: KLEstimatorName = KL_REWARD_PENALTY
 
-# Keys must equal trainer.config.KLEstimatorName and trainer.spec.traits.KL_ESTIMATOR_TRAITS
+# Keys must equal trainer.spec.KLEstimatorName and trainer.spec.traits.KL_ESTIMATOR_TRAITS
 # (how exact each is per placement) (tests/trainer/test_registries.py).
 KL_ESTIMATORS: dict[KLEstimatorName, KLEstimatorFn] = {
     "none": _none,

@@ -5,7 +5,7 @@ completion tokens and 0 on padding or on tokens removed from the loss (bool or 0
 the token mask times the per-sequence truncation mask from :mod:`trainer.update.shaping`).
 
 Adding an aggregation: one function here, an entry in :data:`LOSS_AGGREGATIONS`, and its name in
-``trainer.config.LossAggregation`` (the spec declares the names; a test checks they match).
+``trainer.spec.LossAggregation`` (the spec declares the names; a test checks they match).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from trainer.config import LossAggregation
+from trainer.spec import LossAggregation
 
 # Older name, kept importable.
 AggregationMode = LossAggregation
@@ -203,7 +203,7 @@ def _seq_mean_token_sum_norm(
     return _over_sequences(per_seq, mask, total_sequences)
 
 
-# Keys must equal trainer.config.LossAggregation (tests/trainer/test_registries.py).
+# Keys must equal trainer.spec.LossAggregation (tests/trainer/test_registries.py).
 LOSS_AGGREGATIONS: dict[LossAggregation, AggregationFn] = {
     "token_mean": _token_mean,
     "seq_mean_token_mean": _seq_mean_token_mean,

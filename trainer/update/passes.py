@@ -15,11 +15,11 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from trainer.config import GRPOSpec
 from trainer.errors import NonFiniteLossError
 from trainer.models.memory import release_free_memory
 from trainer.models.precision import autocast
 from trainer.seeding import derive_seed
+from trainer.spec import GRPOSpec
 from trainer.update import kl as kl_math
 from trainer.update import losses
 from trainer.update.logprobs import completion_logprobs

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from trainer.config import GRPOSpec
 from trainer.models.reference import Reference
 from trainer.scoring.collect import Group
+from trainer.spec import GRPOSpec
 from trainer.update import kl as kl_math
 from trainer.update.advantages import group_advantages, leave_one_out_centred
 from trainer.update.shaping import overlong_penalty, truncation_loss_mask

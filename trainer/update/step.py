@@ -17,9 +17,9 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.config import GRPOSpec, TrainingDtype
 from trainer.models.memory import release_free_memory
 from trainer.models.precision import autocast
+from trainer.spec import GRPOSpec, TrainingDtype
 from trainer.update.logprobs import completion_logprobs
 
 __all__ = [

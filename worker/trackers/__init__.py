@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from trainer.config import JobSpec, MlflowIntegration, WandbIntegration
+from trainer.spec import JobSpec, MlflowIntegration, WandbIntegration
 from trainer.spec.integrations import normalized_uri
 from worker.settings import WorkerSettings
 from worker.trackers.exporter import Exporter, Outcome, Report, Tracker

@@ -25,11 +25,11 @@ from torch import nn
 
 from tests.trainer.conftest import tiny_llama
 from tests.trainer.test_loop import tiny_spec
-from trainer.config import LoraSpec
 from trainer.models.loading import build_tiny_tokenizer
 from trainer.models.lora import apply_lora, engine_state_dict
 from trainer.rollout import base as rollout_base
 from trainer.rollout import startup
+from trainer.spec import LoraSpec
 
 vllm = pytest.importorskip("vllm")  # GPU test machines carry no vLLM build
 

@@ -5,156 +5,26 @@ Every field carries a description and a default; unknown fields are rejected eve
 such as ``learnin_rate`` is a 422 naming the field, not a silently ignored setting. Every numeric
 field is bounded, floats are finite and text is storable (``trainer.spec.base``).
 
-The sections live in :mod:`trainer.spec` (``base``, ``dataset``, ``graders``, ``grpo``,
-``adaptation``, ``integrations``, ``checkpoint``); this module assembles them into
-:class:`JobSpec` and re-exports their names, so ``from trainer.config import X`` is the one
-import path.
+The sections live beside it in :mod:`trainer.spec` (``base``, ``dataset``, ``graders``,
+``grpo``, ``adaptation``, ``integrations``, ``checkpoint``); this module assembles them into
+:class:`JobSpec`. Import every name from :mod:`trainer.spec`, the one front door.
 """
 
 from __future__ import annotations
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from trainer.spec.adaptation import ALL_LINEAR, LoraSpec, TrainingDtype
-from trainer.spec.base import (
-    MAX_HOLDOUT_ROWS,
-    MAX_INLINE_ROWS,
-    MAX_SEED,
-    MAX_STEPS,
-    MAX_TEXT_CHARS,
-    MAX_TOKENS,
-    StrictModel,
-    literal_tag,
-    text_problem,
-)
-from trainer.spec.checkpoint import METRIC_NAME_PATTERN, BestMode, CheckpointSpec
-from trainer.spec.dataset import (
-    ArithmeticGenerator,
-    ChatMessage,
-    DatasetSpec,
-    PromptRow,
-    SavedDataset,
-    row_fields_problem,
-)
-from trainer.spec.graders import (
-    GRADER_SPECS,
-    GRADER_TYPES,
-    MAX_LENGTH_CHARS,
-    MAX_PATTERN_CHARS,
-    REGEX_MAX_MEM,
-    ExactMatchGrader,
-    GraderSpec,
-    GraderSpecBase,
-    GraderSpecUnion,
-    LengthGrader,
-    MathGrader,
-    MultiGrader,
-    NumericMatchGrader,
-    PythonGrader,
-    RegexGrader,
-    ScoreModelGrader,
-    StringCheckGrader,
-    TextSimilarityGrader,
-    compile_regex,
-    grader_name,
-)
-from trainer.spec.grpo import (
-    MAX_COMPLETIONS_PER_UPDATE,
-    AdvantageScale,
-    DynamicSamplingSpec,
-    EvalSpec,
-    GRPOSpec,
-    KLEstimatorName,
-    KLPlacement,
-    KLSpec,
-    LossAggregation,
-    OverlongSpec,
-    RolloutEngineName,
-    RolloutSpec,
-    SamplerCorrectionMode,
-    SamplerCorrectionSpec,
-)
-from trainer.spec.integrations import (
-    INTEGRATION_TYPES,
-    MAX_INTEGRATIONS,
-    IntegrationSpec,
-    MlflowIntegration,
-    WandbIntegration,
-)
-from trainer.spec.model_source import (
-    hub_repo_id_problem,
-    is_hub_repo_id,
-    looks_like_hub_repo_id,
-    revision_problem,
-)
+from trainer.spec.adaptation import LoraSpec
+from trainer.spec.base import MAX_SEED, MAX_STEPS, StrictModel
+from trainer.spec.checkpoint import CheckpointSpec
+from trainer.spec.dataset import DatasetSpec
+from trainer.spec.graders import GraderSpec, grader_name
+from trainer.spec.grpo import EvalSpec, GRPOSpec, RolloutSpec
+from trainer.spec.integrations import MAX_INTEGRATIONS, IntegrationSpec
+from trainer.spec.model_source import hub_repo_id_problem, looks_like_hub_repo_id, revision_problem
 from trainer.spec.traits import KL_ESTIMATOR_TRAITS, KL_REWARD_PENALTY, ROLLOUT_ENGINE_TRAITS
 
-__all__ = [
-    "ALL_LINEAR",
-    "GRADER_SPECS",
-    "GRADER_TYPES",
-    "INTEGRATION_TYPES",
-    "MAX_COMPLETIONS_PER_UPDATE",
-    "MAX_HOLDOUT_ROWS",
-    "MAX_INLINE_ROWS",
-    "MAX_LENGTH_CHARS",
-    "MAX_PATTERN_CHARS",
-    "MAX_SEED",
-    "MAX_STEPS",
-    "MAX_TEXT_CHARS",
-    "MAX_TOKENS",
-    "METRIC_NAME_PATTERN",
-    "PACKAGED_MODELS",
-    "REGEX_MAX_MEM",
-    "AdvantageScale",
-    "ArithmeticGenerator",
-    "BestMode",
-    "ChatMessage",
-    "CheckpointSpec",
-    "DatasetSpec",
-    "DynamicSamplingSpec",
-    "EvalSpec",
-    "ExactMatchGrader",
-    "GRPOSpec",
-    "GraderSpec",
-    "GraderSpecBase",
-    "GraderSpecUnion",
-    "InitFrom",
-    "IntegrationSpec",
-    "JobSpec",
-    "KLEstimatorName",
-    "KLPlacement",
-    "KLSpec",
-    "LengthGrader",
-    "LoraSpec",
-    "LossAggregation",
-    "MathGrader",
-    "MlflowIntegration",
-    "MultiGrader",
-    "NumericMatchGrader",
-    "OverlongSpec",
-    "PromptRow",
-    "PythonGrader",
-    "RegexGrader",
-    "RolloutEngineName",
-    "RolloutSpec",
-    "SamplerCorrectionMode",
-    "SamplerCorrectionSpec",
-    "SavedDataset",
-    "ScoreModelGrader",
-    "StrictModel",
-    "StringCheckGrader",
-    "TextSimilarityGrader",
-    "TrainingDtype",
-    "WandbIntegration",
-    "compile_regex",
-    "grader_name",
-    "is_hub_repo_id",
-    "literal_tag",
-    "row_fields_problem",
-    "spec_limits_violations",
-    "text_problem",
-]
+__all__ = ["PACKAGED_MODELS", "InitFrom", "JobSpec", "spec_limits_violations"]
 
 PACKAGED_MODELS: tuple[str, ...] = ("smollm2-135m-instruct", "tiny-random-llama")
 
