@@ -116,10 +116,11 @@ def _connection_options() -> argparse.ArgumentParser:
     return common
 
 
-def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    common = _connection_options()
+def _add_submit(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """`grpo submit`: a job spec, optionally waited for and gated on its final metrics."""
     raw = argparse.RawDescriptionHelpFormatter
-
     submit = sub.add_parser(
         "submit",
         parents=[common],
@@ -186,6 +187,11 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "is printed once.",
     )
 
+
+def _add_jobs(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """`grpo jobs list|show|cancel|pause|resume`."""
     jobs = sub.add_parser("jobs", help="List, show, cancel, pause and resume jobs.")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
     listing = jobs_sub.add_parser("list", parents=[common], help="List jobs, newest first.")
@@ -210,6 +216,12 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ):
         jobs_sub.add_parser(action, parents=[common], help=text).add_argument("job_id")
 
+
+def _add_logs(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """`grpo logs`: a job's events and per-step metrics, optionally followed."""
+    raw = argparse.RawDescriptionHelpFormatter
     logs = sub.add_parser(
         "logs",
         parents=[common],
@@ -227,6 +239,11 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     logs.add_argument("job_id")
     logs.add_argument("-f", "--follow", action="store_true", help="Stream until the job ends.")
 
+
+def _add_metrics(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """`grpo metrics`: a job's per-step metrics as a table, CSV or JSON."""
     metrics = sub.add_parser(
         "metrics",
         parents=[common],
@@ -250,6 +267,12 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="Downsample each series to at most this many buckets (bucket means).",
     )
 
+
+def _add_download(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """`grpo download`: a job's checkpoint saved as a model folder."""
+    raw = argparse.RawDescriptionHelpFormatter
     download = sub.add_parser(
         "download",
         parents=[common],
@@ -283,3 +306,10 @@ def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="For a LoRA checkpoint: save its base with the adapters merged in (needs torch).",
     )
     download.add_argument("--no-progress", action="store_true", help="No progress bar on stderr.")
+
+
+def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The CI commands, each with the connection options (--api-url, --api-key, ...)."""
+    common = _connection_options()
+    for add in (_add_submit, _add_jobs, _add_logs, _add_metrics, _add_download):
+        add(sub, common)
