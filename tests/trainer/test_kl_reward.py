@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import Tensor
 
+from trainer.phases import Scored, compute_advantages, reward_kl_penalty  # the documented path
 from trainer.spec import AdvantageScale, GRPOSpec, JobSpec, KLEstimatorName
 from trainer.update import kl as kl_math
-from trainer.update.phases import Scored, compute_advantages, reward_kl_penalty
 from trainer.update.step import Batch
 
 K = 6  # outcomes of the small categorical: K one-token completions
