@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from app.jobs.repository import RUNNING_STATES
+from app.core.job_status import LEASE_HOLDING_STATES
 from bench.services import (
     PrivatePostgres,
     Process,
@@ -135,7 +135,7 @@ class Cluster:
 
     def lease_holders(self) -> dict[str, str]:
         """Worker name -> the job it holds a lease on (running, cancelling or pausing)."""
-        states = ", ".join(f"'{s}'" for s in RUNNING_STATES)  # constants, not user input
+        states = ", ".join(f"'{s}'" for s in LEASE_HOLDING_STATES)  # constants, not user input
         rows = self.rows(
             f"SELECT id, lease_owner FROM jobs WHERE status IN ({states}) "
             "AND lease_owner IS NOT NULL"
