@@ -505,7 +505,9 @@ def test_a_batch_without_signal_moves_no_weight_no_schedule_and_no_engine(
 ) -> None:
     """Every completion gets the same reward and no KL is in the loss: every advantage is 0.
     Before the fix AdamW's weight decay still moved every weight, the warmup advanced and the
-    engine was re-synced each step."""
+    engine was re-synced each step; the batch was also scored for nothing."""
+    import trainer.run.loop as loop_module
+
     spec = tiny_spec(
         steps=3,
         grpo={
@@ -515,15 +517,26 @@ def test_a_batch_without_signal_moves_no_weight_no_schedule_and_no_engine(
             "lr_schedule": "linear",
             "warmup_steps": 2,
             "weight_decay": 0.1,
+            "num_iterations": 2,  # an old-logprob pass would be due before the update
         },
         graders=[{"type": "length", "max_chars": 1000}],
     )
+    scoring_passes: list[int] = []
+    real_score = loop_module.score_logprobs
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        scoring_passes.append(1)
+        return real_score(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "score_logprobs", counted)
     rec = Recorder()
     engines = _counting(monkeypatch, rec)
     train(spec, rec, output_dir=tmp_path)
     (engine,) = engines
     assert [m["update/skipped"] for m in rec.metrics.values()] == [1.0, 1.0, 1.0]
     assert engine.syncs == 0
+    # Without KL in the reward the advantages need no log-probabilities: no scoring pass ran.
+    assert scoring_passes == []
     assert _same(engine.weights[1], engine.weights[3])
     final = rec.metrics[3]
     assert final["lr"] == rec.metrics[1]["lr"] == pytest.approx(5e-4)  # the warmup waited

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from trainer.errors import NonFiniteLossError, TrainerError
@@ -286,6 +286,13 @@ class _Run:
         shaped = shaped_rewards(col.kept, batch, spec)
         metrics["time/reward"] += time.perf_counter() - clock
 
+        # Without KL in the reward the advantages come from the rewards alone: a batch without
+        # signal is known before the engine sleeps or any scoring pass runs.
+        adv = None if spec.kl.in_reward else compute_advantages(shaped, None, spec)
+        if adv is not None and not has_signal(adv, spec):
+            metrics["time/logprobs"] = 0.0
+            return self._no_update(adv, len(col.kept), metrics, engine_level=None)
+
         # The update needs the device memory the engine's KV cache holds (GPU sleep mode).
         level = self._engine_sleeps()
         clock = time.perf_counter()
@@ -300,18 +307,13 @@ class _Run:
         )
         metrics["time/logprobs"] = time.perf_counter() - clock
 
-        penalty = reward_kl_penalty(scored, batch, spec)
-        adv = compute_advantages(shaped, penalty, spec)
-        if penalty is not None:
-            metrics["kl/reward_penalty"] = float(penalty.mean())
-
-        if not has_signal(adv, spec, scored):
-            # Nothing to learn from: no optimizer step (AdamW's momentum would still move every
-            # weight), no schedule step, no sync, unless a level-2 sleep dropped the engine's
-            # weights, which it needs back either way.
-            self._wake_engine(level == 2)
-            metrics["time/update"] = 0.0
-            return advantages_by_group(adv, len(col.kept), spec.group_size), False
+        if adv is None:
+            penalty = reward_kl_penalty(scored, batch, spec)
+            adv = compute_advantages(shaped, penalty, spec)
+            if penalty is not None:
+                metrics["kl/reward_penalty"] = float(penalty.mean())
+            if not has_signal(adv, spec):
+                return self._no_update(adv, len(col.kept), metrics, engine_level=level)
 
         clock = time.perf_counter()
         stats, pre = run_updates(
@@ -344,6 +346,17 @@ class _Run:
         metrics["time/weight_sync"] = self._wake_engine(applied or level == 2)
         metrics.update(update_step_metrics(stats, adv, batch, scored, pre, spec))
         return advantages_by_group(adv, len(col.kept), spec.group_size), True
+
+    def _no_update(
+        self, adv: Tensor, groups: int, metrics: dict[str, float], *, engine_level: int | None
+    ) -> tuple[dict[int, list[float]], bool]:
+        """A batch without signal: no optimizer step (AdamW's momentum would still move every
+        weight), no schedule step, no sync. An engine put to sleep for it is woken, and synced
+        only when a level-2 sleep dropped its weights, which it needs back either way."""
+        if engine_level is not None:
+            self._wake_engine(engine_level == 2)
+        metrics["time/update"] = 0.0
+        return advantages_by_group(adv, groups, self.spec.group_size), False
 
     def _wake_engine(self, must_sync: bool) -> float:
         """Wake a sleeping engine and, when ``must_sync``, sync the policy's weights into it;

@@ -92,6 +92,16 @@ class KLSpec(StrictModel):
     def active(self) -> bool:
         return self.beta > 0 and self.estimator != "none"
 
+    @property
+    def in_loss(self) -> bool:
+        """A KL term is added to the loss (a reference model is loaded)."""
+        return self.active and self.placement == "loss"
+
+    @property
+    def in_reward(self) -> bool:
+        """A KL penalty enters the advantages (a reference model is loaded)."""
+        return self.active and self.placement == "reward"
+
 
 class DynamicSamplingSpec(StrictModel):
     enabled: bool = Field(

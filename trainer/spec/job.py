@@ -178,13 +178,13 @@ class JobSpec(StrictModel):
         out: list[str] = []
         kl = self.grpo.kl
         traits = KL_ESTIMATOR_TRAITS[kl.estimator]
-        if kl.active and traits.loss == "zero" and kl.placement == "loss":
+        if kl.in_loss and traits.loss == "zero":
             out.append(
                 f"kl.estimator {kl.estimator} placed in the loss has zero expected gradient "
                 "on-policy; use k1_causal, placement 'reward' or k3_unbiased"
             )
         off_policy = self.grpo.num_iterations > 1
-        if kl.active and kl.placement == "loss" and traits.loss_biased_off_policy and off_policy:
+        if kl.in_loss and traits.loss_biased_off_policy and off_policy:
             out.append(
                 f"{kl.estimator} in the loss is biased off-policy (num_iterations > 1); "
                 "prefer k3_unbiased, or placement 'reward'"
@@ -194,7 +194,7 @@ class JobSpec(StrictModel):
                 "kl.flat_groups is ignored: the reward-side KL penalty applies, unscaled, in "
                 "every group"
             )
-        if kl.active and kl.placement == "reward" and kl.estimator != KL_REWARD_PENALTY:
+        if kl.in_reward and kl.estimator != KL_REWARD_PENALTY:
             out.append(
                 f"kl.placement 'reward' penalises with {KL_REWARD_PENALTY} (log pi - log ref per "
                 "token), the only estimator whose policy-gradient is exactly grad KL(pi || ref); "

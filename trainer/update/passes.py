@@ -189,7 +189,7 @@ def _micro_step(
     loss = policy
     kl_value = 0.0
     kl_spec = spec.kl
-    if kl_spec.active and kl_spec.placement == "loss" and ref_logprobs is not None:
+    if kl_spec.in_loss and ref_logprobs is not None:
         per_token = kl_math.per_token_kl(
             kl_spec.estimator,
             lp,

@@ -84,10 +84,8 @@ def needs_old_logprobs(spec: GRPOSpec, batch_size: int) -> bool:
     there). Several iterations or minibatches change the policy between passes, and a KL in
     the reward needs them before the advantages exist.
     """
-    kl = spec.kl
     mini = spec.mini_batch_size or batch_size
-    kl_in_reward = kl.active and kl.placement == "reward"
-    return spec.num_iterations > 1 or mini < batch_size or kl_in_reward
+    return spec.num_iterations > 1 or mini < batch_size or spec.kl.in_reward
 
 
 @dataclass
@@ -139,7 +137,7 @@ def reward_kl_penalty(scored: Scored, batch: Batch, spec: GRPOSpec) -> Tensor | 
     policy's log-probs, so the penalty is on-policy for the rollout it scores.
     """
     kl = spec.kl
-    if not (kl.active and kl.placement == "reward") or scored.old is None or scored.ref is None:
+    if not kl.in_reward or scored.old is None or scored.ref is None:
         return None
     per_token = kl_math.per_token_kl(kl_math.REWARD_ESTIMATOR, scored.old, scored.ref)
     return kl_math.kl_reward_penalty(per_token, batch.mask, kl.beta)
@@ -168,18 +166,16 @@ def compute_advantages(shaped: Tensor, penalty: Tensor | None, spec: GRPOSpec) -
     return task - leave_one_out_centred(penalty.view(-1, g)).view(-1).to(task.dtype)
 
 
-def has_signal(advantages: Tensor, spec: GRPOSpec, scored: Scored) -> bool:
+def has_signal(advantages: Tensor, spec: GRPOSpec) -> bool:
     """Whether an update on this batch can move the weights by its own gradient.
 
-    False when every advantage is exactly 0 and no loss-side term (KL placed in the loss,
-    with a reference scored) is active: then every gradient is 0, and an optimizer step would
-    still move every weight by AdamW's momentum and weight decay, the schedule would advance
-    and the engine be re-synced for nothing. The loop skips all three and counts the step in
-    ``update/skipped``.
+    False when every advantage is exactly 0 and no KL term is in the loss: then every gradient
+    is 0, and an optimizer step would still move every weight by AdamW's momentum and weight
+    decay, the schedule would advance and the engine be re-synced for nothing. The loop skips
+    all three and counts the step in ``update/skipped``. Without KL in the reward the
+    advantages need no log-probabilities, so the loop asks before any scoring pass.
     """
-    kl = spec.kl
-    loss_side = kl.active and kl.placement == "loss" and scored.ref is not None
-    return loss_side or bool((advantages != 0).any())
+    return spec.kl.in_loss or bool((advantages != 0).any())
 
 
 def advantages_by_group(advantages: Tensor, groups: int, group_size: int) -> dict[int, list[float]]:
