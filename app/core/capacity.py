@@ -16,10 +16,8 @@ __all__ = ["held_slot", "refusal"]
 
 def refusal(exc: SlotsBusy, param: str) -> ApiError:
     """The API error for a refused slot: 429 for the project's own cap, else 503."""
-    retry_after = max(1, int(exc.retry_after_s))
-    if exc.per_project:
-        return TooManyRequests(str(exc), retry_after=retry_after, param=param)
-    return Overloaded(str(exc), retry_after=retry_after, param=param)
+    error = TooManyRequests if exc.per_project else Overloaded
+    return error(str(exc), retry_after=exc.retry_after_s, param=param)
 
 
 @contextlib.contextmanager

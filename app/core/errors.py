@@ -88,15 +88,20 @@ class ServiceUnavailable(ApiError):
     error_type = "service_unavailable"
 
 
-class Overloaded(ServiceUnavailable):
-    """A capacity this process shares between every tenant is full (python-grader sandboxes);
-    `retry_after` becomes the Retry-After header, in whole seconds."""
+class RetryLater(ApiError):
+    """A refusal that says when to try again: `retry_after` (seconds, at least 1, whole)
+    becomes the Retry-After header."""
 
-    code = "capacity_exceeded"
-
-    def __init__(self, message: str, *, retry_after: int, param: str | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: float, param: str | None = None) -> None:
         super().__init__(message, param=param)
         self.retry_after = max(1, int(retry_after))
+
+
+class Overloaded(RetryLater, ServiceUnavailable):
+    """A capacity this process shares between every tenant is full (python-grader sandboxes,
+    upload decoding slots)."""
+
+    code = "capacity_exceeded"
 
 
 class IllegalTransition(ApiError):
@@ -106,16 +111,11 @@ class IllegalTransition(ApiError):
     error_type = "invalid_state"
 
 
-class TooManyRequests(ApiError):
-    """A fair-use limit (request rate, open streams); `retry_after` becomes the Retry-After
-    header, in whole seconds."""
+class TooManyRequests(RetryLater):
+    """A fair-use limit (request rate, open streams, a project's share of a capacity)."""
 
     status_code = 429
     error_type = "rate_limit_error"
-
-    def __init__(self, message: str, *, retry_after: int, param: str | None = None) -> None:
-        super().__init__(message, param=param)
-        self.retry_after = max(1, int(retry_after))
 
 
 class QuotaExceeded(TooManyRequests):
