@@ -128,6 +128,7 @@ class Recorder(Callbacks):
         ("k2", 0.1, "loss"),
         ("k3", 0.1, "loss"),
         ("k3_unbiased", 0.1, "loss"),
+        ("k1_causal", 0.1, "loss"),  # the KL still to come, summed over each row's own tokens
     ],
 )
 def test_learns_the_toy_task(tmp_path: Path, estimator: str, beta: float, placement: str) -> None:
