@@ -1,6 +1,7 @@
 """The GRPO job spec, whole: one pydantic model (:class:`JobSpec`, in ``job``) shared by the API
 (validation) and the trainer (execution), its sections by topic (``base``, ``dataset``,
-``graders``, ``grpo``, ``adaptation``, ``integrations``, ``checkpoint``, ``model_source``), the
+``graders``, ``grpo``, ``adaptation``, ``integrations``, ``checkpoint``, ``model_source``,
+``resources``), the
 validators they need (``expressions``, ``templates``, ``regex``, ``row_budget``) and what each
 registered name is beyond its name (``traits``).
 
@@ -93,6 +94,7 @@ from trainer.spec.job import (
 from trainer.spec.model_source import (
     is_hub_repo_id,
 )
+from trainer.spec.resources import MAX_DEVICES, ResourcesSpec
 
 __all__ = [
     "ALL_LINEAR",
@@ -100,6 +102,7 @@ __all__ = [
     "GRADER_TYPES",
     "INTEGRATION_TYPES",
     "MAX_COMPLETIONS_PER_UPDATE",
+    "MAX_DEVICES",
     "MAX_HOLDOUT_ROWS",
     "MAX_INLINE_ROWS",
     "MAX_LENGTH_CHARS",
@@ -141,6 +144,7 @@ __all__ = [
     "PromptRow",
     "PythonGrader",
     "RegexGrader",
+    "ResourcesSpec",
     "RolloutEngineName",
     "RolloutSpec",
     "SamplerCorrectionMode",

@@ -22,6 +22,7 @@ from trainer.spec.graders import GraderSpec, grader_name
 from trainer.spec.grpo import EvalSpec, GRPOSpec, RolloutSpec
 from trainer.spec.integrations import MAX_INTEGRATIONS, IntegrationSpec
 from trainer.spec.model_source import hub_repo_id_problem, looks_like_hub_repo_id, revision_problem
+from trainer.spec.resources import ResourcesSpec
 from trainer.spec.traits import KL_ESTIMATOR_TRAITS, KL_REWARD_PENALTY, ROLLOUT_ENGINE_TRAITS
 
 __all__ = ["PACKAGED_MODELS", "InitFrom", "JobSpec", "spec_limits_violations"]
@@ -81,6 +82,9 @@ class JobSpec(StrictModel):
     )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rollout engine.")
     eval: EvalSpec = Field(default_factory=EvalSpec, description="Held-out evaluation.")
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, description="Devices the job trains on."
+    )
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seed of the whole run.")
     checkpoint_interval: int = Field(
         default=10,

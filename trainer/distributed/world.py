@@ -1,0 +1,176 @@
+"""A rank's place in its job's process group, and the collectives the trainer runs in it.
+
+Every collective goes through :class:`World` with the name of the phase it belongs to
+("collect", "update", "sync", ...). It waits at most ``timeout_s`` (``GRPO_DIST_TIMEOUT_S``,
+also the process group's own timeout, which bounds FSDP's internal collectives); when it fails
+or times out, :class:`DistributedTimeout` names the rank and the phase, so a rank that died or
+hung ends its peers with an error a person can act on. A single-rank world runs none of them:
+each call returns its input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from trainer.errors import TrainerError
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "DistributedTimeout",
+    "World",
+    "init_world",
+    "single_world",
+    "world_from_env",
+]
+
+DEFAULT_TIMEOUT_S = 600.0
+T = TypeVar("T")
+
+
+class DistributedTimeout(TrainerError):
+    """A collective of the job's ranks failed or did not complete within the timeout: a peer
+    died, hung, or called a different collective (ranks out of step)."""
+
+    reason = "distributed_timeout"
+
+    def __init__(self, rank: int, phase: str, detail: str) -> None:
+        super().__init__(f"rank {rank}: collective in phase {phase!r} failed: {detail}")
+        self.rank = rank
+        self.phase = phase
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's rank among ``size`` ranks of one job (``size`` 1: not distributed)."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one rank that talks to whoever started the job."""
+        return self.rank == 0
+
+    def device(self, requested: str) -> torch.device:
+        """The rank's device: ``cuda:<local rank>`` when ``requested`` is a CUDA device and the
+        world is distributed, else ``requested`` as given."""
+        device = torch.device(requested)
+        if self.distributed and device.type == "cuda":
+            return torch.device("cuda", self.local_rank)
+        return device
+
+    def share(self, count: int) -> range:
+        """This rank's contiguous share of ``count`` items (whole groups per rank): the first
+        ``count % size`` ranks take one more."""
+        base, extra = divmod(count, self.size)
+        start = self.rank * base + min(self.rank, extra)
+        return range(start, start + base + (1 if self.rank < extra else 0))
+
+    # ---------------------------------------------------------------- collectives
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Run collectives of phase ``name``: any failure (a peer gone, a timeout) becomes a
+        DistributedTimeout naming this rank and the phase."""
+        try:
+            yield
+        except DistributedTimeout:
+            raise
+        except (RuntimeError, dist.DistBackendError) as exc:
+            raise DistributedTimeout(self.rank, name, str(exc).splitlines()[0][:300]) from exc
+
+    def _wait(self, work: Any, phase: str) -> None:
+        with self.phase(phase):
+            if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
+                raise DistributedTimeout(self.rank, phase, f"no answer in {self.timeout_s:g}s")
+
+    def all_reduce(self, tensor: torch.Tensor, phase: str, *, op: str = "sum") -> torch.Tensor:
+        """``tensor`` reduced over the ranks in place (``op``: sum, max or min); returned."""
+        if not self.distributed:
+            return tensor
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        self._wait(dist.all_reduce(tensor, op=ops[op], async_op=True), phase)
+        return tensor
+
+    def sum_floats(self, values: list[float], phase: str) -> list[float]:
+        """Elementwise sums over the ranks of a list of floats (float64, the same length on
+        every rank)."""
+        if not self.distributed:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64)
+        return [float(v) for v in self.all_reduce(tensor, phase)]
+
+    def gather_objects(self, obj: T, phase: str) -> list[T]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.size
+        with self.phase(phase):
+            dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: T, phase: str) -> T:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        box: list[Any] = [obj]
+        with self.phase(phase):
+            dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self, phase: str) -> None:
+        if self.distributed:
+            self._wait(dist.barrier(async_op=True), phase)
+
+
+def single_world() -> World:
+    """The world of a run on one device."""
+    return World()
+
+
+def world_from_env(environ: dict[str, str] | None = None) -> World:
+    """The world torchrun describes in the environment (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``), with ``GRPO_DIST_TIMEOUT_S``; a single-rank world without them."""
+    env = os.environ if environ is None else environ
+    timeout = float(env.get("GRPO_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+    if timeout <= 0:
+        raise ValueError(f"GRPO_DIST_TIMEOUT_S must be > 0, got {timeout}")
+    size = int(env.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return World(timeout_s=timeout)
+    return World(
+        rank=int(env["RANK"]),
+        size=size,
+        local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
+        timeout_s=timeout,
+    )
+
+
+def init_world(world: World, device: torch.device) -> None:
+    """Join the default process group (nccl on CUDA, gloo elsewhere) with the world's timeout;
+    nothing for a single rank or a group already joined."""
+    if not world.distributed or dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=backend,
+        rank=world.rank,
+        world_size=world.size,
+        timeout=timedelta(seconds=world.timeout_s),
+    )
