@@ -30,6 +30,8 @@ MODEL_RUNS = (
 # marker `process`, also left out of `make test-fast`.
 PROCESS_RUNS = (
     "test_memory.py",
+    "distributed/test_equivalence.py",  # torchrun, two ranks
+    "distributed/test_ranks.py",
     "test_sandbox.py",  # bubblewrap sandboxes, some killed and restarted
     "test_graders.py::test_a_hanging_grader_is_cut_off_at_its_time_limit",
     "test_graders.py::test_the_batch_budget_bounds_a_grader_that_always_hangs",

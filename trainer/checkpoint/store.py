@@ -73,6 +73,14 @@ class TrainState:
     sampler: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    # The optimizer state keyed by parameter name, when asked for (a sharded policy loads it
+    # through torch.distributed.checkpoint); None otherwise.
+    optimizer: dict[str, Any] | None = None
+
+
+# How optimizer.pt keys the optimizer state: by position (one process) or by parameter name
+# (a sharded run, any world size reads it).
+_BY_POSITION, _BY_NAME = "position", "name"
 
 
 def checkpoint_path(output_dir: Path, step: int) -> Path:
@@ -220,9 +228,13 @@ def save_checkpoint(
     sampler: dict[str, Any],
     extra: dict[str, Any] | None = None,
     retention: CheckpointSpec | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``checkpoint-<step>`` atomically, then delete the checkpoints ``retention`` does not
     keep (None: keep all; see :func:`prune_checkpoints`).
+
+    ``optimizer_state`` (a sharded run's, gathered and keyed by parameter name) is written
+    instead of ``optimizer.state_dict()`` (keyed by position), and marked so.
 
     ``sampler`` and ``extra`` must be JSON-serialisable; they come back in :class:`TrainState`.
     """
@@ -244,7 +256,8 @@ def save_checkpoint(
             tokenizer.save_pretrained(str(tmp))
         torch.save(
             {
-                "optimizer": optimizer.state_dict(),
+                "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
+                "optimizer_keys": _BY_POSITION if optimizer_state is None else _BY_NAME,
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
             },
             tmp / OPTIMIZER_FILE,
@@ -326,13 +339,36 @@ def load_checkpoint(
     scheduler: LRScheduler | None,
     *,
     restore_rng: bool = True,
+    optimizer_keyed_by_name: bool = False,
 ) -> TrainState:
-    """Restore model weights, optimizer, scheduler and RNG states in place; returns the rest."""
+    """Restore model weights, optimizer, scheduler and RNG states in place; returns the rest.
+
+    With ``optimizer_keyed_by_name`` the optimizer state is returned (``TrainState.optimizer``)
+    keyed by parameter name rather than loaded; a checkpoint written by a sharded run (keyed by
+    name) loads into a one-process ``optimizer`` too."""
     path = Path(path)
     manifest = _read_manifest(path)
     load_checkpoint_weights(path, model)
     saved = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
-    if optimizer is not None:
+    by_name = saved.get("optimizer_keys") == _BY_NAME
+    if optimizer_keyed_by_name and not by_name:
+        raise ValueError(
+            f"checkpoint {path.name} was written by one process (optimizer state by position); "
+            "a job on several devices resumes only from its own checkpoints"
+        )
+    if optimizer is not None and by_name:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        set_optimizer_state_dict(
+            model,
+            optimizer,
+            optim_state_dict=saved["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
+    elif optimizer is not None:
         optimizer.load_state_dict(saved["optimizer"])
     if scheduler is not None and saved.get("scheduler") is not None:
         scheduler.load_state_dict(saved["scheduler"])
@@ -343,4 +379,5 @@ def load_checkpoint(
         sampler=dict(manifest["sampler"]),
         extra=dict(manifest.get("extra", {})),
         path=path,
+        optimizer=saved["optimizer"] if optimizer_keyed_by_name else None,
     )

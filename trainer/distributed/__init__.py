@@ -10,10 +10,10 @@ What it owns:
   summed rather than averaged over ranks (the loss is already normalised by the global count).
 - ``weights``: every parameter gathered whole, one tensor at a time and in the same order on
   every rank, for the rank's own rollout engine and for checkpoints.
-- ``launch``: N ranks started through torchrun's elastic agent, shared by the worker and
-  ``grpo train --nproc``; only rank 0 relays the run's callbacks to the process that started it.
 
-The rest of the trainer sees only a :class:`~trainer.distributed.world.World` (a single-rank one
-when nothing is distributed), so a one-device run takes no path of this package but ``world``.
-See docs/scaling.md.
+The step driver (``trainer.run``) uses these; what starts the ranks and relays rank 0's
+callbacks to the process that started them sits with the other drivers, in ``trainer.run``
+(``launch``, ``rank_callbacks``), since it calls the loop and this package must not. A
+one-device run sees only a single-rank :class:`~trainer.distributed.world.World`, whose
+collectives return their input. See docs/scaling.md.
 """

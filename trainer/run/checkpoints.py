@@ -7,8 +7,21 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
-from trainer.checkpoint.store import RETENTION_METRIC, load_checkpoint, save_checkpoint
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from trainer.checkpoint.store import (
+    RETENTION_METRIC,
+    checkpoint_path,
+    load_checkpoint,
+    save_checkpoint,
+)
 from trainer.data.dataset import SamplerState
 from trainer.run.setup import RunSetup
 
@@ -25,7 +38,19 @@ class RunCheckpoints:
         """Load a checkpoint into the policy, optimizer, scheduler, RNGs and data sampler; its
         step and metrics."""
         s = self.setup
-        state = load_checkpoint(Path(path), s.model, s.optimizer, s.scheduler)
+        if s.mirror is None:
+            state = load_checkpoint(Path(path), s.model, s.optimizer, s.scheduler)
+        else:
+            # Sharded: every rank reads the folder into its unsharded mirror, then takes its
+            # shards of the weights and of the optimizer state (keyed by parameter name).
+            state = load_checkpoint(
+                Path(path), s.mirror.model, None, s.scheduler, optimizer_keyed_by_name=True
+            )
+            with s.world.phase("restore"):
+                set_model_state_dict(s.model, s.mirror.model.state_dict(), options=_FULL)
+                set_optimizer_state_dict(
+                    s.model, s.optimizer, optim_state_dict=state.optimizer or {}, options=_FULL
+                )
         s.sampler.restore(SamplerState.from_dict(state.sampler))
         s.guard.streak = int(state.extra.get("nonfinite_streak", 0))
         best_by = state.extra.get(RETENTION_METRIC)
@@ -49,16 +74,35 @@ class RunCheckpoints:
         extra: dict[str, object] = {"nonfinite_streak": s.guard.streak, "metrics": metrics}
         if retention.keep_best_by is not None:
             extra[RETENTION_METRIC] = {"name": retention.keep_best_by, "value": self.best_by_value}
+        optimizer_state: dict[str, Any] | None = None
+        if s.mirror is not None:
+            # Every rank gathers (collectives); rank 0 alone writes, in the same format a
+            # single process writes but with the optimizer state keyed by parameter name,
+            # which any number of ranks can read back.
+            s.mirror.ensure_fresh(s.model)
+            with s.world.phase("checkpoint"):
+                optimizer_state = get_optimizer_state_dict(
+                    s.model, s.optimizer, options=_FULL_ON_MAIN
+                )
+            if not s.world.is_main:
+                s.world.barrier("checkpoint")
+                return checkpoint_path(s.output_dir, step)
         path = save_checkpoint(
             s.output_dir,
             step,
-            model=s.model,
+            model=s.rollout_model,
             tokenizer=s.tokenizer,
             optimizer=s.optimizer,
             scheduler=s.scheduler,
             sampler=s.sampler.state().to_dict(),
             extra=extra,
             retention=None if s.callbacks.applies_retention else retention,
+            optimizer_state=optimizer_state,
         )
+        s.world.barrier("checkpoint")  # the other ranks go on once the folder is complete
         s.callbacks.on_checkpoint(step, path)
         return path
+
+
+_FULL = StateDictOptions(full_state_dict=True)
+_FULL_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)

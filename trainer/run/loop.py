@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
+from trainer.distributed.world import World, init_world, world_from_env
 from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.graders import Grader
 from trainer.models.reference import Reference
@@ -29,7 +30,15 @@ from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine
 from trainer.run.callbacks import Callbacks
 from trainer.run.checkpoints import RunCheckpoints
-from trainer.run.metrics import build_samples, evaluate, rollout_metrics, update_step_metrics
+from trainer.run.evaluation import evaluate_run
+from trainer.run.metrics import (
+    build_samples,
+    rollout_metrics,
+    update_metrics,
+    update_step_metrics,
+)
+from trainer.run.rank_batch import RankBatch, gather_rows, rank_batch, whole_metrics
+from trainer.run.rank_callbacks import rank_callbacks
 from trainer.run.setup import (
     DEFAULT_SAMPLE_GROUPS,
     Given,
@@ -39,23 +48,20 @@ from trainer.run.setup import (
 )
 from trainer.scoring.collect import Collected, collect_groups
 from trainer.scoring.rewards import RewardFn, Scorer
-from trainer.seeding import derive_seed
 from trainer.spec import JobSpec
-from trainer.update.passes import UpdateInputs, run_updates
+from trainer.update.passes import PreUpdate, UpdateInputs, UpdateStats, run_updates
 from trainer.update.phases import (
+    Scored,
     advantages_by_group,
     compute_advantages,
     has_signal,
     needs_old_logprobs,
-    pack_groups,
     reward_kl_penalty,
     score_logprobs,
     shaped_rewards,
 )
 
 __all__ = ["NonFiniteLossError", "TrainResult", "TrainerError", "train"]
-
-_EVAL_SEED_SALT = 99_991
 
 
 @dataclass
@@ -79,6 +85,7 @@ def train(
     tokenizer: PreTrainedTokenizerBase | None = None,
     engine: RolloutEngine | None = None,
     sample_groups: int = DEFAULT_SAMPLE_GROUPS,
+    world: World | None = None,
 ) -> TrainResult:
     """Run (or resume) a GRPO job; checkpoints go to ``output_dir/checkpoint-<step>``.
 
@@ -98,6 +105,10 @@ def train(
       the policy's weights into it before the first rollout and after every update, and leaves
       it open.
     - ``sample_groups``: how many rollout groups of each step go to ``callbacks.on_samples``.
+    - ``world``: this process's rank among the job's ranks (default: what torchrun's
+      environment says, else one rank). With several, the policy is sharded over them, each
+      samples its share of every round, and only rank 0 calls ``callbacks`` and writes
+      checkpoints (``trainer.distributed``; docs/scaling.md).
 
     Raises NonFiniteLossError (a TrainerError, ``reason`` "non_finite_loss") after
     consecutive non-finite updates, and ValueError for an unusable dataset or arguments.
@@ -109,7 +120,11 @@ def train(
     if sample_groups < 0:
         raise ValueError(f"sample_groups must be >= 0, got {sample_groups}")
     given = Given(graders, reward_fn, model, tokenizer, engine, sample_groups)
-    run = _Run(config, callbacks or Callbacks(), Path(output_dir), torch.device(device), given)
+    world = world or world_from_env()
+    rank_device = world.device(device)
+    init_world(world, rank_device)
+    cb = rank_callbacks(callbacks or Callbacks(), world)
+    run = _Run(config, cb, Path(output_dir), rank_device, given, world)
     try:
         return run.execute(resume_from)
     finally:
@@ -126,8 +141,9 @@ class _Run:
         output_dir: Path,
         device: torch.device,
         given: Given,
+        world: World,
     ) -> None:
-        self.setup = prepare_run(config, callbacks, output_dir, device, given)
+        self.setup = prepare_run(config, callbacks, output_dir, device, given, world)
         self.config = config
         self.spec = config.grpo
         self.cb = callbacks
@@ -210,6 +226,8 @@ class _Run:
             seed=self.config.seed,
             step=step,
             should_stop=self.cb.should_stop,
+            world=s.world,
+            shares=s.shares,
         )
         metrics = rollout_metrics(col, s.scorer.names)
         for name, message in col.grader_messages.items():
@@ -277,13 +295,19 @@ class _Run:
         """The update phases (``trainer.update.phases``) on the kept groups, in order; fills
         ``metrics`` and returns the advantages by group position in ``col.kept`` and whether
         an update ran (False when the batch has no signal: every advantage 0 and no loss-side
-        term, see :func:`trainer.update.phases.has_signal`)."""
+        term, see :func:`trainer.update.phases.has_signal`). On several ranks each trains its
+        share of the batch (:mod:`trainer.run.rank_batch`)."""
         s = self.setup
         spec = self.spec
         assert self.engine is not None
         clock = time.perf_counter()
-        batch = pack_groups(col.kept, spec, s.device)
-        shaped = shaped_rewards(col.kept, batch, spec)
+        rb = rank_batch(col.kept, spec, s.device, s.world, s.shares)
+        if rb.left_out:
+            metrics["data/uneven_groups_left_out"] = float(rb.left_out)
+        if not rb.kept:
+            metrics["time/update"] = 0.0
+            return {}, False
+        shaped = shaped_rewards(rb.kept, rb.whole, spec)
         metrics["time/reward"] += time.perf_counter() - clock
 
         # Without KL in the reward the advantages come from the rewards alone: a batch without
@@ -291,16 +315,16 @@ class _Run:
         adv = None if spec.kl.in_reward else compute_advantages(shaped, None, spec)
         if adv is not None and not has_signal(adv, spec):
             metrics["time/logprobs"] = 0.0
-            return self._no_update(adv, len(col.kept), metrics, engine_level=None)
+            return self._no_update(adv, len(rb.kept), metrics, engine_level=None)
 
         # The update needs the device memory the engine's KV cache holds (GPU sleep mode).
         level = self._engine_sleeps()
         clock = time.perf_counter()
-        with_old = needs_old_logprobs(spec, batch.size)
+        with_old = needs_old_logprobs(spec, rb.whole.size)
         scored = score_logprobs(
             s.model,
             s.reference,
-            batch,
+            rb.batch,
             spec,
             pad_id=s.pad_id,
             with_old=with_old,
@@ -308,20 +332,21 @@ class _Run:
         metrics["time/logprobs"] = time.perf_counter() - clock
 
         if adv is None:
-            penalty = reward_kl_penalty(scored, batch, spec)
-            adv = compute_advantages(shaped, penalty, spec)
+            penalty = reward_kl_penalty(scored, rb.batch, spec)
             if penalty is not None:
+                penalty = gather_rows(s.world, penalty, "reward")
                 metrics["kl/reward_penalty"] = float(penalty.mean())
+            adv = compute_advantages(shaped, penalty, spec)
             if not has_signal(adv, spec):
-                return self._no_update(adv, len(col.kept), metrics, engine_level=level)
+                return self._no_update(adv, len(rb.kept), metrics, engine_level=level)
 
         clock = time.perf_counter()
         stats, pre = run_updates(
             UpdateInputs(
                 model=s.model,
                 optimizer=s.optimizer,
-                batch=batch,
-                advantages=adv,
+                batch=rb.batch,
+                advantages=rb.mine(adv),
                 old_logprobs=scored.old,
                 ref_logprobs=scored.ref,
                 pad_id=s.pad_id,
@@ -329,23 +354,37 @@ class _Run:
                 step=step,
                 seed=self.config.seed,
                 collect_pre_update=not with_old,
+                world=s.world,
             ),
             spec,
         )
         metrics["time/update"] = time.perf_counter() - clock
         # Prompt and completion tokens of the batch, once per update pass over it: what the
         # step trained on (the OpenAI view's trained_tokens sums it over steps).
+        whole = rb.whole
         metrics["tokens/trained"] = float(
             spec.num_iterations
-            * sum(len(p) + len(c) for p, c in zip(batch.prompts, batch.completions, strict=True))
+            * sum(len(p) + len(c) for p, c in zip(whole.prompts, whole.completions, strict=True))
         )
 
         # Only an applied update changed the weights the engine generates with; an engine
         # that dropped its weights to sleep (level 2) needs them back either way.
         applied = stats.updates > stats.skipped
+        if applied and s.mirror is not None:
+            s.mirror.mark_stale()
         metrics["time/weight_sync"] = self._wake_engine(applied or level == 2)
-        metrics.update(update_step_metrics(stats, adv, batch, scored, pre, spec))
-        return advantages_by_group(adv, len(col.kept), spec.group_size), True
+        metrics.update(self._update_metrics(rb, stats, adv, scored, pre))
+        return advantages_by_group(adv, len(rb.kept), spec.group_size), True
+
+    def _update_metrics(
+        self, rb: RankBatch, stats: UpdateStats, adv: Tensor, scored: Scored, pre: PreUpdate | None
+    ) -> dict[str, float]:
+        """The update's metrics over the whole batch (this rank's token-level ones averaged
+        with its peers')."""
+        local = update_step_metrics(stats, adv, rb.batch, scored, pre, self.spec)
+        exact = set(update_metrics(stats, adv))
+        weight = float(rb.batch.mask.sum())
+        return whole_metrics(self.setup.world, local, weight, exact=exact)
 
     def _no_update(
         self, adv: Tensor, groups: int, metrics: dict[str, float], *, engine_level: int | None
@@ -365,7 +404,15 @@ class _Run:
         wake = getattr(self.engine, "wake", None)
         if callable(wake):
             wake()
-        return self.engine.sync_weights(self.setup.model) if must_sync else 0.0
+        if not must_sync:
+            return 0.0
+        s = self.setup
+        if s.mirror is None:
+            return self.engine.sync_weights(s.model)
+        # Every rank gathers the whole weights before any talks to its engine (weights.py).
+        clock = time.perf_counter()
+        s.mirror.ensure_fresh(s.model)
+        return time.perf_counter() - clock + self.engine.sync_weights(s.mirror.model)
 
     def _engine_sleeps(self) -> int | None:
         """Put a sleep-capable engine (vLLM on a GPU) to sleep for the update; its level."""
@@ -377,15 +424,5 @@ class _Run:
         return plan.sleep_level
 
     def _evaluate(self, step: int) -> float:
-        s = self.setup
         assert self.engine is not None
-        rows = s.eval_rows[: len(s.eval_ids)]
-        seed = derive_seed(self.config.seed, step, _EVAL_SEED_SALT)
-        items = [row.grading_item for row in rows]
-        accuracy = evaluate(self.engine, s.scorer, s.eval_ids, items, self.spec, seed=seed)
-        self.cb.on_event(
-            "eval",
-            f"step {step}: eval accuracy {accuracy:.3f} on {len(rows)} rows",
-            data={"step": step, "accuracy": accuracy, "rows": len(rows)},
-        )
-        return accuracy
+        return evaluate_run(self.setup, self.engine, step)

@@ -30,6 +30,9 @@ from trainer.data.dataset import (
     prompts_for_run,
     split_holdout,
 )
+from trainer.distributed.sharding import mesh_for, shard_model
+from trainer.distributed.weights import Mirror
+from trainer.distributed.world import World
 from trainer.graders import Grader
 from trainer.models.loading import (
     disable_dropout,
@@ -108,6 +111,16 @@ class RunSetup:
     scheduler: LRScheduler
     guard: NonFiniteGuard
     reference: Reference | None  # the KL reference; None when the KL is off
+    world: World  # this rank's place among the job's ranks (a single rank: not distributed)
+    # Distributed: the unsharded copy of the policy the rank's engine and checkpoints read.
+    mirror: Mirror | None
+    shares: int  # the job's devices: how each rollout round's prompts are split
+
+    @property
+    def rollout_model(self) -> nn.Module:
+        """The model the rollout engine is built from and synced with: the policy, or its
+        unsharded mirror when the policy is sharded."""
+        return self.mirror.model if self.mirror is not None else self.model
 
 
 def prepare_run(
@@ -116,10 +129,14 @@ def prepare_run(
     output_dir: Path,
     device: torch.device,
     given: Given,
+    world: World | None = None,
 ) -> RunSetup:
-    """Build the run's pieces from ``config`` (and what the caller ``given``), in order."""
+    """Build the run's pieces from ``config`` (and what the caller ``given``), in order. In a
+    distributed ``world`` the policy (and a full fine-tune's reference) are sharded over the
+    ranks once built, after an unsharded mirror of the policy was taken."""
+    world = world or World()
     output_dir.mkdir(parents=True, exist_ok=True)
-    for swept in sweep_temp_dirs(output_dir):
+    for swept in sweep_temp_dirs(output_dir) if world.is_main else []:
         callbacks.on_event("checkpoint", f"removed an interrupted checkpoint write: {swept.name}")
 
     # Rows first: a bad dataset fails before any model is loaded. (The prompts are tokenized,
@@ -135,10 +152,11 @@ def prepare_run(
     pad_id = int(pad if pad is not None else tok.eos_token_id or 0)
     prompts = _encode_prompts(config, callbacks, tok, train_rows, eval_rows)
     sampler = PromptSampler(len(prompts.train_rows), seed=config.seed, shuffle=ds.shuffle)
+    reference = _reference(config, policy.model)
+    mirror = _shard(world, device, policy.model, reference) if world.distributed else None
     optimizer = build_optimizer(policy.model, config.grpo)
     scheduler = make_scheduler(optimizer, config.grpo)
     guard = NonFiniteGuard(callbacks.on_event)
-    reference = _reference(config, policy.model)
     return RunSetup(
         config=config,
         callbacks=callbacks,
@@ -163,7 +181,23 @@ def prepare_run(
         scheduler=scheduler,
         guard=guard,
         reference=reference,
+        world=world,
+        mirror=mirror,
+        shares=config.resources.devices,
     )
+
+
+def _shard(
+    world: World, device: torch.device, policy: nn.Module, reference: Reference | None
+) -> Mirror:
+    """Take the policy's unsharded mirror, then shard the policy and a separate reference
+    over the world's ranks (a LoRA reference is the policy itself)."""
+    mirror = Mirror(policy, world)
+    mesh = mesh_for(world, device.type)
+    shard_model(policy, mesh)
+    if reference is not None and not reference.shares_policy:
+        shard_model(reference.model, mesh)
+    return mirror
 
 
 def _load_policy(
@@ -236,7 +270,7 @@ def start_run_engine(setup: RunSetup) -> StartedEngine:
         setup.config,
         setup.model_path,
         setup.tokenizer,
-        setup.model,
+        setup.rollout_model,
         setup.train_ids,
         setup.eval_ids,
         setup.device,
@@ -254,7 +288,7 @@ def announce_run(
     if resume_from is not None or not started.owned:
         # A built engine holds the weights it was built from: push restored ones before any
         # rollout. A caller's engine may hold anything: always push.
-        sync_seconds = started.engine.sync_weights(setup.model)
+        sync_seconds = started.engine.sync_weights(setup.rollout_model)
     resumed = Path(resume_from) if resume_from is not None else None
     cb.on_start(
         RunInfo(

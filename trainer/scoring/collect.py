@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from trainer.data.dataset import Example, PromptSampler
+from trainer.distributed.world import World
 from trainer.models.memory import release_free_memory
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.scoring.rewards import Scorer, score_batch
@@ -92,17 +93,29 @@ def collect_groups(
     seed: int,
     step: int,
     should_stop: Callable[[], bool],
+    world: World | None = None,
+    shares: int = 1,
 ) -> Collected:
     """Sample ``spec.prompts_per_step`` groups for training step ``step`` and score them with
     ``scorer`` (graders, or a reward function: ``trainer.scoring.rewards``).
 
-    Round r of step s samples with the engine seed ``derive_seed(seed, s, r)``. Without dynamic
-    sampling every group is kept. With it, zero-variance groups (judged on the task reward, the
-    canonical signal, not on shaped rewards) are dropped and more prompts are sampled, for at
-    most ``max_rounds`` rounds: :func:`prompts_for_round` many, so that one more round usually
-    fills the batch. Kept groups past the target are left out of ``kept`` (they still count in
-    ``groups``, as sampled); the batch may end up smaller than asked.
+    Each round's prompts are split into ``shares`` contiguous shares (the job's
+    ``resources.devices``); share k of round r of step s samples with the engine seed
+    ``derive_seed(seed, s, r, k)`` (``derive_seed(seed, s, r)`` when there is one share), so
+    a job's samples depend on its spec, not on how many ranks run it. In a distributed
+    ``world`` (as many ranks as shares) each rank samples and scores its own share and the
+    rounds' groups are gathered, so every rank returns the same :class:`Collected`; a
+    single process samples every share itself.
+
+    Without dynamic sampling every group is kept. With it, zero-variance groups (judged on the
+    task reward, the canonical signal, not on shaped rewards) are dropped and more prompts are
+    sampled, for at most ``max_rounds`` rounds: :func:`prompts_for_round` many, so that one
+    more round usually fills the batch. Kept groups past the target are left out of ``kept``
+    (they still count in ``groups``, as sampled); the batch may end up smaller than asked.
     """
+    world = world or World()
+    if world.distributed and world.size != shares:
+        raise ValueError(f"{world.size} ranks cannot sample a job of {shares} devices")
     target = spec.prompts_per_step
     dynamic = spec.dynamic_sampling.enabled
     rounds = spec.dynamic_sampling.max_rounds if dynamic else 1
@@ -118,34 +131,104 @@ def collect_groups(
             oversample=spec.dynamic_sampling.oversample,
         )
         rows = sampler.next(need)
-        started = time.perf_counter()
-        results = engine.generate(
-            [prompt_ids[r] for r in rows],
-            spec.group_size,
-            max_new_tokens=spec.max_new_tokens,
-            temperature=spec.temperature,
-            seed=derive_seed(seed, step, rnd),
-        )
-        out.rollout_seconds += time.perf_counter() - started
-        release_free_memory()  # the engine's temporaries, before the trainer's passes
+        mine = [world.rank] if world.distributed else list(range(shares))
+        reports = []
+        for share in mine:
+            share_rows = [rows[i] for i in World(rank=share, size=shares).share(len(rows))]
+            share_seed = derive_seed(seed, step, rnd, share) if shares > 1 else None
+            reports.append(
+                _sample_share(
+                    engine,
+                    scorer,
+                    share_rows,
+                    prompt_ids,
+                    examples,
+                    spec,
+                    seed=derive_seed(seed, step, rnd) if share_seed is None else share_seed,
+                )
+            )
+        if world.distributed:
+            reports = world.gather_objects(reports[0], "collect")
         out.rounds += 1
-        started = time.perf_counter()
-        texts = [c.text for group in results for c in group]
-        items = [examples[r].grading_item for r in rows for _ in range(spec.group_size)]
-        scored = score_batch(scorer, texts, items)
-        totals, per_grader = scored.totals, scored.components
-        for name, count in scored.errors.items():
+        for report in reports:
+            report.add_to(out)
+        # Shares sampled side by side on several ranks: the round took as long as the slowest.
+        spent = [(r.rollout_seconds, r.reward_seconds) for r in reports]
+        combine = max if world.distributed else sum
+        out.rollout_seconds += combine(s[0] for s in spent)
+        out.reward_seconds += combine(s[1] for s in spent)
+        for group in (g for report in reports for g in report.groups):
+            if not (dynamic and group.zero_std) and len(out.kept) < target:
+                out.kept.append(group)
+        if len(out.kept) >= target:
+            break
+    return out
+
+
+@dataclass
+class _ShareReport:
+    """One share of one round: its groups and what sampling and scoring them took."""
+
+    groups: list[Group]
+    rollout_seconds: float
+    reward_seconds: float
+    generated_tokens: int
+    grader_errors: dict[str, int]
+    grader_messages: dict[str, str]
+    grader_timeouts: dict[str, int]
+
+    def add_to(self, out: Collected) -> None:
+        """Add the share's groups and counts (not its seconds: see collect_groups)."""
+        out.groups.extend(self.groups)
+        out.generated_tokens += self.generated_tokens
+        for name, count in self.grader_errors.items():
             out.grader_errors[name] = out.grader_errors.get(name, 0) + count
-        for name, message in scored.first_errors.items():
+        for name, message in self.grader_messages.items():
             out.grader_messages.setdefault(name, message)
-        for name, count in scored.timeouts.items():
+        for name, count in self.grader_timeouts.items():
             out.grader_timeouts[name] = out.grader_timeouts.get(name, 0) + count
-        zero = zero_variance_groups(torch.tensor(totals, dtype=torch.float64).view(len(rows), -1))
-        out.reward_seconds += time.perf_counter() - started
-        g = spec.group_size
-        for i, (row, comps) in enumerate(zip(rows, results, strict=True)):
-            out.generated_tokens += sum(len(c.token_ids) for c in comps)
-            group = Group(
+
+
+def _sample_share(
+    engine: RolloutEngine,
+    scorer: Scorer,
+    rows: list[int],
+    prompt_ids: Sequence[list[int]],
+    examples: Sequence[Example],
+    spec: GRPOSpec,
+    *,
+    seed: int,
+) -> _ShareReport:
+    """Sample ``spec.group_size`` completions for each of ``rows`` with ``seed`` and grade
+    them."""
+    g = spec.group_size
+    report = _ShareReport([], 0.0, 0.0, 0, {}, {}, {})
+    if not rows:
+        return report
+    started = time.perf_counter()
+    results = engine.generate(
+        [prompt_ids[r] for r in rows],
+        g,
+        max_new_tokens=spec.max_new_tokens,
+        temperature=spec.temperature,
+        seed=seed,
+    )
+    report.rollout_seconds = time.perf_counter() - started
+    release_free_memory()  # the engine's temporaries, before the trainer's passes
+    started = time.perf_counter()
+    texts = [c.text for group in results for c in group]
+    items = [examples[r].grading_item for r in rows for _ in range(g)]
+    scored = score_batch(scorer, texts, items)
+    totals, per_grader = scored.totals, scored.components
+    report.grader_errors = dict(scored.errors)
+    report.grader_messages = dict(scored.first_errors)
+    report.grader_timeouts = dict(scored.timeouts)
+    zero = zero_variance_groups(torch.tensor(totals, dtype=torch.float64).view(len(rows), -1))
+    report.reward_seconds = time.perf_counter() - started
+    for i, (row, comps) in enumerate(zip(rows, results, strict=True)):
+        report.generated_tokens += sum(len(c.token_ids) for c in comps)
+        report.groups.append(
+            Group(
                 row=row,
                 prompt_ids=list(prompt_ids[row]),
                 completions=list(comps),
@@ -153,9 +236,5 @@ def collect_groups(
                 per_grader={name: s[i * g : (i + 1) * g] for name, s in per_grader.items()},
                 zero_std=bool(zero[i]),
             )
-            out.groups.append(group)
-            if not (dynamic and group.zero_std) and len(out.kept) < target:
-                out.kept.append(group)
-        if len(out.kept) >= target:
-            break
-    return out
+        )
+    return report

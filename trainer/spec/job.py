@@ -158,6 +158,28 @@ class JobSpec(StrictModel):
                 raise ValueError("lora_sync 'adapter' needs a LoRA job (set lora)")
         return rollout
 
+    @field_validator("resources")
+    @classmethod
+    def _devices_split_the_batch_evenly(
+        cls, resources: ResourcesSpec, info: ValidationInfo
+    ) -> ResourcesSpec:
+        # Every rank samples an equal share of whole groups and runs as many passes as its
+        # peers (FSDP's collectives pair up pass for pass).
+        grpo = info.data.get("grpo")
+        devices = resources.devices
+        if devices > 1 and isinstance(grpo, GRPOSpec):
+            if grpo.prompts_per_step % devices:
+                raise ValueError(
+                    f"devices ({devices}) must divide grpo.prompts_per_step "
+                    f"({grpo.prompts_per_step}): each device samples an equal share of prompts"
+                )
+            if grpo.mini_batch_size is not None and grpo.mini_batch_size % devices:
+                raise ValueError(
+                    f"devices ({devices}) must divide grpo.mini_batch_size "
+                    f"({grpo.mini_batch_size}): each device trains an equal share of it"
+                )
+        return resources
+
     @field_validator("graders")
     @classmethod
     def _unique_names(cls, graders: list[GraderSpec]) -> list[GraderSpec]:

@@ -13,9 +13,11 @@ float32 then (float64 stays float64).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
 
 from trainer.models.precision import exact_float32_matmuls
@@ -207,6 +209,39 @@ def _head_chunks(
     return lp_parts, ent_parts
 
 
+def _last_hidden(
+    model: nn.Module,
+    decoder: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+) -> Tensor:
+    """The decoder's final (normed) hidden states [B, L, H].
+
+    A model sharded with FSDP2 gathers its root weights (embeddings, final norm, output head)
+    only in the root module's own forward, and keeps them gathered for the backward: so it runs
+    its whole forward, with the head applied at one position only (``logits_to_keep=1``), and
+    the head is then applied where this module needs it. Any other model runs its decoder
+    alone."""
+    if isinstance(model, FSDPModule):
+        outputs = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=1,
+        )
+        return cast(Tensor, outputs.hidden_states[-1])
+    outputs = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    )
+    return cast(Tensor, outputs.last_hidden_state)
+
+
 def completion_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -250,13 +285,7 @@ def completion_logprobs(
 
     # Left padding shifts every real token right; positions must count real tokens only.
     position_ids = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
-    outputs = decoder(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-    )
-    hidden = outputs.last_hidden_state
+    hidden = _last_hidden(model, decoder, input_ids, attention_mask, position_ids)
     width = length - prompt_len
     # Position P - 1 + t predicts completion token t.
     states = hidden[:, prompt_len - 1 : length - 1].reshape(batch * width, hidden.shape[-1])

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from trainer.distributed.sharding import backward_scale, full_value
+from trainer.distributed.world import World
 from trainer.errors import NonFiniteLossError
 from trainer.models.memory import release_free_memory
 from trainer.models.precision import autocast
@@ -121,6 +123,9 @@ class UpdateInputs:
     step: int
     seed: int
     collect_pre_update: bool = False
+    # The job's ranks: the batch is this rank's share, and the token counts, losses and clip
+    # counts are summed over the ranks (FSDP sums the gradients).
+    world: World = field(default_factory=World)
 
 
 @dataclass
@@ -200,7 +205,7 @@ def _micro_step(
         kl_term = kl_spec.beta * agg(per_token)
         loss = loss + kl_term
         kl_value = float(kl_term.detach())
-    loss.backward()
+    (loss * backward_scale(inputs.model, inputs.world.size)).backward()
     valid = loss_mask > 0
     return _MicroResult(
         policy=float(policy.detach()),
@@ -248,7 +253,9 @@ def _minibatch(
     accumulate (the caller steps the optimizer). Adds the clip counts of an update that could
     clip to ``counts`` and records the pre-update values into ``pre`` (the first iteration's
     passes, when collected); returns the minibatch's (policy loss, KL loss)."""
-    totals = losses.valid_counts(inputs.batch.loss_mask[mb_rows])
+    local = losses.valid_counts(inputs.batch.loss_mask[mb_rows])
+    tokens, sequences = inputs.world.sum_floats(list(local), "update")
+    totals = (tokens, sequences)
     policy_sum = kl_sum = 0.0
     for start in range(0, len(mb_rows), spec.micro_batch_size):
         rows = mb_rows[start : start + spec.micro_batch_size]
@@ -271,8 +278,9 @@ def run_updates(inputs: UpdateInputs, spec: GRPOSpec) -> tuple[UpdateStats, PreU
     """``num_iterations`` passes of minibatched updates over ``inputs.batch`` (see
     :class:`UpdateInputs`). Minibatches are a seeded random split of the batch, redrawn every
     iteration."""
-    batch, model, optimizer = inputs.batch, inputs.model, inputs.optimizer
-    mini = spec.mini_batch_size or batch.size
+    batch, model, optimizer, world = inputs.batch, inputs.model, inputs.optimizer, inputs.world
+    # The minibatch is split over the ranks like the batch (the spec makes it divide evenly).
+    mini = spec.mini_batch_size // world.size if spec.mini_batch_size else batch.size
     if inputs.old_logprobs is None and (spec.num_iterations > 1 or mini < batch.size):
         raise ValueError("old_logprobs are required with several updates per batch")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -300,7 +308,10 @@ def run_updates(inputs: UpdateInputs, spec: GRPOSpec) -> tuple[UpdateStats, PreU
                 counts=counts,
                 pre=pre if first_pass else None,
             )
-            norm = float(torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm))
+            # The norm of the whole gradient: FSDP's shards reduce it over the ranks.
+            norm = float(full_value(torch.nn.utils.clip_grad_norm_(params, spec.max_grad_norm)))
+            # Each rank's loss is its share of the global one (normalised by global counts).
+            policy_sum, kl_sum = world.sum_floats([policy_sum, kl_sum], "update")
             stats.updates += 1
             stats.policy_loss += policy_sum
             stats.kl_loss += kl_sum
@@ -314,6 +325,7 @@ def run_updates(inputs: UpdateInputs, spec: GRPOSpec) -> tuple[UpdateStats, PreU
     if stats.updates:
         stats.policy_loss /= stats.updates
         stats.kl_loss /= stats.updates
+    counts = world.sum_floats(counts, "update")
     tokens = counts[4]
     frac = [c / tokens if tokens else float("nan") for c in counts[:4]]
     stats.clip_low, stats.clip_high, stats.clip_dual, stats.clamped = frac

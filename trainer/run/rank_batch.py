@@ -1,0 +1,86 @@
+"""A step's batch across the job's ranks: which kept groups train, which of them are this
+rank's, and the step's values that must be whole-batch (advantages, metrics).
+
+The kept groups are cut to a multiple of the job's devices (so that every rank trains an equal
+share and runs as many passes as its peers: FSDP's collectives pair up pass for pass); the cut
+is the job's, made the same way when one process runs it. Every rank knows every kept group
+(``collect_groups`` gathers them), so advantages, which a batch-wide scale or a group's
+leave-one-out baseline make whole-batch or whole-group values, are computed over all of them
+and each rank takes its rows; only the reward KL penalty, which needs the ranks' own
+log-probabilities, is gathered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from trainer.distributed.world import World
+from trainer.scoring.collect import Group
+from trainer.spec import GRPOSpec
+from trainer.update.phases import pack_groups
+from trainer.update.step import Batch
+
+__all__ = ["RankBatch", "rank_batch", "whole_metrics"]
+
+
+@dataclass
+class RankBatch:
+    kept: list[Group]  # the groups the step trains on, every rank's, in order
+    left_out: int  # kept groups cut so that the devices share them evenly
+    whole: Batch  # all of ``kept``, packed (rewards and advantages are computed on it)
+    batch: Batch  # this rank's rows of it (``whole`` itself on a single rank)
+    rows: slice  # where this rank's rows sit in ``whole``
+
+    def mine(self, values: Tensor) -> Tensor:
+        """This rank's entries of a whole-batch vector ([B_whole] -> [B_rank])."""
+        return values[self.rows]
+
+
+def rank_batch(
+    kept: list[Group], spec: GRPOSpec, device: torch.device, world: World, shares: int
+) -> RankBatch:
+    usable = len(kept) - len(kept) % shares
+    groups = kept[:usable]
+    whole = pack_groups(groups, spec, device)
+    if not world.distributed:
+        return RankBatch(groups, len(kept) - usable, whole, whole, slice(0, whole.size))
+    share = world.share(len(groups))
+    g = spec.group_size
+    rows = slice(share.start * g, share.stop * g)
+    batch = pack_groups(groups[share.start : share.stop], spec, device)
+    return RankBatch(groups, len(kept) - usable, whole, batch, rows)
+
+
+def gather_rows(world: World, mine: Tensor, phase: str) -> Tensor:
+    """Every rank's ``mine`` ([B_rank], the same length on every rank) concatenated in rank
+    order: the whole batch's [B_whole]."""
+    if not world.distributed:
+        return mine
+    parts = world.gather_objects(mine.detach().cpu(), phase)
+    return torch.cat(parts).to(mine.device)
+
+
+def whole_metrics(
+    world: World, metrics: dict[str, float], weight: float, *, exact: set[str]
+) -> dict[str, float]:
+    """One rank's update metrics made whole-batch: those in ``exact`` are already (summed
+    statistics, the whole batch's advantages); every other one is a mean over this rank's
+    tokens, averaged over the ranks by their ``weight`` (token count), except ``*max*``
+    metrics, whose maximum is taken."""
+    if not world.distributed:
+        return metrics
+    reports = world.gather_objects((metrics, weight), "metrics")
+    total = sum(w for _, w in reports)
+    out = dict(metrics)
+    for name in metrics:
+        if name in exact:
+            continue
+        values = [(m.get(name, float("nan")), w) for m, w in reports]
+        if "max" in name:
+            out[name] = max(v for v, _ in values)
+        elif total > 0:
+            out[name] = sum(v * w for v, w in values) / total
+    return out
