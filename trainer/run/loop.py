@@ -30,14 +30,13 @@ from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine
 from trainer.run.callbacks import Callbacks
 from trainer.run.checkpoints import RunCheckpoints
+from trainer.run.engine_sync import sleep_engine, wake_engine
 from trainer.run.evaluation import evaluate_run
 from trainer.run.metrics import (
     build_samples,
     rollout_metrics,
-    update_metrics,
-    update_step_metrics,
 )
-from trainer.run.rank_batch import RankBatch, gather_rows, rank_batch, whole_metrics
+from trainer.run.rank_batch import gather_rows, rank_batch, rank_figures, rank_update_metrics
 from trainer.run.rank_callbacks import rank_callbacks
 from trainer.run.setup import (
     DEFAULT_SAMPLE_GROUPS,
@@ -49,9 +48,8 @@ from trainer.run.setup import (
 from trainer.scoring.collect import Collected, collect_groups
 from trainer.scoring.rewards import RewardFn, Scorer
 from trainer.spec import JobSpec
-from trainer.update.passes import PreUpdate, UpdateInputs, UpdateStats, run_updates
+from trainer.update.passes import UpdateInputs, run_updates
 from trainer.update.phases import (
-    Scored,
     advantages_by_group,
     compute_advantages,
     has_signal,
@@ -286,6 +284,7 @@ class _Run:
         ):
             metrics["eval/accuracy"] = self._evaluate(step)
         metrics["time/step"] = time.perf_counter() - started
+        metrics.update(rank_figures(s.world, metrics["time/step"], s.device))
         clean = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
         return clean, col.stop_requested
 
@@ -373,18 +372,8 @@ class _Run:
         if applied and s.mirror is not None:
             s.mirror.mark_stale()
         metrics["time/weight_sync"] = self._wake_engine(applied or level == 2)
-        metrics.update(self._update_metrics(rb, stats, adv, scored, pre))
+        metrics.update(rank_update_metrics(s.world, rb, stats, adv, scored, pre, spec))
         return advantages_by_group(adv, len(rb.kept), spec.group_size), True
-
-    def _update_metrics(
-        self, rb: RankBatch, stats: UpdateStats, adv: Tensor, scored: Scored, pre: PreUpdate | None
-    ) -> dict[str, float]:
-        """The update's metrics over the whole batch (this rank's token-level ones averaged
-        with its peers')."""
-        local = update_step_metrics(stats, adv, rb.batch, scored, pre, self.spec)
-        exact = set(update_metrics(stats, adv))
-        weight = float(rb.batch.mask.sum())
-        return whole_metrics(self.setup.world, local, weight, exact=exact)
 
     def _no_update(
         self, adv: Tensor, groups: int, metrics: dict[str, float], *, engine_level: int | None
@@ -398,30 +387,11 @@ class _Run:
         return advantages_by_group(adv, groups, self.spec.group_size), False
 
     def _wake_engine(self, must_sync: bool) -> float:
-        """Wake a sleeping engine and, when ``must_sync``, sync the policy's weights into it;
-        the sync's seconds (0 without one)."""
-        assert self.engine is not None
-        wake = getattr(self.engine, "wake", None)
-        if callable(wake):
-            wake()
-        if not must_sync:
-            return 0.0
-        s = self.setup
-        if s.mirror is None:
-            return self.engine.sync_weights(s.model)
-        # Every rank gathers the whole weights before any talks to its engine (weights.py).
-        clock = time.perf_counter()
-        s.mirror.ensure_fresh(s.model)
-        return time.perf_counter() - clock + self.engine.sync_weights(s.mirror.model)
+        assert self.started is not None
+        return wake_engine(self.setup, self.started, must_sync)
 
     def _engine_sleeps(self) -> int | None:
-        """Put a sleep-capable engine (vLLM on a GPU) to sleep for the update; its level."""
-        plan = self.started.colocation if self.started is not None else None
-        sleep = getattr(self.engine, "sleep", None)
-        if plan is None or plan.sleep_level is None or not callable(sleep):
-            return None
-        sleep(plan.sleep_level)
-        return plan.sleep_level
+        return sleep_engine(self.started) if self.started is not None else None
 
     def _evaluate(self, step: int) -> float:
         assert self.engine is not None

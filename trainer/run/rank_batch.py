@@ -12,18 +12,28 @@ log-probabilities, is gathered.
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from trainer.distributed.world import World
+from trainer.run.metrics import update_metrics, update_step_metrics
 from trainer.scoring.collect import Group
 from trainer.spec import GRPOSpec
-from trainer.update.phases import pack_groups
+from trainer.update.passes import PreUpdate, UpdateStats
+from trainer.update.phases import Scored, pack_groups
 from trainer.update.step import Batch
 
-__all__ = ["RankBatch", "rank_batch", "whole_metrics"]
+__all__ = [
+    "RankBatch",
+    "gather_rows",
+    "rank_batch",
+    "rank_figures",
+    "rank_update_metrics",
+    "whole_metrics",
+]
 
 
 @dataclass
@@ -63,6 +73,22 @@ def gather_rows(world: World, mine: Tensor, phase: str) -> Tensor:
     return torch.cat(parts).to(mine.device)
 
 
+def rank_update_metrics(
+    world: World,
+    rb: RankBatch,
+    stats: UpdateStats,
+    adv: Tensor,
+    scored: Scored,
+    pre: PreUpdate | None,
+    spec: GRPOSpec,
+) -> dict[str, float]:
+    """The update's metrics over the whole batch: this rank's token-level ones averaged with
+    its peers' (``adv`` is the whole batch's advantages; ``stats`` are summed already)."""
+    local = update_step_metrics(stats, adv, rb.batch, scored, pre, spec)
+    exact = set(update_metrics(stats, adv))
+    return whole_metrics(world, local, float(rb.batch.mask.sum()), exact=exact)
+
+
 def whole_metrics(
     world: World, metrics: dict[str, float], weight: float, *, exact: set[str]
 ) -> dict[str, float]:
@@ -83,4 +109,21 @@ def whole_metrics(
             out[name] = max(v for v, _ in values)
         elif total > 0:
             out[name] = sum(v * w for v, w in values) / total
+    return out
+
+
+def rank_figures(world: World, step_seconds: float, device: torch.device) -> dict[str, float]:
+    """Each rank's step time and peak memory (``rank/<r>/time_step``,
+    ``rank/<r>/peak_memory_gib``: the device's peak allocation on CUDA, the process's peak
+    resident size elsewhere); nothing on a single rank."""
+    if not world.distributed:
+        return {}
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    out: dict[str, float] = {}
+    for rank, (seconds, gib) in enumerate(world.gather_objects((step_seconds, peak), "metrics")):
+        out[f"rank/{rank}/time_step"] = float(seconds)
+        out[f"rank/{rank}/peak_memory_gib"] = float(gib)
     return out

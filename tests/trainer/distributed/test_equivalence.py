@@ -59,8 +59,11 @@ def two_device_spec(**top: Any) -> JobSpec:
     return JobSpec.model_validate(data)
 
 
-def run_two_ranks(spec: JobSpec, out: Path, timeout: float = 600) -> dict[str, Any]:
-    """torchrun 2 ranks of ``spec``; rank 0's on_step metrics."""
+def run_two_ranks(
+    spec: JobSpec, out: Path, *, resume_from: Path | None = None, timeout: float = 600
+) -> dict[str, Any]:
+    """torchrun 2 ranks of ``spec`` (resumed from a checkpoint folder when given); rank 0's
+    on_step metrics by step."""
     out.mkdir(parents=True, exist_ok=True)
     spec_file = out / "spec.json"
     spec_file.write_text(spec.model_dump_json())
@@ -69,6 +72,7 @@ def run_two_ranks(spec: JobSpec, out: Path, timeout: float = 600) -> dict[str, A
         [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", "2", str(HERE / "rank_job.py"), str(spec_file), str(out),
+            *([str(resume_from)] if resume_from is not None else []),
         ],
         env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
