@@ -304,6 +304,11 @@ def completion_logprobs(
         if with_entropy
         else None
     )
+    if isinstance(model, FSDPModule) and not torch.is_grad_enabled():
+        # FSDP keeps the root's weights gathered after its forward, for a backward that a
+        # scoring pass never runs; left so, the next forward with gradients registers no
+        # reduction for them and their gradients are not summed over the ranks.
+        model.reshard()
     return logprobs, entropy
 
 

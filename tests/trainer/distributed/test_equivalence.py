@@ -32,7 +32,7 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(previous)
 
 
-def two_device_spec(**top: Any) -> JobSpec:
+def two_device_spec(grpo: dict[str, Any] | None = None, **top: Any) -> JobSpec:
     data: dict[str, Any] = {
         "model": "tiny-random-llama",
         "dataset": {"rows": [{"prompt": f"say {w}"} for w in "abcdefgh"]},
@@ -49,6 +49,7 @@ def two_device_spec(**top: Any) -> JobSpec:
             "learning_rate": 1e-4,
             "micro_batch_size": 4,
             "kl": {"estimator": "k3", "beta": 0.04, "placement": "loss"},
+            **(grpo or {}),
         },
         "rollout": {"engine": "transformers"},
         "resources": {"devices": 2},
@@ -144,3 +145,18 @@ def test_two_ranks_with_lora_train_what_one_process_trains(tmp_path: Path) -> No
 
 def test_two_ranks_with_vllm_engines_train_what_one_process_trains(tmp_path: Path) -> None:
     assert_same_training(two_device_spec(rollout={"engine": "vllm", "dtype": "float32"}), tmp_path)
+
+
+def test_two_ranks_with_dynamic_sampling_and_kl_in_the_reward_train_what_one_process_trains(
+    tmp_path: Path,
+) -> None:
+    # Dynamic sampling: rounds decided on every rank's groups (gathered), kept groups cut to a
+    # multiple of the devices. KL in the reward: the penalty needs each rank's logprobs,
+    # gathered before the advantages.
+    spec = two_device_spec(
+        grpo={
+            "dynamic_sampling": {"enabled": True, "max_rounds": 3},
+            "kl": {"estimator": "k1", "beta": 0.04, "placement": "reward"},
+        }
+    )
+    assert_same_training(spec, tmp_path)
