@@ -26,9 +26,11 @@ class Mirror:
     """An unsharded copy of the policy on this rank (the same module structure, LoRA wrappers
     included), kept equal to the sharded policy by :meth:`refresh`."""
 
-    def __init__(self, policy: nn.Module, world: World) -> None:
-        """Copy ``policy`` BEFORE it is sharded."""
-        self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+    def __init__(self, policy: nn.Module, world: World, device: torch.device) -> None:
+        """Copy ``policy`` BEFORE it is sharded, onto ``device``: the host for an engine that
+        loads its weights from tensors handed to it (vLLM), so that the copy costs no device
+        memory; the policy's device for one that generates with the module itself."""
+        self.model = copy.deepcopy(policy).to(device).eval().requires_grad_(False)
         self.world = world
         self.fresh = True
 

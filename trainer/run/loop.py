@@ -139,7 +139,7 @@ class _Run:
         output_dir: Path,
         device: torch.device,
         given: Given,
-        world: World,
+        world: World | None = None,
     ) -> None:
         self.setup = prepare_run(config, callbacks, output_dir, device, given, world)
         self.config = config

@@ -48,6 +48,7 @@ from trainer.rollout.startup import StartedEngine, start_engine
 from trainer.run.callbacks import Callbacks, RunInfo
 from trainer.scoring.rewards import RewardFn, Scorer, resolve_scorer
 from trainer.spec import JobSpec
+from trainer.spec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.update.optim import build_optimizer
 from trainer.update.passes import NonFiniteGuard
 from trainer.update.step import make_scheduler
@@ -153,7 +154,9 @@ def prepare_run(
     prompts = _encode_prompts(config, callbacks, tok, train_rows, eval_rows)
     sampler = PromptSampler(len(prompts.train_rows), seed=config.seed, shuffle=ds.shuffle)
     reference = _reference(config, policy.model)
-    mirror = _shard(world, device, policy.model, reference) if world.distributed else None
+    mirror = None
+    if world.distributed:
+        mirror = _shard(world, device, policy.model, reference, _mirror_device(config, device))
     optimizer = build_optimizer(policy.model, config.grpo)
     scheduler = make_scheduler(optimizer, config.grpo)
     guard = NonFiniteGuard(callbacks.on_event)
@@ -187,12 +190,23 @@ def prepare_run(
     )
 
 
+def _mirror_device(config: JobSpec, device: torch.device) -> torch.device:
+    """Where the unsharded mirror lives: the host when the engine loads weights it is handed
+    (it keeps its own copy on the device), else the device it generates on."""
+    loads = ROLLOUT_ENGINE_TRAITS[config.rollout.engine].loads_folder
+    return torch.device("cpu") if loads else device
+
+
 def _shard(
-    world: World, device: torch.device, policy: nn.Module, reference: Reference | None
+    world: World,
+    device: torch.device,
+    policy: nn.Module,
+    reference: Reference | None,
+    mirror_device: torch.device,
 ) -> Mirror:
     """Take the policy's unsharded mirror, then shard the policy and a separate reference
     over the world's ranks (a LoRA reference is the policy itself)."""
-    mirror = Mirror(policy, world)
+    mirror = Mirror(policy, world, mirror_device)
     mesh = mesh_for(world, device.type)
     shard_model(policy, mesh)
     if reference is not None and not reference.shares_policy:
