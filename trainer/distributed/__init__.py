@@ -10,8 +10,11 @@ What it owns:
   summed rather than averaged over ranks (the loss is already normalised by the global count).
 - ``weights``: every parameter gathered whole, one tensor at a time and in the same order on
   every rank, for the rank's own rollout engine and for checkpoints.
-- ``launch``: N ranks started through torchrun's elastic agent, shared by the worker and
-  ``grpo train --nproc``; only rank 0 relays the run's callbacks to the process that started it.
+
+Starting the ranks is not in here: :mod:`trainer.run.launch` (torchrun's elastic agent, shared
+by the worker and ``grpo train --nproc``; only rank 0 relays the run's callbacks, through
+:mod:`trainer.run.relay`, to the process that started it) wraps a whole run of the loop, and
+the loop imports this package, so the launcher sits above both, in ``trainer.run``.
 
 The rest of the trainer sees only a :class:`~trainer.distributed.world.World` (a single-rank one
 when nothing is distributed), so a one-device run takes no path of this package but ``world``.
