@@ -50,3 +50,11 @@ class LoraTargetNotSupported(TrainerError):
     message names the module."""
 
     reason = "lora_target_not_supported"
+
+
+class RankFailed(TrainerError):
+    """A rank of a job on several devices died or exited with an error before rank 0 reported
+    the run's end (killed, out of memory, a crash); the message names the exit code and, when
+    torchrun's report says, the rank. The job can resume from its last checkpoint."""
+
+    reason = "rank_failed"

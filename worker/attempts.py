@@ -4,7 +4,9 @@
 - `end_attempt`: to a final state (or back to the queue through a failure), fenced by the attempt;
 - `pause`: paused, the lease released and the attempt not counted against the job;
 - `release`: handed back to the queue without spending an attempt (paused instead when the job
-  is being paused).
+  is being paused);
+- `retry`: handed back to the queue after a failure another attempt may not meet (a rank of a
+  job on several devices died), spending the attempt; failed once the attempts are used up.
 """
 
 from __future__ import annotations
@@ -99,3 +101,57 @@ def release(
     if pausing:
         return pause(sessions, job_id, attempt, f"{message.split(';')[0]} while pausing; paused")
     return _hand_back(sessions, job_id, attempt, JobStatus.QUEUED, message, dispatcher)
+
+
+def retry(
+    sessions: sessionmaker[Session],
+    dispatcher: Dispatcher,
+    job_id: str,
+    attempt: int,
+    reason: str,
+    message: str,
+) -> str:
+    """End an attempt that failed for `reason`, one of `worker.stop_reasons.RETRYABLE_REASONS`:
+    back to the queue (re-sent once committed; the next claim resumes from the last
+    checkpoint), the attempt counted against `max_attempts`, as the reaper does for a lost
+    worker. With no attempt left the job fails with `reason` and `message`. A job being
+    cancelled is cancelled and one being paused is paused, as its owner asked (its last
+    checkpoint stays). Returns the outcome: requeued, failed, cancelled, paused, or
+    lease_lost when the attempt no longer holds the lease."""
+    try:
+        with session_scope(sessions) as session:
+            job = jobs_repo.get(session, job_id=job_id)
+            if job is None:
+                return "lease_lost"
+            status, max_attempts, queue = JobStatus(job.status), job.max_attempts, job.queue
+            why = f"{reason}: {message}"
+            if status == JobStatus.CANCELLING:
+                transitions.transition(
+                    session, job_id, JobStatus.CANCELLED, attempt=attempt,
+                    message=f"{why}; cancelled as asked",
+                )  # fmt: skip
+                return "cancelled"
+            if status == JobStatus.PAUSING:
+                transitions.transition(
+                    session, job_id, JobStatus.PAUSED, attempt=attempt,
+                    message=f"{why}; paused at its last checkpoint as asked",
+                    values={"lease_owner": None, "max_attempts": max_attempts + 1},
+                )  # fmt: skip
+                return "paused"
+            if attempt >= max_attempts:
+                transitions.transition(
+                    session, job_id, JobStatus.FAILED, attempt=attempt, error_code=reason,
+                    message=f"{message} (attempt {attempt} of {max_attempts}; none left)",
+                )  # fmt: skip
+                return "failed"
+            transitions.transition(
+                session, job_id, JobStatus.QUEUED, attempt=attempt, level="warning",
+                message=f"{why}; re-queued to resume from its last checkpoint "
+                f"(attempt {attempt} of {max_attempts})",
+                values={"lease_owner": None},
+            )  # fmt: skip
+            send_after_commit(session, dispatcher, job_id=job_id, queue=queue)
+            return "requeued"
+    except IllegalTransition as exc:
+        log.warning("job %s could not be retried after %s: %s", job_id, reason, exc)
+        return "lease_lost"

@@ -9,6 +9,9 @@ Outcomes, each a fenced state change:
 - SIGTERM to the worker         -> back to queued, re-sent, resumed by the next worker
 - trainer error                 -> failed with the trainer's reason code (any other error:
                                    failed as `trainer_error`, details only in the worker log)
+- a rank died, or a collective   -> back to queued, the attempt counted, resumed from the last
+  of the ranks timed out (worker.  checkpoint; failed with the reason once max_attempts are
+  stop_reasons.RETRYABLE_REASONS)  used (worker.attempts.retry)
 - model outside the model roots -> failed as `model_not_allowed`, before any model is read
   (likewise a Hub repo id the operator does not allow)
 - Hub model not in the cache    -> failed as `model_not_cached`, naming the model and how the
@@ -23,12 +26,15 @@ A trainer that does not stop within `stop_grace_seconds` of a cancel, pause or S
 heartbeat process instead (`worker.heartbeat`), which then kills this process.
 
 The trainer is a parameter (`Train`): the worker passes nothing and gets `trainer.run.loop.train`,
-imported only when a job really runs (it pulls in torch); tests pass plain functions.
+imported only when a job really runs (it pulls in torch), or for a job on several devices
+(`resources.devices`) the launcher of its ranks (`trainer.run.launch`); tests pass plain
+functions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import secrets
 from pathlib import Path
@@ -47,13 +53,13 @@ from trainer.errors import ModelNotAllowed, TrainerError
 from trainer.models.paths import allowed_dataset_folder, dataset_refusal
 from trainer.run.callbacks import Callbacks
 from trainer.spec import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
-from worker.attempts import end_attempt, pause, release
+from worker.attempts import end_attempt, pause, release, retry
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.progress import DatabaseCallbacks, LeaseLost
 from worker.retry import with_db_retry
 from worker.settings import WorkerSettings
-from worker.stop_reasons import EXPORT_OUTCOMES
+from worker.stop_reasons import EXPORT_OUTCOMES, RETRYABLE_REASONS
 from worker.trackers import Exports, Outcome, start_exports
 
 log = logging.getLogger(__name__)
@@ -86,8 +92,16 @@ class Train(Protocol):
     ) -> TrainOutcome: ...
 
 
-def load_trainer() -> Train:
-    """The real trainer; torch is imported only once a job really runs."""
+def load_trainer(devices: int = 1) -> Train:
+    """The real trainer of a job on `devices` devices: `train` in this process for one, else
+    its ranks under torchrun; torch is imported only once a job really runs."""
+    if devices > 1:
+        # torchrun's agent starts one rank per device; rank 0 relays the callbacks to this
+        # process, where they run as for `train`. The lease stays here, and the agent and the
+        # ranks die with this process.
+        from trainer.run.launch import launch_ranks
+
+        return functools.partial(launch_ranks, nproc=devices)
     from trainer.run.loop import train
 
     return train
@@ -254,7 +268,7 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
                 what=f"job {job_id}: reading its spec and checkpoints",
             )
             callbacks.retention = spec.checkpoint  # the worker applies it, not the trainer
-            run = train or load_trainer()
+            run = train or load_trainer(spec.resources.devices)
             result = run(
                 spec,
                 callbacks,
@@ -314,6 +328,8 @@ def _start_exports(settings: WorkerSettings, job_id: str, job: Job) -> Exports:
 def _export_outcome(callbacks: DatabaseCallbacks, error: Exception | None, lost: bool) -> Outcome:
     if lost or isinstance(error, LeaseLost):
         return "stopped"  # another attempt owns the job, and the run
+    if _retryable(error) is not None:
+        return "stopped"  # another attempt may continue the run
     if error is not None:
         return "failed"
     if callbacks.stop_reason is not None:
@@ -342,10 +358,24 @@ def _close_exports(callbacks: DatabaseCallbacks, outcome: Outcome, timeout: floa
         callbacks.report_exports(reports)
 
 
+def _retryable(error: Exception | None) -> TrainerError | None:
+    """`error` when another attempt may not meet it (a rank died), else None."""
+    if isinstance(error, TrainerError) and error.reason in RETRYABLE_REASONS:
+        return error
+    return None
+
+
 def _fail(ctx: WorkerContext, job_id: str, attempt: int, error: Exception) -> str:
     """End the attempt as failed. A TrainerError's message is ours and meant for the user; any
     other error may carry server paths or internals, so the user gets a reference and the
-    worker log gets the traceback under the same reference."""
+    worker log gets the traceback under the same reference. A retryable reason (a rank died)
+    hands the job back to the queue instead while it has attempts left."""
+    if (again := _retryable(error)) is not None:
+        log.warning("job %s attempt %s: %s (%s)", job_id, attempt, again.reason, again)
+        message = str(again)[:4000]
+        outcome = retry(ctx.sessions, ctx.dispatcher, job_id, attempt, again.reason, message)
+        ctx.tail.notify(job_id, "status")
+        return outcome
     if isinstance(error, TrainerError):
         message, code = str(error)[:4000], error.reason
     else:

@@ -1,14 +1,15 @@
 """Why a run stops before its last step, declared once: the trainer's callbacks set one between
 steps (:meth:`worker.progress.DatabaseCallbacks.should_stop`, from the lease's signals) and the
-runner ends the attempt by it (:func:`worker.runner.run_job`)."""
+runner ends the attempt by it (:func:`worker.runner.run_job`). Also declared here: the failure
+reasons after which the job is tried again rather than failed (:data:`RETRYABLE_REASONS`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from worker.trackers import Outcome
 
-__all__ = ["EXPORT_OUTCOMES", "StopReason"]
+__all__ = ["EXPORT_OUTCOMES", "RETRYABLE_REASONS", "RetryableReason", "StopReason"]
 
 # lease_lost: another attempt owns the job (this one writes nothing more); cancelled, paused:
 # asked through the API; shutdown: this worker is stopping (SIGTERM), the job goes back to the
@@ -22,3 +23,12 @@ EXPORT_OUTCOMES: dict[StopReason, Outcome] = {
     "paused": "stopped",
     "shutdown": "stopped",
 }
+
+# Trainer failure reasons (TrainerError.reason) of a job on several devices that say nothing
+# about the job itself: a rank died (killed, out of memory; trainer.errors.RankFailed) or a
+# collective of the ranks failed or timed out (trainer.distributed.world.DistributedTimeout).
+# The attempt goes back to the queue, counted against max_attempts, and the next one resumes
+# from the last checkpoint (worker.attempts.retry); a job that fails so every time ends failed
+# with the reason once its attempts are used up.
+RetryableReason = Literal["rank_failed", "distributed_timeout"]
+RETRYABLE_REASONS: frozenset[str] = frozenset(get_args(RetryableReason))

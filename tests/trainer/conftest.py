@@ -25,6 +25,9 @@ MODEL_RUNS = (
     "test_lora.py::test_a_lora_job_resumes_exactly",
     "test_lora.py::test_grpo_export_merges_a_lora_checkpoint",
     "test_precision.py::test_a_bfloat16_job_learns_with_float32_master_weights",
+    "test_launch.py",
+    "test_cli.py::test_two_ranks_train_from_the_command_line",
+    "test_cli.py::test_ctrl_c_stops_two_ranks_at_a_step_with_a_checkpoint",
 )
 # Tests that start processes of their own (spawned grader workers, a memory probe subprocess):
 # marker `process`, also left out of `make test-fast`.
@@ -36,6 +39,10 @@ PROCESS_RUNS = (
     "test_graders.py::test_a_hanging_grader_is_cut_off_at_its_time_limit",
     "test_graders.py::test_the_batch_budget_bounds_a_grader_that_always_hangs",
     "test_graders.py::test_isolated_workers_share_a_batch_and_are_reused_then_closed",
+    # torchrun's agent and its ranks (trainer.run.launch)
+    "test_launch.py",
+    "test_cli.py::test_two_ranks_train_from_the_command_line",
+    "test_cli.py::test_ctrl_c_stops_two_ranks_at_a_step_with_a_checkpoint",
 )
 
 

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +122,67 @@ def test_smollm2_recipe_graders_on_typical_answers() -> None:
     assert per["numeric"] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert per["ends_with_number"] == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]  # last: ends with 3
     assert totals == pytest.approx([1.1, 1.1, 1.1, 0.1, 0.0, 0.1])
+
+
+def test_nproc_below_one_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(RECIPES / "tiny-smoke.yaml"), "--nproc", "0"]) == 2
+    assert "--nproc must be at least 1" in capsys.readouterr().err
+
+
+def test_two_ranks_train_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The recipe's vllm engine works in ranks too (two engines; minutes on 2 busy cores): the
+    # transformers engine keeps this one quick.
+    out = tmp_path / "run"
+    code = main([
+        str(RECIPES / "tiny-smoke.yaml"), "--steps", "2", "--nproc", "2", "--output-dir",
+        str(out), "--threads", "1", "--engine", "transformers", "--no-progress",
+    ])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    final = out / "checkpoint-000002"
+    assert f"finished step 2; checkpoint: {final}" in captured.out
+    assert "checkpoint of step 2" in captured.err  # rank 0's, through the console callbacks
+    assert latest_checkpoint(out) == final
+
+
+def test_ctrl_c_stops_two_ranks_at_a_step_with_a_checkpoint(tmp_path: Path) -> None:
+    """Ctrl-C at a terminal signals the whole foreground process group: here, the command
+    alone (the agent runs in a session of its own). Its stop request reaches rank 0 through
+    should_stop, and the run ends at a step with a checkpoint."""
+    from tests.conftest import wait_until
+    from tests.trainer.ranks_support import processes_mentioning
+
+    out = tmp_path / "run"
+    log_path = tmp_path / "grpo.log"
+    root = RECIPES.parent
+    with log_path.open("wb") as log:
+        command = subprocess.Popen(
+            [sys.executable, "-m", "grpo_cli", "train", str(RECIPES / "tiny-smoke.yaml"),
+             "--steps", "200", "--nproc", "2", "--output-dir", str(out), "--threads", "1",
+             "--engine", "transformers", "--no-progress"],
+            cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            # The recipe checkpoints every 5 steps: step 5 is done, rank 0 is mid-run.
+            wait_until(
+                lambda: "checkpoint of step 5" in log_path.read_text(errors="replace"),
+                300,
+                "the checkpoint of step 5",
+            )
+            os.killpg(command.pid, signal.SIGINT)
+            code = command.wait(120)
+        finally:
+            if command.poll() is None:
+                os.killpg(command.pid, signal.SIGKILL)
+                command.wait(10)
+    output = log_path.read_text(errors="replace")
+    assert code == 0, output[-3000:]
+    stopped = re.search(r"stopped early at step (\d+); checkpoint: (\S+)", output)
+    assert stopped is not None, output[-3000:]
+    step = int(stopped[1])
+    assert 5 <= step < 200
+    assert Path(stopped[2]) == out / f"checkpoint-{step:06d}" == latest_checkpoint(out)
+    assert processes_mentioning(str(out)) == []

@@ -13,7 +13,7 @@ What it owns:
 
 The step driver (``trainer.run``) uses these; what starts the ranks and relays rank 0's
 callbacks to the process that started them sits with the other drivers, in ``trainer.run``
-(``launch``, ``rank_callbacks``), since it calls the loop and this package must not. A
+(``launch``, ``relay``, ``rank_main``, ``rank_callbacks``), since it calls the loop and this package must not. A
 one-device run sees only a single-rank :class:`~trainer.distributed.world.World`, whose
 collectives return their input. See docs/scaling.md.
 """

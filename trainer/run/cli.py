@@ -7,6 +7,7 @@ reason code is printed), 2 the recipe or the arguments are invalid.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -14,12 +15,16 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import yaml
 from pydantic import ValidationError
 
 from trainer.spec import JobSpec, RolloutEngineName
+
+if TYPE_CHECKING:
+    from trainer.run.callbacks import ConsoleCallbacks
+    from trainer.run.loop import TrainResult
 
 __all__ = ["build_parser", "load_recipe", "main"]
 
@@ -62,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="CPU threads for torch (default: torch's choice). 1 is much faster for the tiny "
         "model, and on a machine whose cores are busy with other work",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="ranks (devices) to train on, started through torchrun; rank 0 reports here and "
+        "Ctrl-C reaches it as a stop request (default 1: in this process)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -122,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads is not None and args.threads < 1:
         print("error: --threads must be at least 1", file=sys.stderr)
         return EXIT_USAGE
+    if args.nproc < 1:
+        print("error: --nproc must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads is not None:
         # Before torch (and vLLM, which binds its OpenMP threads at start) are imported.
@@ -132,7 +147,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainer.checkpoint.store import latest_checkpoint
     from trainer.errors import TrainerError
     from trainer.run.callbacks import ConsoleCallbacks
-    from trainer.run.loop import train
 
     resume: Path | None = None
     if args.resume == "latest":
@@ -159,9 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _on_sigint) if in_main else None
     try:
-        result = train(
-            config, console, output_dir=output_dir, resume_from=resume, device=args.device
-        )
+        result = _run(config, console, args.nproc, output_dir, resume, args.device)
     except TrainerError as exc:
         print(f"error: training failed ({exc.reason}): {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -172,6 +184,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = "stopped early at" if result.stopped_early else "finished"
     print(f"{state} step {result.final_step}; checkpoint: {result.checkpoint_path}")
     return EXIT_OK
+
+
+def _run(
+    config: JobSpec,
+    console: ConsoleCallbacks,
+    nproc: int,
+    output_dir: Path,
+    resume: Path | None,
+    device: str,
+) -> TrainResult:
+    """The run: in this process for one rank, else ``nproc`` ranks under torchrun whose output
+    (the ranks' own logs, torchrun's report) is printed above the progress bar."""
+    if nproc == 1:
+        from trainer.run.loop import train
+
+        return train(config, console, output_dir=output_dir, resume_from=resume, device=device)
+    from trainer.run.launch import launch_ranks
+
+    launch_log = logging.getLogger("trainer.run.launch")
+    handler = _TqdmHandler()
+    launch_log.addHandler(handler)
+    launch_log.setLevel(logging.INFO)
+    try:
+        return launch_ranks(
+            config, console, nproc=nproc, output_dir=output_dir, resume_from=resume, device=device
+        )
+    finally:
+        launch_log.removeHandler(handler)
+
+
+class _TqdmHandler(logging.Handler):
+    """Log lines written above the progress bar rather than through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(self.format(record), file=sys.stderr)
 
 
 if __name__ == "__main__":
