@@ -40,6 +40,7 @@ SETTINGS: dict[str, Any] = {
     "rate_limit_per_minute": 100_000,
     "rate_limit_burst": 10_000,
     "max_active_jobs_per_project": 1_000,
+    "max_active_devices_per_project": 1_000,
 }
 
 

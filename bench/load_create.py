@@ -65,6 +65,7 @@ UNLIMITED = {
     "rate_limit_per_minute": 10_000_000,
     "rate_limit_burst": 1_000_000,
     "max_active_jobs_per_project": 10_000_000,
+    "max_active_devices_per_project": 10_000_000,
 }
 
 

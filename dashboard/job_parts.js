@@ -78,7 +78,7 @@ export function headerPart(id, { act, restore }) {
   return { el, render };
 }
 
-/** The progress bar and the job's figures: ETA, elapsed time, last reward, heartbeat, attempt. */
+/** The progress bar and the job's figures: ETA, elapsed time, last reward, heartbeat, attempt, devices. */
 export function progressPart() {
   const el = h("div", { class: "card progress", id: "job-progress" });
   function render(job) {
@@ -94,6 +94,7 @@ export function progressPart() {
         stat("Reward (last step)", fmtNum(p.last_metrics?.["reward/mean"])),
         stat("Heartbeat", p.heartbeat_age_s == null ? "–" : `${fmtDuration(p.heartbeat_age_s)} ago`),
         stat("Attempt", `${job.attempt} of ${job.max_attempts}`),
+        stat("Devices", String(job.devices ?? 1)),
         stat("Finished", fmtTime(job.finished_at))),
       job.error ? h("p", { class: "error" }, `${job.error.code}: ${job.error.message || ""}`) : "");
   }

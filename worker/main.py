@@ -11,10 +11,20 @@ from worker.maintenance import MaintenanceThread
 from worker.settings import WorkerSettings, build_worker_settings
 from worker.webhooks import WebhookThread
 
+log = logging.getLogger(__name__)
+
 
 def run_worker(settings: WorkerSettings | None = None, loglevel: str = "INFO") -> None:
     settings = settings or build_worker_settings()
     logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The size class, found once (it may ask torch for the CUDA devices) and kept in the
+    # settings every part of this worker reads.
+    settings = settings.model_copy(update={"worker_devices": settings.devices()})
+    queue, devices = settings.consumed_queue, settings.devices()
+    log.info(
+        "worker %s: %d device(s) (%s), consuming queue %r: jobs of %d device(s) only",
+        *(settings.worker_name, devices, settings.device, queue, devices),
+    )
     ctx = build_context(settings)
     celery = create_celery(ctx)
     maintenance = MaintenanceThread(ctx)
@@ -29,7 +39,7 @@ def run_worker(settings: WorkerSettings | None = None, loglevel: str = "INFO") -
                 "worker",
                 "--pool=solo",
                 "--concurrency=1",
-                f"--queues={settings.queue_name}",
+                f"--queues={queue}",
                 f"--hostname={settings.worker_name}@%h",
                 "--without-gossip",
                 "--without-mingle",

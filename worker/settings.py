@@ -9,7 +9,9 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from app.core.queue import queue_for
 from app.core.settings import Settings
+from trainer.spec.resources import MAX_DEVICES
 
 
 def _default_name() -> str:
@@ -21,6 +23,16 @@ class WorkerSettings(Settings):
 
     worker_name: str = Field(default_factory=_default_name, description="Lease owner name.")
     device: str = Field(default="cpu", description="Torch device the trainer uses.")
+    worker_devices: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_DEVICES,
+        description=(
+            "Devices this worker trains on, its size class: it consumes only the queue of "
+            "jobs of exactly that many (app.core.queue.queue_for). Unset: the CUDA devices it "
+            "sees when `device` is cuda (and CUDA is available), else 1; see `devices()`."
+        ),
+    )
     maintenance_seconds: float = Field(
         default=10.0, gt=0, description="How often the reaper and the re-dispatch sweep run."
     )
@@ -117,8 +129,31 @@ class WorkerSettings(Settings):
     def resolved_wandb_dir(self) -> Path:
         return (self.wandb_dir or self.data_dir / "wandb").resolve()
 
+    def devices(self) -> int:
+        """`worker_devices`, or when unset the devices found for `device` (`detected_devices`,
+        which may import torch: call it at start-up, not at import)."""
+        return self.worker_devices or detected_devices(self.device)
+
+    @property
+    def consumed_queue(self) -> str:
+        """The one queue this worker takes jobs from: its size class's."""
+        return queue_for(self.queue_name, self.devices())
+
+
+def detected_devices(device: str) -> int:
+    """The CUDA devices torch sees (after CUDA_VISIBLE_DEVICES) for the device `cuda`, and 1
+    for anything else: a CPU, one named device (`cuda:1`), or CUDA that is not available."""
+    if device != "cuda":
+        return 1
+    import torch  # only here: settings import no torch, and a CPU worker never loads it
+
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
 
 def build_worker_settings(**overrides: object) -> WorkerSettings:
+    """Read the worker's settings from the environment (GRPO_*), explicit overrides winning.
+    The device count is not detected here (`WorkerSettings.devices`): the worker resolves it
+    once at start-up (worker.main)."""
     settings = WorkerSettings(**overrides)  # type: ignore[arg-type]
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     return settings

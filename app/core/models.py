@@ -85,6 +85,9 @@ class Job(Base):
     # The queue the job was sent to; every re-send (sweep, reaper, hand-over) goes back to it,
     # so a CPU worker's sweep never moves a GPU job onto the CPU queue.
     queue: Mapped[str] = mapped_column(String(200), default="grpo-jobs")
+    # The spec's resources.devices, as a column so a project's device quota is one SUM
+    # (app.jobs.quota); the queue above is that size class's (app.core.queue.queue_for).
+    devices: Mapped[int] = mapped_column(Integer, default=1, server_default=literal_column("1"))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
@@ -124,7 +127,7 @@ def is_active(status: SQLColumnExpression[str]) -> ColumnElement[bool]:
 
 
 # A project's active jobs alone, with what the dispatch count needs: the quota count under the
-# project's lock (app.jobs.service.check_active_jobs) reads this index only, not every job the
+# project's lock (app.jobs.quota.check_active_jobs) reads this index only, not every job the
 # project ever had (BENCHMARKS.md, "API: job creation under load"); the queries meant to use it
 # filter with the same `is_active`.
 Index(

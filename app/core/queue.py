@@ -16,6 +16,17 @@ log = logging.getLogger(__name__)
 RUN_JOB_TASK = "worker.run_job"
 
 
+def queue_for(base: str, devices: int) -> str:
+    """The queue of a size class: the jobs that train on `devices` devices, and the workers
+    that have that many. One device is the base queue itself (`GRPO_QUEUE_NAME`); N > 1 is
+    `<base>-<N>dev`. The API sends a job to the queue of its `resources.devices`, a worker
+    consumes the queue of its `GRPO_WORKER_DEVICES` and nothing else, and every re-send goes
+    back to the queue recorded on the job (`jobs.queue`), so this rule is declared here once."""
+    if devices < 1:
+        raise ValueError(f"a size class has at least one device, not {devices}")
+    return base if devices == 1 else f"{base}-{devices}dev"
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings shared by producer (API) and consumer (worker)."""
     broker = settings.resolved_broker_url

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer.models.paths import hub_allowlist, hub_model_refusal
 from trainer.spec.integrations import IntegrationSpecUnion, integration_refusal, normalized_uri
+from trainer.spec.resources import MAX_DEVICES
 
 
 class Settings(BaseSettings):
@@ -34,7 +35,13 @@ class Settings(BaseSettings):
         default=None,
         description="Redis for live metric streams; default: the broker when it is Redis.",
     )
-    queue_name: str = Field(default="grpo-jobs", description="Celery queue the jobs go to.")
+    queue_name: str = Field(
+        default="grpo-jobs",
+        description=(
+            "Celery queue of one-device jobs; a job of N > 1 devices goes to `<queue>-<N>dev` "
+            "(app.core.queue.queue_for), the queue its workers of N devices consume."
+        ),
+    )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, description="Requests with a larger body get 413."
     )
@@ -82,6 +89,16 @@ class Settings(BaseSettings):
     )
     max_total_tokens: int = Field(
         default=10**11, ge=1, description="Most tokens over a whole job (per step x steps x mu)."
+    )
+    max_devices_per_job: int = Field(
+        default=8,
+        ge=1,
+        le=MAX_DEVICES,
+        description=(
+            "Most devices one job may ask for (resources.devices; 422 beyond). A job waits in "
+            "the queue of its size class until a worker with exactly that many devices "
+            "(GRPO_WORKER_DEVICES) takes it: keep this at the largest worker you run."
+        ),
     )
     model_roots: str = Field(
         default="",
@@ -200,6 +217,15 @@ class Settings(BaseSettings):
     )
     max_active_jobs_per_project: int = Field(
         default=50, ge=1, description="Queued plus running jobs a project may hold (429 beyond)."
+    )
+    max_active_devices_per_project: int = Field(
+        default=64,
+        ge=1,
+        description=(
+            "Devices (resources.devices, summed) a project's queued and running jobs may hold "
+            "(429 beyond). At least max_active_jobs_per_project by default, so a project of "
+            "one-device jobs meets the job limit first."
+        ),
     )
     max_checkpoint_bytes_per_project: int = Field(
         default=50 * 1024**3,

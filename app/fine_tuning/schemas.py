@@ -74,6 +74,9 @@ class GrpoExtension(StrictModel):
     checkpoint: dict[str, Any] | None = Field(
         default=None, description="The spec's checkpoint section (retention)."
     )
+    resources: dict[str, Any] | None = Field(
+        default=None, description="The spec's resources section (devices)."
+    )
     integrations: list[dict[str, Any]] | None = Field(
         default=None, max_length=4, description="Native integrations (MLflow, W&B)."
     )

@@ -230,7 +230,7 @@ def _add_extension(
         offset = len(request.integrations or [])
         for j in range(len(ext.integrations)):
             sources[f"integrations[{offset + j}]"] = f"grpo_service.integrations[{j}]"
-    for key in ("lora", "rollout", "checkpoint_interval", "checkpoint"):
+    for key in ("lora", "rollout", "checkpoint_interval", "checkpoint", "resources"):
         if getattr(ext, key) is not None:
             native[key] = getattr(ext, key)
 

@@ -13,6 +13,9 @@ Face Hub repo id, when the operator allows Hub models (`GRPO_ALLOW_HUB_MODELS`) 
 matches `GRPO_HUB_MODEL_ALLOWLIST` (when set); whether the worker's cache holds it is only known
 on the worker.
 
+Devices: a job's `resources.devices` at most `GRPO_MAX_DEVICES_PER_JOB` (and no more than its
+project may hold at once, `GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT`).
+
 Experiment trackers: a job's `integrations` may export only to the operator's MLflow tracking
 servers (`GRPO_MLFLOW_TRACKING_URIS`) and to W&B only when `GRPO_WANDB_MODE` allows it.
 """
@@ -49,6 +52,7 @@ def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Sessio
     _admit_model(spec.model, settings)
     _admit_dataset(spec, settings)
     _admit_limits(spec, settings)
+    _admit_devices(spec, settings)
     _admit_judges(spec)
     _admit_integrations(spec, settings)
     _admit_init_from(getattr(spec, "init_from", None), project_id=project_id, session=session)
@@ -160,6 +164,29 @@ def _admit_limits(spec: JobSpec, settings: Settings) -> None:
         details = [{"param": param, "message": message} for param, message in violations]
         param, message = violations[0]
         raise InvalidRequest(f"{param}: {message}", param=param, details=details)
+
+
+def _admit_devices(spec: JobSpec, settings: Settings) -> None:
+    """At most GRPO_MAX_DEVICES_PER_JOB devices (the largest worker the operator runs: a job
+    waits for a worker of exactly its size), and no more than the project may ever hold at
+    once (GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT: the quota's 429 would never clear)."""
+    resources = getattr(spec, "resources", None)
+    devices = resources.devices if resources is not None else 1
+    bounds = (
+        (settings.max_devices_per_job, "jobs of at most {n} devices (GRPO_MAX_DEVICES_PER_JOB)"),
+        (
+            settings.max_active_devices_per_project,
+            "a project at most {n} devices in its queued and running jobs together "
+            "(GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT)",
+        ),
+    )
+    for bound, allows in bounds:
+        if devices > bound:
+            raise InvalidRequest(
+                f"resources.devices: {devices} devices asked; this service allows "
+                f"{allows.format(n=bound)}",
+                param="resources.devices",
+            )
 
 
 # ---- init_from: start from a checkpoint of one of this project's jobs ------------------------

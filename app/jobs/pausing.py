@@ -20,7 +20,7 @@ from app.core.queue import Dispatcher
 from app.jobs import repository as jobs_repo
 from app.jobs import transitions
 from app.jobs.dispatch import send_after_commit
-from app.jobs.service import check_active_jobs
+from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.transitions import JobStatus
 
 
@@ -65,15 +65,16 @@ def pause_job(session: Session, *, job: Job) -> Job:
     return _settle(session, job, act, "pause")
 
 
-def resume_job(session: Session, *, job: Job, dispatcher: Dispatcher, max_active: int) -> Job:
-    """Paused -> queued, within the project's quota of active jobs (429 beyond it) and sent
-    after the commit when the project has a free dispatch slot; pausing -> running (the pause is
-    taken back); queued or running: returned as is."""
+def resume_job(session: Session, *, job: Job, dispatcher: Dispatcher, limits: ActiveLimits) -> Job:
+    """Paused -> queued, within the project's quota of active jobs and their devices (429
+    beyond it) and sent, to the queue it was created for, after the commit when the project has
+    a free dispatch slot; pausing -> running (the pause is taken back); queued or running:
+    returned as is."""
 
     def act(status: JobStatus) -> None:
         if status == JobStatus.PAUSED:
             transitions.transition(session, job.id, JobStatus.QUEUED, message="resumed")
-            held = check_active_jobs(session, project_id=job.project_id, limit=max_active)
+            held = check_active_jobs(session, project_id=job.project_id, limits=limits)
             send_after_commit(session, dispatcher, job_id=job.id, queue=job.queue, slots_held=held)
         elif status == JobStatus.PAUSING:
             transitions.transition(

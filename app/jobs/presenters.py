@@ -33,6 +33,7 @@ def _job_fields(job: Job) -> dict[str, Any]:
         "name": job.name,
         "status": job.status,
         "model": str(job.spec.get("model", "")),
+        "devices": job.devices,
         "created_at": as_utc(job.created_at) or utcnow(),
         "updated_at": as_utc(job.updated_at) or utcnow(),
         "started_at": as_utc(job.started_at),

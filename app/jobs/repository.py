@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     ColumnElement,
@@ -264,16 +264,22 @@ def count_active(session: Session, *, project_id: str) -> int:
     return int(session.scalar(_COUNT_ACTIVE, {"project_id": project_id}) or 0)
 
 
-_COUNT_ACTIVE_AND_DISPATCHED = select(func.count(), func.count().filter(_holds_slot())).where(
-    Job.project_id == bindparam("project_id"), _ACTIVE
-)
+class ActiveCounts(NamedTuple):
+    jobs: int  # the project's active jobs (`count_active`)
+    dispatched: int  # of those, the ones holding a dispatch slot (`count_dispatched`)
+    devices: int  # their resources.devices, summed
 
 
-def count_active_and_dispatched(session: Session, *, project_id: str) -> tuple[int, int]:
-    """`count_active` and `count_dispatched` in one pass over the project's active jobs (the
-    jobs holding a dispatch slot are some of them)."""
+_COUNT_ACTIVE_AND_DISPATCHED = select(
+    func.count(), func.count().filter(_holds_slot()), func.coalesce(func.sum(Job.devices), 0)
+).where(Job.project_id == bindparam("project_id"), _ACTIVE)
+
+
+def count_active_and_dispatched(session: Session, *, project_id: str) -> ActiveCounts:
+    """`count_active`, `count_dispatched` and the devices the active jobs ask for, in one pass
+    over the project's active jobs (the jobs holding a dispatch slot are some of them)."""
     row = db.execute_core(session, _COUNT_ACTIVE_AND_DISPATCHED, {"project_id": project_id}).one()
-    return int(row[0]), int(row[1])
+    return ActiveCounts(int(row[0]), int(row[1]), int(row[2]))
 
 
 def waiting(session: Session, *, project_id: str, limit: int) -> list[Row[tuple[str, str]]]:

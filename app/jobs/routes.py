@@ -17,6 +17,7 @@ from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs_service
 from app.jobs.deps import JobCreationDep, JobDep
 from app.jobs.presenters import event_out, job_out, job_summary
+from app.jobs.quota import ActiveLimits
 from app.jobs.schemas import EventList, JobDeleted, JobList, JobOut, ValidationResult
 from app.jobs.service import Answer
 from app.jobs.transitions import JobStatus
@@ -166,7 +167,7 @@ def resume_job(job: JobDep, session: SessionDep, state: StateDep) -> JobOut:
         session,
         job=job,
         dispatcher=state.dispatcher,
-        max_active=state.settings.max_active_jobs_per_project,
+        limits=ActiveLimits.of(state.settings),
     )
     return job_out(resumed)
 

@@ -31,6 +31,10 @@ class JobOut(BaseModel):
     name: str | None
     status: str
     model: str
+    devices: int = Field(
+        description="Devices the job trains on (its spec's resources.devices); only a worker "
+        "with that many takes it."
+    )
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None

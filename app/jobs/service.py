@@ -18,7 +18,6 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core import db
-from app.core import projects_repository as projects_repo
 from app.core.clock import as_utc, utcnow
 from app.core.errors import (
     Conflict,
@@ -26,11 +25,10 @@ from app.core.errors import (
     IllegalTransition,
     InvalidRequest,
     NotFound,
-    QuotaExceeded,
 )
 from app.core.ids import new_id
 from app.core.models import File, Job
-from app.core.queue import Dispatcher
+from app.core.queue import Dispatcher, queue_for
 from app.core.settings import Settings
 from app.datasets import repository as files_repo
 from app.datasets import service as datasets_service
@@ -38,6 +36,7 @@ from app.jobs import admission, transitions
 from app.jobs import idempotency_repository as idem_repo
 from app.jobs import repository as jobs_repo
 from app.jobs.dispatch import send_after_commit
+from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.transitions import JobStatus
 from trainer.spec import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
 
@@ -159,31 +158,6 @@ def check_validation_file(
     return row
 
 
-# A project at its limit waits for jobs to end; there is no better estimate of when.
-QUOTA_RETRY_AFTER_S = 30
-
-
-def check_active_jobs(session: Session, *, project_id: str, limit: int) -> int:
-    """QuotaExceeded (429) when the project holds more than `limit` queued or running jobs,
-    counting the one this unit of work has just added; else how many of its jobs hold a
-    dispatch slot (app.jobs.dispatch), counted in the same pass under the same lock.
-
-    Exact under concurrency: the count is taken under the project's row lock and the lock is
-    held until the commit, so two creates at the limit cannot both pass (the second counts the
-    first's committed job). `create_job` runs this as the last work before the commit
-    (app.core.db.before_commit): the lock is then held for one count and the commit, in one thread,
-    and not across the rest of the request, which is what serialised one project's creates."""
-    projects_repo.lock(session, project_id=project_id)
-    active, dispatched = jobs_repo.count_active_and_dispatched(session, project_id=project_id)
-    if active > limit:
-        raise QuotaExceeded(
-            f"this project has {active - 1} queued or running jobs, the most it may have "
-            f"(max_active_jobs_per_project={limit}); wait for one to end or cancel one",
-            retry_after=QUOTA_RETRY_AFTER_S,
-        )
-    return dispatched
-
-
 def _admit_and_dispatch_at_commit(
     session: Session,
     *,
@@ -191,11 +165,11 @@ def _admit_and_dispatch_at_commit(
     project_id: str,
     job_id: str,
     queue: str,
-    limit: int,
+    limits: ActiveLimits,
 ) -> None:
     """The new job's last work before the commit: the quota, then its send after the commit,
     decided on the dispatch slots counted under the same lock."""
-    dispatched = check_active_jobs(session, project_id=project_id, limit=limit)
+    dispatched = check_active_jobs(session, project_id=project_id, limits=limits)
     # Only after the commit: a worker can never receive an id it cannot read.
     send_after_commit(
         session, dispatcher, job_id=job_id, queue=queue, created=True, slots_held=dispatched
@@ -222,8 +196,10 @@ def create_job(
 
     With a key, the caller must hand the response it sends to `record_response` in the same
     unit of work, so the job and its replayable response commit together. `claims` makes the
-    key's own transactions (see `_claim_key`). The per-project quota is checked at the commit
-    (`check_active_jobs`): a refusal there rolls everything back and releases the key.
+    key's own transactions (see `_claim_key`). The per-project quota of active jobs and their
+    devices is checked at the commit (app.jobs.quota.check_active_jobs): a refusal there rolls
+    everything back and releases the key. `queue` is the job's size class's
+    (app.core.queue.queue_for), where every re-send of it goes too.
 
     `openai` is stored with a job created through the OpenAI-compatible API (its request's own
     words); `fingerprint` replaces the resolved spec's as what a key's retries must match (that
@@ -262,6 +238,7 @@ def create_job(
         attempt=0,
         max_attempts=max_attempts,
         queue=queue,
+        devices=spec.resources.devices,
         created_at=now,
         updated_at=now,
         total_steps=spec.grpo.steps,
@@ -276,7 +253,7 @@ def create_job(
             project_id=project_id,
             job_id=job.id,
             queue=queue,
-            limit=settings.max_active_jobs_per_project,
+            limits=ActiveLimits.of(settings),
         ),
     )
     return job
@@ -345,7 +322,8 @@ class JobCreation:
             idempotency_key=idempotency_key,
             idempotency_ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
             max_attempts=self.settings.max_attempts,
-            queue=self.settings.queue_name,
+            # The queue of the job's size class, which only workers of that size consume.
+            queue=queue_for(self.settings.queue_name, spec.resources.devices),
             settings=self.settings,
             openai=openai,
             fingerprint=fingerprint,

@@ -29,6 +29,25 @@ class CheckpointQuotaOut(BaseModel):
     )
 
 
+class JobQuotaOut(BaseModel):
+    active_jobs: int = Field(
+        description="The project's queued and running jobs (cancelling and pausing too; not "
+        "paused ones), counted against `limit_jobs`."
+    )
+    limit_jobs: int = Field(
+        description="GRPO_MAX_ACTIVE_JOBS_PER_PROJECT: a create or resume beyond it is a 429 "
+        "`quota_exceeded`."
+    )
+    active_devices: int = Field(
+        description="The devices those jobs ask for (their resources.devices, summed), "
+        "counted against `limit_devices`."
+    )
+    limit_devices: int = Field(
+        description="GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT: a create or resume that would take "
+        "`active_devices` beyond it is a 429 `quota_exceeded`."
+    )
+
+
 class UsageOut(BaseModel):
     object: Literal["usage"] = "usage"
     checkpoint_bytes: int = Field(
@@ -41,4 +60,7 @@ class UsageOut(BaseModel):
     has_more: bool = Field(description="More jobs hold checkpoints than are listed.")
     checkpoint_quota: CheckpointQuotaOut = Field(
         description="The project's checkpoint storage against its limit."
+    )
+    job_quota: JobQuotaOut = Field(
+        description="The project's active jobs and their devices against its limits."
     )

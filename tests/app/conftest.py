@@ -58,6 +58,7 @@ def fuzz_target(pg_url: str, sqlite_dir: Path, queue_name: str) -> Iterator[Targ
         rate_limit_per_minute=1_000_000,
         rate_limit_burst=100_000,
         max_active_jobs_per_project=100_000,
+        max_active_devices_per_project=1_000_000,
         max_streams_per_key=1000,
     )
     key, _ = new_project_key(cfg)

@@ -85,13 +85,16 @@ def _index_names(plan: Any) -> set[str]:
 def test_the_counts_are_exact_over_a_long_history(api: Api, engine: Engine) -> None:
     project_id = _fill(api, engine)
     with session_scope(make_session_factory(engine)) as session:
-        active, dispatched = jobs_repo.count_active_and_dispatched(session, project_id=project_id)
+        active, dispatched, devices = jobs_repo.count_active_and_dispatched(
+            session, project_id=project_id
+        )
         assert jobs_repo.count_active(session, project_id=project_id) == active
         assert jobs_repo.count_dispatched(session, project_id=project_id) == dispatched
     # The 60 queued copies and the template (queued: nothing consumes the test's queue); the
     # copy at 10 holds a slot, and so does the template once it was sent.
     assert active == JOBS // 10 + 1
     assert dispatched in (1, 2)
+    assert devices == active  # one device each, the ended jobs' not counted
 
 
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)

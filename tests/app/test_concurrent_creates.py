@@ -34,6 +34,7 @@ def test_concurrent_idempotent_creates_of_one_project_all_succeed(
         rate_limit_per_minute=100_000,
         rate_limit_burst=10_000,
         max_active_jobs_per_project=10_000,
+        max_active_devices_per_project=10_000,
     )
     key, _ = new_project_key(settings)
     headers = {"Authorization": f"Bearer {key}"}

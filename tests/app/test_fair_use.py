@@ -256,7 +256,9 @@ def test_the_sweep_fills_free_slots_round_robin_and_still_resends_lost_messages(
     # (the embedded database is shared with other tests: only our jobs are looked at)
     sent = [j for j in dispatcher.sent if j in ours]
     assert sent == [a[0], b[0], c[0], a[1], b[1]]  # one per project per round, oldest first
-    assert max(dispatcher.held_at_send) < 2
+    # (other tests' projects may hold more: their lost messages are re-sent too)
+    held = [h for j, h in zip(dispatcher.sent, dispatcher.held_at_send, strict=True) if j in ours]
+    assert max(held) < 2
     dispatcher.sent.clear()
     redispatch_queued(ctx)
     assert not ours & set(dispatcher.sent)  # A and B are at their cap; C has nothing waiting

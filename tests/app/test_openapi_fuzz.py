@@ -56,6 +56,7 @@ def fuzz_app(pg_url: str, sqlite_dir: Path, queue_name: str) -> Iterator[FastAPI
         rate_limit_per_minute=1_000_000,
         rate_limit_burst=100_000,
         max_active_jobs_per_project=100_000,
+        max_active_devices_per_project=1_000_000,
         # Generated webhook URLs are never looked up in DNS (no network but loopback in tests).
         webhook_allow_private=True,
     )

@@ -20,6 +20,7 @@ from app.core.models import Checkpoint, File, Job, JobEvent, JobMetric
 from app.core.settings import Settings
 from app.jobs import pausing, transitions
 from app.jobs import service as jobs_service
+from app.jobs.quota import ActiveLimits
 from app.jobs.transitions import JobStatus
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
 from trainer.errors import TrainerError
@@ -242,7 +243,8 @@ def _control(ctx: WorkerContext, job_id: str, action: str) -> str:
         row = jobs_service.get_job(session, project_id=job(ctx, job_id).project_id, job_id=job_id)
         if action == "pause":
             return pausing.pause_job(session, job=row).status
-        return pausing.resume_job(session, job=row, dispatcher=ctx.dispatcher, max_active=10).status
+        limits = ActiveLimits(jobs=10, devices=10)
+        return pausing.resume_job(session, job=row, dispatcher=ctx.dispatcher, limits=limits).status
 
 
 def test_a_pause_checkpoints_frees_the_worker_and_a_resume_continues_from_there(
