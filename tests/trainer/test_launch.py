@@ -52,7 +52,7 @@ def out(tmp_path: Path) -> Iterator[Path]:
 
 
 def tiny(steps: int, **grpo: object) -> JobSpec:
-    spec = load_recipe(RECIPE, steps=steps, engine="transformers")
+    spec = load_recipe(RECIPE, steps=steps, engine="transformers", devices=2)
     return spec.model_copy(update={"grpo": spec.grpo.model_copy(update=grpo)})
 
 
@@ -130,7 +130,7 @@ def test_killing_the_launching_process_takes_the_agent_and_the_ranks_with_it(
         "from trainer.run.cli import load_recipe;"
         "from trainer.run.callbacks import Callbacks;"
         "from trainer.run.launch import launch_ranks;"
-        "spec = load_recipe(Path(sys.argv[1]), steps=200, engine='transformers');"
+        "spec = load_recipe(Path(sys.argv[1]), steps=200, engine='transformers', devices=2);"
         "launch_ranks(spec, Callbacks(), nproc=2, output_dir=Path(sys.argv[2]),"
         " resume_from=None, device='cpu')"
     )

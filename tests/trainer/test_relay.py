@@ -16,7 +16,7 @@ from trainer.errors import TrainerError
 from trainer.run import launch
 from trainer.run.callbacks import Callbacks, CompletionSample, RolloutSample, RunInfo
 from trainer.run.launch import dist_timeout_s, failure_message
-from trainer.run.rank_main import pid_file, rank_output_dir
+from trainer.run.rank_main import pid_file
 from trainer.run.relay import (
     Failed,
     Finished,
@@ -148,8 +148,6 @@ def test_the_launchers_copies_of_torch_side_defaults_agree() -> None:
 
 
 def test_ranks_write_where_they_cannot_collide(tmp_path: Path) -> None:
-    assert rank_output_dir(tmp_path, 0) == tmp_path
-    assert rank_output_dir(tmp_path, 1) == tmp_path / ".rank-1"
     assert pid_file(tmp_path, 3) == tmp_path / "ranks" / "3.pid"
 
 

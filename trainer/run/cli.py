@@ -71,9 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--nproc",
         type=int,
-        default=1,
+        default=None,
         help="ranks (devices) to train on, started through torchrun; rank 0 reports here and "
-        "Ctrl-C reaches it as a stop request (default 1: in this process)",
+        "Ctrl-C reaches it as a stop request. Sets the recipe's resources.devices (default: "
+        "the recipe's, 1 unless it says: in this process)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -87,7 +88,9 @@ def _format_errors(exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def load_recipe(path: Path, *, steps: int | None = None, engine: str | None = None) -> JobSpec:
+def load_recipe(
+    path: Path, *, steps: int | None = None, engine: str | None = None, devices: int | None = None
+) -> JobSpec:
     """Read and validate a recipe, applying command-line overrides before validation."""
     try:
         data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -107,6 +110,8 @@ def load_recipe(path: Path, *, steps: int | None = None, engine: str | None = No
         if not isinstance(rollout, dict):
             raise RecipeError("rollout: must be a mapping")
         rollout["engine"] = engine
+    if devices is not None:
+        data["resources"] = {**(data.get("resources") or {}), "devices": devices}
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
@@ -115,8 +120,11 @@ def load_recipe(path: Path, *, steps: int | None = None, engine: str | None = No
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(argv) if argv is not None else None)
+    if args.nproc is not None and args.nproc < 1:
+        print("error: --nproc must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        config = load_recipe(args.recipe, steps=args.steps, engine=args.engine)
+        config = load_recipe(args.recipe, steps=args.steps, engine=args.engine, devices=args.nproc)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -133,9 +141,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.threads is not None and args.threads < 1:
         print("error: --threads must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
-    if args.nproc < 1:
-        print("error: --nproc must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads is not None:
@@ -173,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _on_sigint) if in_main else None
     try:
-        result = _run(config, console, args.nproc, output_dir, resume, args.device)
+        result = _run(config, console, config.resources.devices, output_dir, resume, args.device)
     except TrainerError as exc:
         print(f"error: training failed ({exc.reason}): {exc}", file=sys.stderr)
         return EXIT_FAILED

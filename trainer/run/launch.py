@@ -107,6 +107,10 @@ def launch_ranks(
     """
     if nproc < 2:
         raise ValueError(f"launch_ranks needs nproc >= 2, got {nproc} (train runs one rank)")
+    if nproc != spec.resources.devices:
+        # Each rank samples its share of the job's devices: another count would train
+        # another job (trainer.scoring.collect).
+        raise ValueError(f"a job of {spec.resources.devices} devices cannot run on {nproc} ranks")
     timeout = dist_timeout_s()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from trainer.run.callbacks import Callbacks
 from trainer.run.relay import Failed, Finished, RelayCallbacks, connect_from_env
 from trainer.spec import JobSpec
 
-__all__ = ["main", "pid_file", "rank_output_dir", "set_parent_death_signal"]
+__all__ = ["main", "pid_file", "set_parent_death_signal"]
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 AGENT_NAMES = (b"torch.distributed.run", b"torchrun")  # how the agent shows in its cmdline
@@ -55,14 +55,6 @@ def _agent_alive() -> bool:
 def pid_file(output_dir: Path, rank: int) -> Path:
     """Where rank ``rank`` of a run writing to ``output_dir`` records its pid."""
     return Path(output_dir) / "ranks" / f"{rank}.pid"
-
-
-def rank_output_dir(output_dir: Path, rank: int) -> Path:
-    """Where rank ``rank`` writes its checkpoints: rank 0 the run's folder, the others a folder
-    of their own inside it (they train independently until the loop shards the run)."""
-    # TODO(world): every rank but 0 saves nothing once the loop saves only on rank 0; then
-    # all ranks get output_dir.
-    return Path(output_dir) if rank == 0 else Path(output_dir) / f".rank-{rank}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = train(
             spec,
             callbacks,
-            output_dir=rank_output_dir(args.output_dir, rank),
+            output_dir=args.output_dir,  # only rank 0 writes (trainer.run.checkpoints)
             resume_from=args.resume_from,
             device=args.device,
             sample_groups=args.sample_groups,
