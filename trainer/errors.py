@@ -52,6 +52,18 @@ class LoraTargetNotSupported(TrainerError):
     reason = "lora_target_not_supported"
 
 
+class DistributedTimeout(TrainerError):
+    """A collective of the job's ranks failed or did not complete within the timeout: a peer
+    died, hung, or called a different collective (ranks out of step)."""
+
+    reason = "distributed_timeout"
+
+    def __init__(self, rank: int, phase: str, detail: str) -> None:
+        super().__init__(f"rank {rank}: collective in phase {phase!r} failed: {detail}")
+        self.rank = rank
+        self.phase = phase
+
+
 class RankFailed(TrainerError):
     """A rank of a job on several devices died or exited with an error before rank 0 reported
     the run's end (killed, out of memory, a crash); the message names the exit code and, when

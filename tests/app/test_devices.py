@@ -37,7 +37,7 @@ class Service:
         return self.api.headers
 
     def post(self, devices: int, path: str = "/v1/jobs") -> Any:
-        spec = tiny_spec() | {"resources": {"devices": devices}}
+        spec = devices_spec(devices)
         return self.client.post(path, json=spec, headers=self.headers)
 
     def create(self, devices: int) -> str:
@@ -128,6 +128,12 @@ def test_the_default_bound_is_8_devices(make_service: Callable[..., Service]) ->
     assert service.post(9, "/v1/jobs/validate").json()["error"]["param"] == "resources.devices"
 
 
+def devices_spec(devices: int) -> dict[str, object]:
+    """A tiny job on ``devices`` devices, its prompts per step a multiple of them (the spec
+    asks every device for an equal share)."""
+    return tiny_spec(prompts_per_step=2 * devices) | {"resources": {"devices": devices}}
+
+
 def test_the_openai_face_carries_devices_in_its_extension_and_names_its_field(
     make_service: Callable[..., Service],
 ) -> None:
@@ -186,7 +192,7 @@ def test_a_project_at_its_device_limit_gets_429_until_devices_free(
     key, _ = service.api.new_key()
     other = service.client.post(
         "/v1/jobs",
-        json=tiny_spec() | {"resources": {"devices": 4}},
+        json=devices_spec(4),
         headers={"Authorization": f"Bearer {key}"},
     )
     assert other.status_code == 201, other.text

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from trainer.errors import TrainerError
+from trainer.errors import DistributedTimeout
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -33,18 +33,6 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 600.0
 T = TypeVar("T")
-
-
-class DistributedTimeout(TrainerError):
-    """A collective of the job's ranks failed or did not complete within the timeout: a peer
-    died, hung, or called a different collective (ranks out of step)."""
-
-    reason = "distributed_timeout"
-
-    def __init__(self, rank: int, phase: str, detail: str) -> None:
-        super().__init__(f"rank {rank}: collective in phase {phase!r} failed: {detail}")
-        self.rank = rank
-        self.phase = phase
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import trainer
-from trainer.errors import RankFailed
+from trainer.errors import DistributedTimeout, RankFailed
 from trainer.run.callbacks import Callbacks
 from trainer.run.relay import (
     ADDRESS_ENV,
@@ -134,7 +134,13 @@ def launch_ranks(
     finally:
         shutil.rmtree(private, ignore_errors=True)
     if isinstance(final, Failed):
-        raise final.exception()
+        cause = (
+            other_rank_failure(list(agent.tail))
+            if final.reason == DistributedTimeout.reason
+            else None
+        )
+        # Rank 0's collective broke because a peer died first: name the peer, the cause.
+        raise RankFailed(cause) if cause is not None else final.exception()
     if final is None:
         raise RankFailed(failure_message(agent.returncode, list(agent.tail)))
     from trainer.run.loop import TrainResult  # torch, once the ranks are done
@@ -163,6 +169,15 @@ def failure_message(returncode: int | None, tail: list[str]) -> str:
     if found["signal"]:
         how = found["signal"].replace("Signal", "killed by signal")
     return f"rank {found['rank']} failed ({how}) before the run ended; {agent}"
+
+
+def other_rank_failure(tail: list[str]) -> str | None:
+    """RankFailed's message when torchrun's report names a rank other than 0 as the first to
+    fail (rank 0's collective error is then its consequence), else None."""
+    found = _ROOT_CAUSE.search("\n".join(tail))
+    if found is None or found["rank"] == "0":
+        return None
+    return failure_message(None, tail).replace("; torchrun's agent exited with code None", "")
 
 
 def _socket_parent() -> str | None:
