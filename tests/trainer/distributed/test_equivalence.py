@@ -108,7 +108,10 @@ def assert_same_training(spec: JobSpec, tmp_path: Path) -> None:
     assert sorted(int(k) for k in two) == list(range(1, STEPS + 1))
     # The runs trained on the same samples: same rewards and token counts every step.
     for step in range(1, STEPS + 1):
-        for name in ("reward/mean", "tokens/trained", "loss/policy", "grad_norm"):
+        names = ["reward/mean", "tokens/trained", "loss/policy", "grad_norm"]
+        names += [n for n in ("eval/accuracy", "kl/reward_penalty") if n in one[step]]
+        for name in names:
+            assert name in two[str(step)], name
             assert two[str(step)][name] == pytest.approx(one[step][name], rel=1e-5, abs=1e-6)
     a, b = final_weights(tmp_path / "two"), final_weights(tmp_path / "one")
     assert a.keys() == b.keys()
@@ -152,11 +155,16 @@ def test_two_ranks_with_dynamic_sampling_and_kl_in_the_reward_train_what_one_pro
 ) -> None:
     # Dynamic sampling: rounds decided on every rank's groups (gathered), kept groups cut to a
     # multiple of the devices. KL in the reward: the penalty needs each rank's logprobs,
-    # gathered before the advantages.
+    # gathered before the advantages. Evaluation every step: each rank its share of the rows.
     spec = two_device_spec(
         grpo={
             "dynamic_sampling": {"enabled": True, "max_rounds": 3},
             "kl": {"estimator": "k1", "beta": 0.04, "placement": "reward"},
-        }
+        },
+        dataset={
+            "rows": [{"prompt": f"say {w}", "answer": "7"} for w in "abcdefghijk"],
+            "holdout": 3,
+        },
+        eval={"interval": 1, "max_rows": 3},
     )
     assert_same_training(spec, tmp_path)
