@@ -14,3 +14,9 @@ def as_utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def unix(moment: datetime | None) -> int | None:
+    """Whole Unix seconds, as OpenAI's objects give times (`created_at`, `created`)."""
+    at = as_utc(moment)
+    return None if at is None else int(at.timestamp())

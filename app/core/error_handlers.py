@@ -45,8 +45,9 @@ _STATUS_TYPES = {
 _BODY_PARSE_DETAIL = "There was an error parsing the body"
 
 
-# Paths whose clients are OpenAI's SDKs: files and the fine-tuning API.
-OPENAI_PREFIXES = ("/v1/fine_tuning/", "/v1/files/")
+# Paths whose clients are OpenAI's SDKs: files, the fine-tuning API and the models.
+OPENAI_ROOTS = ("/v1/files", "/v1/models")
+OPENAI_PREFIXES = ("/v1/fine_tuning/", *(f"{root}/" for root in OPENAI_ROOTS))
 # OpenAI's error classes by status (the SDK picks its exception by status; `type` is the class).
 _OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 # A final refusal (the state rules it out): the SDK would retry a 409 unless told not to.
@@ -54,8 +55,8 @@ NO_RETRY_CODES = frozenset({"invalid_state"})
 
 
 def is_openai_path(path: str) -> bool:
-    """A path of the OpenAI-compatible surface (files, /v1/fine_tuning/...)."""
-    return path == "/v1/files" or path.startswith(OPENAI_PREFIXES)
+    """A path of the OpenAI-compatible surface (files, /v1/fine_tuning/..., models)."""
+    return path in OPENAI_ROOTS or path.startswith(OPENAI_PREFIXES)
 
 
 def error_response(

@@ -55,6 +55,14 @@ class NotFound(ApiError):
     error_type = "not_found"
 
 
+class ModelNotFound(NotFound):
+    """A model name this project cannot use: unknown, another project's, a deleted job's, a
+    pruned checkpoint's. One answer for all of them, so a name never tells whether it exists
+    in another project."""
+
+    code = "model_not_found"
+
+
 class Conflict(ApiError):
     status_code = 409
     error_type = "conflict"

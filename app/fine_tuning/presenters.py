@@ -1,18 +1,17 @@
 """Jobs, events and checkpoints as the OpenAI fine-tuning API shows them (app.fine_tuning.schemas).
 
-Names: a job's fine-tuned model is `ft:<model as requested>:<suffix>:<job id>` and a
-checkpoint's `ft:...:<job id>:ckpt-step-<step>`, stable for the job's life (the checkpoint
-download and, later, serving resolve them)."""
+The names of a job's weights (`ft:...`) are app.fine_tuning.names'."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
 
-from app.core.clock import as_utc, utcnow
+from app.core.clock import unix, utcnow
 from app.core.models import Checkpoint, Job, JobEvent
 from app.files import result_files
 from app.fine_tuning import service as fine_tuning
+from app.fine_tuning.names import base_model, checkpoint_model_name, fine_tuned_model_name
 from app.fine_tuning.schemas import (
     FineTuningCheckpointOut,
     FineTuningError,
@@ -25,25 +24,6 @@ from app.jobs.transitions import TERMINAL, JobStatus
 _LEVELS = {"warning": "warn", "error": "error"}
 EVENT_PREFIX = "ftevent-"
 CHECKPOINT_PREFIX = "ftckpt-"
-
-
-def unix(moment: datetime | None) -> int | None:
-    at = as_utc(moment)
-    return None if at is None else int(at.timestamp())
-
-
-def base_model(job: Job) -> str:
-    requested = (job.openai or {}).get("model")
-    return str(requested or job.spec.get("model", ""))
-
-
-def fine_tuned_model_name(job: Job) -> str:
-    suffix = (job.openai or {}).get("suffix") or ""
-    return f"ft:{base_model(job)}:{suffix}:{job.id}"
-
-
-def checkpoint_model_name(job: Job, step: int) -> str:
-    return f"{fine_tuned_model_name(job)}:ckpt-step-{step}"
 
 
 def openai_job(job: Job, *, trained_tokens: float | None) -> FineTuningJobOut:

@@ -5,7 +5,8 @@
   checkpoints it does not keep as deleted);
 - usage: the bytes of a project's kept checkpoints, from the sizes recorded with them;
 - the checkpoint storage quota: the bytes a project stores (deleted jobs' checkpoints too,
-  until their purge), counted under a per-project lock.
+  until their purge), counted under a per-project lock;
+- the model catalogue (app.inference): the newest kept checkpoints of a page of jobs.
 
 A checkpoint row marked deleted stays (its download answers 410) until its job is purged.
 """
@@ -42,6 +43,35 @@ def checkpoint_of_project_job(
             Job.deleted_at.is_(None),
         )
     ).one_or_none()
+
+
+def newest_kept(
+    session: Session, *, job_ids: Sequence[str], per_job: int
+) -> dict[str, list[Checkpoint]]:
+    """The newest (highest step first) `per_job` kept checkpoints of each of `job_ids` (the
+    caller's jobs: this checks no project), in one query; a job without any is left out."""
+    if not job_ids or per_job < 1:
+        return {}
+    rank = (
+        func.row_number()
+        .over(partition_by=Checkpoint.job_id, order_by=Checkpoint.step.desc())
+        .label("rank")
+    )
+    ranked = (
+        select(Checkpoint.id, rank)
+        .where(Checkpoint.job_id.in_(list(job_ids)), Checkpoint.deleted_at.is_(None))
+        .subquery()
+    )
+    rows = session.scalars(
+        select(Checkpoint)
+        .join(ranked, ranked.c.id == Checkpoint.id)
+        .where(ranked.c.rank <= per_job)
+        .order_by(Checkpoint.job_id, Checkpoint.step.desc())
+    )
+    found: dict[str, list[Checkpoint]] = {}
+    for row in rows:
+        found.setdefault(row.job_id, []).append(row)
+    return found
 
 
 def metric_at_or_before(session: Session, *, job_id: str, name: str, step: int) -> float | None:

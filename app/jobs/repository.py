@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, aliased
 from app.core import db
 from app.core.clock import utcnow
 from app.core.job_status import LEASE_HOLDING_STATES, JobStatus
-from app.core.models import Job, is_active
+from app.core.models import Checkpoint, Job, is_active
 from app.core.new_rows_repository import insert_row
 
 # The project's active jobs, as the partial index ix_jobs_active_project holds them (app.core.models
@@ -78,12 +78,20 @@ def list_page(
     limit: int,
     statuses: list[str] | None,
     metadata: dict[str, str] | None = None,
+    with_kept_checkpoints: bool = False,
 ) -> tuple[list[Job], bool]:
     """Newest first, deleted jobs left out. `after` is the last id of the previous page; ids
-    are time-ordered. `metadata`: only jobs whose spec's metadata has each key with that value."""
+    are time-ordered. `metadata`: only jobs whose spec's metadata has each key with that value.
+    `with_kept_checkpoints`: only jobs holding a checkpoint their retention kept (the jobs
+    with weights to serve: the model catalogue, app.inference)."""
     query = select(Job).where(Job.project_id == project_id, Job.deleted_at.is_(None))
     if statuses:
         query = query.where(Job.status.in_(statuses))
+    if with_kept_checkpoints:
+        kept = select(Checkpoint.id).where(
+            Checkpoint.job_id == Job.id, Checkpoint.deleted_at.is_(None)
+        )
+        query = query.where(kept.exists())
     for key, value in (metadata or {}).items():
         query = query.where(Job.spec["metadata"][key].as_string() == value)
     if after:

@@ -146,8 +146,9 @@ def locate(session: Session, *, checkpoint_dir: Path, job_id: str, step: int) ->
 def _members(folder: Path, top: str, job_id: str, step: int) -> Iterator[Member]:
     """The model files of `folder`, sorted, subfolders included; the trainer's files left out."""
     for current, dirs, files in os.walk(folder, followlinks=False):
-        dirs.sort()
         here = Path(current)
+        # A multi-rank run's sharded optimizer state is resume state, not the model.
+        dirs[:] = sorted(d for d in dirs if here != folder or is_model_file(d))
         for name in sorted(files):
             path = here / name
             relative = path.relative_to(folder).as_posix()

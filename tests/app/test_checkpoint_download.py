@@ -25,11 +25,16 @@ ADAPTER = {
 }
 
 
-def write_checkpoint(api: Api, job_id: str, step: int, files: dict[str, bytes]) -> Path:
+def write_checkpoint(
+    api: Api, job_id: str, step: int, files: dict[str, bytes], *, sharded: bool = False
+) -> Path:
     folder = api.settings.resolved_checkpoint_dir / job_id / f"checkpoint-{step:06d}"
     folder.mkdir(parents=True)
     for name, data in {**files, **TRAINER_FILES}.items():
         (folder / name).write_bytes(data)
+    if sharded:  # a multi-rank run's sharded optimizer state: resume state, never downloaded
+        (folder / "sharded").mkdir()
+        (folder / "sharded" / "__0_0.distcp").write_bytes(b"s" * 900)
     return folder
 
 
@@ -55,7 +60,8 @@ def members(body: bytes) -> dict[str, bytes]:
 def test_full_and_adapter_checkpoints_round_trip_without_trainer_state(api: Api) -> None:
     job_id, callbacks, _ = running_job(api)
     for step, files in ((1, FULL), (2, ADAPTER)):
-        callbacks.on_checkpoint(step, write_checkpoint(api, job_id, step, files))
+        folder = write_checkpoint(api, job_id, step, files, sharded=step == 2)
+        callbacks.on_checkpoint(step, folder)
         response = download(api, job_id, step)
         assert response.status_code == 200, response.text
         assert response.headers["content-type"] == "application/x-tar"

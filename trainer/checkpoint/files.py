@@ -24,6 +24,7 @@ __all__ = [
     "MANIFEST",
     "OPTIMIZER_FILE",
     "RNG_FILE",
+    "SHARDED_DIR",
     "TRAINER_FILES",
     "TRASH_PREFIX",
     "folder_bytes",
@@ -34,12 +35,15 @@ __all__ = [
 MANIFEST = "manifest.json"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
-TRAINER_FILES = frozenset({MANIFEST, OPTIMIZER_FILE, RNG_FILE})
+# A multi-rank run's weights and optimizer state, one file per rank (trainer.checkpoint.sharded).
+SHARDED_DIR = "sharded"
+TRAINER_FILES = frozenset({MANIFEST, OPTIMIZER_FILE, RNG_FILE, SHARDED_DIR})
 TRASH_PREFIX = ".trash-"
 
 
 def is_model_file(name: str) -> bool:
-    """Whether a file of a checkpoint folder belongs to the model export (not resume state)."""
+    """Whether a file (or folder) at the top of a checkpoint folder belongs to the model export
+    (not resume state)."""
     return name not in TRAINER_FILES
 
 

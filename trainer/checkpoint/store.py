@@ -38,7 +38,15 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedTokenizerBase
 
-from trainer.checkpoint.files import MANIFEST, OPTIMIZER_FILE, RNG_FILE, TRASH_PREFIX, remove_folder
+from trainer.checkpoint.files import (
+    MANIFEST,
+    OPTIMIZER_FILE,
+    RNG_FILE,
+    SHARDED_DIR,
+    TRASH_PREFIX,
+    remove_folder,
+)
+from trainer.checkpoint.sharded import load_sharded
 from trainer.models.lora import ADAPTER_WEIGHTS, is_lora, load_adapter_weights
 from trainer.spec.checkpoint import CheckpointSpec
 
@@ -73,14 +81,21 @@ class TrainState:
     sampler: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
-    # The optimizer state keyed by parameter name, when asked for (a sharded policy loads it
-    # through torch.distributed.checkpoint); None otherwise.
-    optimizer: dict[str, Any] | None = None
 
 
-# How optimizer.pt keys the optimizer state: by position (one process) or by parameter name
-# (a sharded run, any world size reads it).
-_BY_POSITION, _BY_NAME = "position", "name"
+# Where a checkpoint's optimizer state is: in optimizer.pt by position (one process), or
+# sharded by torch.distributed.checkpoint in SHARDED_DIR (a multi-rank run: one file per
+# rank, which DCP reads back at any world size, one process included).
+_BY_POSITION, _SHARDED = "position", "sharded"
+
+
+def new_temp_dir(output_dir: Path, step: int) -> Path:
+    """A fresh temporary folder for the checkpoint of ``step`` (swept if never completed)."""
+    root = Path(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{_TMP_PREFIX}{step:06d}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
 
 
 def checkpoint_path(output_dir: Path, step: int) -> Path:
@@ -228,21 +243,21 @@ def save_checkpoint(
     sampler: dict[str, Any],
     extra: dict[str, Any] | None = None,
     retention: CheckpointSpec | None = None,
-    optimizer_state: dict[str, Any] | None = None,
+    temp_dir: Path | None = None,
 ) -> Path:
     """Write ``checkpoint-<step>`` atomically, then delete the checkpoints ``retention`` does not
     keep (None: keep all; see :func:`prune_checkpoints`).
 
-    ``optimizer_state`` (a sharded run's, gathered and keyed by parameter name) is written
-    instead of ``optimizer.state_dict()`` (keyed by position), and marked so.
+    ``temp_dir`` (from :func:`new_temp_dir`) is a multi-rank run's folder in the making, its
+    ranks' shards already in ``SHARDED_DIR`` (:func:`save_sharded`): the optimizer state is
+    read from there, not written again.
 
     ``sampler`` and ``extra`` must be JSON-serialisable; they come back in :class:`TrainState`.
     """
     root = Path(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(root, step)
-    tmp = root / f"{_TMP_PREFIX}{step:06d}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = temp_dir if temp_dir is not None else new_temp_dir(root, step)
+    sharded = (tmp / SHARDED_DIR).is_dir()
     try:
         save_pretrained = getattr(model, "save_pretrained", None)
         if not callable(save_pretrained):
@@ -256,8 +271,8 @@ def save_checkpoint(
             tokenizer.save_pretrained(str(tmp))
         torch.save(
             {
-                "optimizer": optimizer.state_dict() if optimizer_state is None else optimizer_state,
-                "optimizer_keys": _BY_POSITION if optimizer_state is None else _BY_NAME,
+                "optimizer": None if sharded else optimizer.state_dict(),
+                "optimizer_keys": _SHARDED if sharded else _BY_POSITION,
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
             },
             tmp / OPTIMIZER_FILE,
@@ -339,35 +354,18 @@ def load_checkpoint(
     scheduler: LRScheduler | None,
     *,
     restore_rng: bool = True,
-    optimizer_keyed_by_name: bool = False,
 ) -> TrainState:
     """Restore model weights, optimizer, scheduler and RNG states in place; returns the rest.
 
-    With ``optimizer_keyed_by_name`` the optimizer state is returned (``TrainState.optimizer``)
-    keyed by parameter name rather than loaded; a checkpoint written by a sharded run (keyed by
-    name) loads into a one-process ``optimizer`` too."""
+    A multi-rank run's checkpoint loads into one process too (its optimizer state through
+    :func:`load_sharded`); a multi-rank run restores with ``optimizer`` None and then calls
+    :func:`load_sharded` on its sharded policy."""
     path = Path(path)
     manifest = _read_manifest(path)
     load_checkpoint_weights(path, model)
     saved = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
-    by_name = saved.get("optimizer_keys") == _BY_NAME
-    if optimizer_keyed_by_name and not by_name:
-        raise ValueError(
-            f"checkpoint {path.name} was written by one process (optimizer state by position); "
-            "a job on several devices resumes only from its own checkpoints"
-        )
-    if optimizer is not None and by_name:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
-
-        set_optimizer_state_dict(
-            model,
-            optimizer,
-            optim_state_dict=saved["optimizer"],
-            options=StateDictOptions(full_state_dict=True),
-        )
+    if optimizer is not None and saved.get("optimizer_keys") == _SHARDED:
+        load_sharded(path / SHARDED_DIR, model, optimizer)
     elif optimizer is not None:
         optimizer.load_state_dict(saved["optimizer"])
     if scheduler is not None and saved.get("scheduler") is not None:
@@ -379,5 +377,4 @@ def load_checkpoint(
         sampler=dict(manifest["sampler"]),
         extra=dict(manifest.get("extra", {})),
         path=path,
-        optimizer=saved["optimizer"] if optimizer_keyed_by_name else None,
     )

@@ -7,19 +7,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-
+from trainer.checkpoint.files import SHARDED_DIR
+from trainer.checkpoint.sharded import load_sharded, save_sharded
 from trainer.checkpoint.store import (
     RETENTION_METRIC,
     checkpoint_path,
     load_checkpoint,
+    new_temp_dir,
     save_checkpoint,
 )
 from trainer.data.dataset import SamplerState
@@ -41,16 +36,12 @@ class RunCheckpoints:
         if s.mirror is None:
             state = load_checkpoint(Path(path), s.model, s.optimizer, s.scheduler)
         else:
-            # Sharded: every rank reads the folder into its unsharded mirror, then takes its
-            # shards of the weights and of the optimizer state (keyed by parameter name).
-            state = load_checkpoint(
-                Path(path), s.mirror.model, None, s.scheduler, optimizer_keyed_by_name=True
-            )
+            # Several ranks: each reads the Hugging Face weights into its unsharded mirror,
+            # then its shards of the weights and optimizer state (DCP reshards them when the
+            # checkpoint was written by another number of ranks).
+            state = load_checkpoint(Path(path), s.mirror.model, None, s.scheduler)
             with s.world.phase("restore"):
-                set_model_state_dict(s.model, s.mirror.model.state_dict(), options=_FULL)
-                set_optimizer_state_dict(
-                    s.model, s.optimizer, optim_state_dict=state.optimizer or {}, options=_FULL
-                )
+                load_sharded(Path(path) / SHARDED_DIR, s.model, s.optimizer)
         s.sampler.restore(SamplerState.from_dict(state.sampler))
         s.guard.streak = int(state.extra.get("nonfinite_streak", 0))
         best_by = state.extra.get(RETENTION_METRIC)
@@ -74,16 +65,16 @@ class RunCheckpoints:
         extra: dict[str, object] = {"nonfinite_streak": s.guard.streak, "metrics": metrics}
         if retention.keep_best_by is not None:
             extra[RETENTION_METRIC] = {"name": retention.keep_best_by, "value": self.best_by_value}
-        optimizer_state: dict[str, Any] | None = None
+        temp_dir = None
         if s.mirror is not None:
-            # Every rank gathers (collectives); rank 0 alone writes, in the same format a
-            # single process writes but with the optimizer state keyed by parameter name,
-            # which any number of ranks can read back.
+            # Every rank writes its shards into the folder rank 0 opened; rank 0 then adds the
+            # Hugging Face weights (from its mirror) and the rest, and renames it complete.
             s.mirror.ensure_fresh(s.model)
+            opened = new_temp_dir(s.output_dir, step) if s.world.is_main else None
+            temp_dir = s.world.broadcast_object(opened, "checkpoint")
+            assert temp_dir is not None
             with s.world.phase("checkpoint"):
-                optimizer_state = get_optimizer_state_dict(
-                    s.model, s.optimizer, options=_FULL_ON_MAIN
-                )
+                save_sharded(temp_dir / SHARDED_DIR, s.model, s.optimizer)
             if not s.world.is_main:
                 s.world.barrier("checkpoint")
                 return checkpoint_path(s.output_dir, step)
@@ -97,12 +88,8 @@ class RunCheckpoints:
             sampler=s.sampler.state().to_dict(),
             extra=extra,
             retention=None if s.callbacks.applies_retention else retention,
-            optimizer_state=optimizer_state,
+            temp_dir=temp_dir,
         )
         s.world.barrier("checkpoint")  # the other ranks go on once the folder is complete
         s.callbacks.on_checkpoint(step, path)
         return path
-
-
-_FULL = StateDictOptions(full_state_dict=True)
-_FULL_ON_MAIN = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -1,0 +1,206 @@
+"""The model catalogue and the resolution of a model name to what would serve it.
+
+Names (docs/openai-compat.md, "Models"):
+- a packaged base model (`trainer.spec.PACKAGED_MODELS`), owned by "system";
+- `ft:<model>:<suffix>:<job id>` (app.fine_tuning.names): the job's final weights, its newest
+  kept checkpoint; only once the job has succeeded;
+- `ft:<model>:<suffix>:<job id>:ckpt-step-<N>`: the kept checkpoint of step N, usable while the
+  job still runs (and after it failed or was cancelled);
+- the native job id, `job_...` (its final weights, as the `ft:` name) or `job_...@N` (the
+  checkpoint of step N).
+
+An `ft:` name must be exactly the job's own (the model and suffix parts included). Everything
+else is one 404, `model_not_found` (param `model`): an unknown name, another project's job, a
+deleted job, a job that has not succeeded (for its final weights), a checkpoint its retention
+pruned. The same answer whether or not the name exists elsewhere, so no name is an oracle.
+
+The catalogue lists the base models, then the project's jobs holding kept checkpoints, newest
+first, `limit` jobs a page (cursor `after`, a job id): each job's `ft:` name once it succeeded,
+then its newest `CHECKPOINTS_PER_JOB` checkpoints. Older checkpoints are not listed but still
+resolve (GET /v1/fine_tuning/jobs/{id}/checkpoints pages through all of them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import PurePath
+
+from sqlalchemy.orm import Session
+
+from app.core.clock import unix
+from app.core.errors import ModelNotFound
+from app.core.ids import MAX_STEP, parse_number
+from app.core.job_status import JobStatus
+from app.core.models import Checkpoint, Job
+from app.fine_tuning.names import (
+    FINE_TUNED_PREFIX,
+    NamedWeights,
+    base_model,
+    checkpoint_model_name,
+    fine_tuned_model_name,
+    read_fine_tuned_name,
+)
+from app.inference.schemas import ModelInfo, ModelKind, ModelOut
+from app.jobs import checkpoints_repository as checkpoints_repo
+from app.jobs import repository as jobs_repo
+from app.progress import repository as progress_repo
+from app.sessions import repository as projects_repo
+from trainer.spec import PACKAGED_MODELS
+
+SYSTEM_OWNER = "system"
+NATIVE_PREFIX = "job_"
+STEP_SEPARATOR = "@"
+# How many checkpoints of each job the catalogue lists (the newest); the rest still resolve.
+CHECKPOINTS_PER_JOB = 10
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What a server needs to serve a name, and what the catalogue shows of it. Nothing here
+    is a server path: `checkpoint_folder` is the folder's name in the checkpoint store
+    (`checkpoint-000012`), which the server finds under its own checkpoint directory."""
+
+    name: str  # the name as the client gave it
+    kind: ModelKind
+    base_model: str  # what a server loads (as base, or under LoRA adapters): the spec's model
+    owned_by: str  # "system", or the project id
+    created: datetime | None
+    parent: str | None = None  # the base model as the job named it (app.fine_tuning.names)
+    job_id: str | None = None
+    step: int | None = None
+    checkpoint_folder: str | None = None
+    # A LoRA job started from a full checkpoint (`init_from`): its adapters sit on those
+    # weights, not on `base_model`'s.
+    base_checkpoint: NamedWeights | None = None
+
+
+def not_found(name: str) -> ModelNotFound:
+    return ModelNotFound(
+        f"The model {name[:200]!r} does not exist or you do not have access to it.",
+        param="model",
+    )
+
+
+def resolve_model(session: Session, *, project_id: str, name: str) -> ResolvedModel:
+    """The model `name` names for `project_id`, or ModelNotFound (404 `model_not_found`)."""
+    if name in PACKAGED_MODELS:
+        return _base(session, project_id=project_id, name=name)
+    named = read_fine_tuned_name(name) or _read_native_name(name)
+    if named is None:
+        raise not_found(name)
+    job = jobs_repo.get_for_project(session, project_id=project_id, job_id=named.job_id)
+    if job is None:
+        raise not_found(name)
+    if named.step is None:
+        own = fine_tuned_model_name(job)
+        checkpoint = _final_checkpoint(session, job)
+    else:
+        own = checkpoint_model_name(job, named.step)
+        checkpoint = checkpoints_repo.checkpoint_of_project_job(
+            session, project_id=project_id, job_id=job.id, step=named.step
+        )
+    if checkpoint is None or (name.startswith(FINE_TUNED_PREFIX) and name != own):
+        raise not_found(name)
+    return _fine_tuned(job, checkpoint, name=name, final=named.step is None)
+
+
+def _read_native_name(name: str) -> NamedWeights | None:
+    """`job_...` (the final weights) or `job_...@N` (the checkpoint of step N)."""
+    job_id, separator, step_text = name.partition(STEP_SEPARATOR)
+    if not job_id.startswith(NATIVE_PREFIX):
+        return None
+    if not separator:
+        return NamedWeights(job_id, None)
+    step = parse_number(step_text, MAX_STEP)
+    return None if step is None else NamedWeights(job_id, step)
+
+
+def _final_checkpoint(session: Session, job: Job) -> Checkpoint | None:
+    """A succeeded job's final weights: its newest kept checkpoint (the run saves one at its
+    last step, and retention always keeps the newest)."""
+    if job.status != JobStatus.SUCCEEDED:
+        return None
+    newest, _ = progress_repo.checkpoints_before(session, job_id=job.id, before_step=None, limit=1)
+    return newest[0] if newest else None
+
+
+def _base(session: Session, *, project_id: str, name: str) -> ResolvedModel:
+    project = projects_repo.get_project(session, project_id=project_id)
+    return ResolvedModel(
+        name=name,
+        kind="base",
+        base_model=name,
+        owned_by=SYSTEM_OWNER,
+        created=project.created_at if project is not None else None,
+    )
+
+
+def _fine_tuned(job: Job, checkpoint: Checkpoint, *, name: str, final: bool) -> ResolvedModel:
+    spec = job.spec or {}
+    lora = bool(spec.get("lora"))
+    init_from = spec.get("init_from") or None
+    return ResolvedModel(
+        name=name,
+        kind="lora" if lora else "full",
+        base_model=str(spec.get("model", "")),
+        owned_by=job.project_id,
+        created=job.finished_at if final else checkpoint.created_at,
+        parent=base_model(job),
+        job_id=job.id,
+        step=checkpoint.step,
+        checkpoint_folder=PurePath(checkpoint.path).name,
+        base_checkpoint=NamedWeights(str(init_from["job_id"]), int(init_from["step"]))
+        if lora and init_from
+        else None,
+    )
+
+
+@dataclass(frozen=True)
+class CataloguePage:
+    models: list[ResolvedModel]
+    has_more: bool
+    next_after: str | None  # the last job id of this page, when there is more
+
+
+def catalogue(session: Session, *, project_id: str, after: str | None, limit: int) -> CataloguePage:
+    """The base models (on the first page), then `limit` of the project's jobs holding kept
+    checkpoints, newest first: each one's `ft:` name once it succeeded, then its newest
+    `CHECKPOINTS_PER_JOB` checkpoints, newest first."""
+    models = (
+        [_base(session, project_id=project_id, name=name) for name in PACKAGED_MODELS]
+        if after is None
+        else []
+    )
+    jobs, has_more = jobs_repo.list_page(
+        session,
+        project_id=project_id,
+        after=after,
+        limit=limit,
+        statuses=None,
+        with_kept_checkpoints=True,
+    )
+    kept = checkpoints_repo.newest_kept(
+        session, job_ids=[j.id for j in jobs], per_job=CHECKPOINTS_PER_JOB
+    )
+    for job in jobs:
+        checkpoints = kept.get(job.id, [])
+        if checkpoints and job.status == JobStatus.SUCCEEDED:
+            models.append(
+                _fine_tuned(job, checkpoints[0], name=fine_tuned_model_name(job), final=True)
+            )
+        models.extend(
+            _fine_tuned(job, c, name=checkpoint_model_name(job, c.step), final=False)
+            for c in checkpoints
+        )
+    return CataloguePage(models, has_more, jobs[-1].id if jobs and has_more else None)
+
+
+def model_object(model: ResolvedModel) -> ModelOut:
+    """The model as OpenAI's model object (what a name resolves to stays in the gateway)."""
+    return ModelOut(
+        id=model.name,
+        created=unix(model.created) or 0,
+        owned_by=model.owned_by,
+        parent=model.parent,
+        grpo_service=ModelInfo(kind=model.kind, job_id=model.job_id, step=model.step),
+    )
