@@ -5,7 +5,8 @@ A checkpoint is a folder ``checkpoint-<step:06d>`` in the run's output dir holdi
 - the model (safetensors via ``save_pretrained``) and its tokenizer: a loadable HF model folder;
   for a LoRA job the adapters alone (``adapter_model.safetensors`` and ``adapter_config.json``,
   megabytes: the base never changes), which ``grpo export --merge`` turns into a full folder;
-- ``optimizer.pt``: optimizer and learning-rate scheduler state;
+- ``optimizer.pt``: optimizer and learning-rate scheduler state (a multi-rank run keeps its
+  optimizer state in ``sharded/`` instead: every rank's shards, ``trainer.checkpoint.sharded``);
 - ``rng_state.pt``: python, numpy (when installed) and torch RNG states;
 - ``manifest.json``: format version, step, sampler position and small trainer state.
 
