@@ -196,10 +196,9 @@ def create_job(
 
     With a key, the caller must hand the response it sends to `record_response` in the same
     unit of work, so the job and its replayable response commit together. `claims` makes the
-    key's own transactions (see `_claim_key`). The per-project quota of active jobs and their
-    devices is checked at the commit (app.jobs.quota.check_active_jobs): a refusal there rolls
-    everything back and releases the key. `queue` is the job's size class's
-    (app.core.queue.queue_for), where every re-send of it goes too.
+    key's own transactions (see `_claim_key`). The quota of active jobs and devices is checked
+    at the commit (app.jobs.quota): a refusal rolls everything back and releases the key.
+    `queue` is the job's size class's (app.core.queue.queue_for), for every re-send too.
 
     `openai` is stored with a job created through the OpenAI-compatible API (its request's own
     words); `fingerprint` replaces the resolved spec's as what a key's retries must match (that

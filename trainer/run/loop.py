@@ -36,7 +36,13 @@ from trainer.run.metrics import (
     build_samples,
     rollout_metrics,
 )
-from trainer.run.rank_batch import gather_rows, rank_batch, rank_figures, rank_update_metrics
+from trainer.run.rank_batch import (
+    gather_rows,
+    rank_batch,
+    rank_figures,
+    rank_update_metrics,
+    trained_tokens,
+)
 from trainer.run.rank_callbacks import rank_callbacks
 from trainer.run.setup import (
     DEFAULT_SAMPLE_GROUPS,
@@ -303,7 +309,7 @@ class _Run:
         rb = rank_batch(col.kept, spec, s.device, s.world, s.shares)
         if rb.left_out:
             metrics["data/uneven_groups_left_out"] = float(rb.left_out)
-        if not rb.kept:
+        if not rb.kept:  # fewer kept groups than devices: nothing every rank can share
             metrics["time/update"] = 0.0
             return {}, False
         shaped = shaped_rewards(rb.kept, rb.whole, spec)
@@ -358,13 +364,7 @@ class _Run:
             spec,
         )
         metrics["time/update"] = time.perf_counter() - clock
-        # Prompt and completion tokens of the batch, once per update pass over it: what the
-        # step trained on (the OpenAI view's trained_tokens sums it over steps).
-        whole = rb.whole
-        metrics["tokens/trained"] = float(
-            spec.num_iterations
-            * sum(len(p) + len(c) for p, c in zip(whole.prompts, whole.completions, strict=True))
-        )
+        metrics["tokens/trained"] = trained_tokens(rb.whole, spec)
 
         # Only an applied update changed the weights the engine generates with; an engine
         # that dropped its weights to sleep (level 2) needs them back either way.

@@ -32,6 +32,7 @@ __all__ = [
     "rank_batch",
     "rank_figures",
     "rank_update_metrics",
+    "trained_tokens",
     "whole_metrics",
 ]
 
@@ -62,6 +63,13 @@ def rank_batch(
     rows = slice(share.start * g, share.stop * g)
     batch = pack_groups(groups[share.start : share.stop], spec, device)
     return RankBatch(groups, len(kept) - usable, whole, batch, rows)
+
+
+def trained_tokens(whole: Batch, spec: GRPOSpec) -> float:
+    """``tokens/trained``: the batch's prompt and completion tokens, once per update pass over
+    it (the OpenAI view's trained_tokens sums it over steps)."""
+    lengths = sum(len(p) + len(c) for p, c in zip(whole.prompts, whole.completions, strict=True))
+    return float(spec.num_iterations * lengths)
 
 
 def gather_rows(world: World, mine: Tensor, phase: str) -> Tensor:

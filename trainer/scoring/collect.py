@@ -131,22 +131,20 @@ def collect_groups(
             oversample=spec.dynamic_sampling.oversample,
         )
         rows = sampler.next(need)
-        mine = [world.rank] if world.distributed else list(range(shares))
-        reports = []
-        for share in mine:
-            share_rows = [rows[i] for i in World(rank=share, size=shares).share(len(rows))]
-            share_seed = derive_seed(seed, step, rnd, share) if shares > 1 else None
-            reports.append(
-                _sample_share(
-                    engine,
-                    scorer,
-                    share_rows,
-                    prompt_ids,
-                    examples,
-                    spec,
-                    seed=derive_seed(seed, step, rnd) if share_seed is None else share_seed,
-                )
+        reports = [
+            _sample_share(
+                engine,
+                scorer,
+                [rows[i] for i in World(rank=share, size=shares).share(len(rows))],
+                prompt_ids,
+                examples,
+                spec,
+                seed=derive_seed(seed, step, rnd, share)
+                if shares > 1
+                else derive_seed(seed, step, rnd),
             )
+            for share in ([world.rank] if world.distributed else range(shares))
+        ]
         if world.distributed:
             reports = world.gather_objects(reports[0], "collect")
         out.rounds += 1
