@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -79,6 +80,9 @@ def _write_pid(output_dir: Path, rank: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     set_parent_death_signal()
+    # A crash in native code (a rank once died of SIGSEGV in a gloo gather under load) prints
+    # every thread's Python stack into the agent's output, which the launcher logs.
+    faulthandler.enable()
     if not _agent_alive():
         print("rank: the agent that started this rank is gone; exiting", file=sys.stderr)
         return 1

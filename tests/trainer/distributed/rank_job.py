@@ -6,6 +6,7 @@ thread (two ranks share the 2-core machine); rank 0 writes what its callbacks sa
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ class _Steps(Callbacks):
 
 
 def main() -> None:
+    faulthandler.enable()  # a native crash of a rank prints its Python stack
     torch.set_num_threads(1)
     spec = JobSpec.model_validate_json(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
