@@ -5,26 +5,5 @@ combined (issue 23), and outside checks call it by that path. The phases live in
 
 from __future__ import annotations
 
-from trainer.update.phases import (
-    Scored,
-    advantages_by_group,
-    compute_advantages,
-    has_signal,
-    needs_old_logprobs,
-    pack_groups,
-    reward_kl_penalty,
-    score_logprobs,
-    shaped_rewards,
-)
-
-__all__ = [
-    "Scored",
-    "advantages_by_group",
-    "compute_advantages",
-    "has_signal",
-    "needs_old_logprobs",
-    "pack_groups",
-    "reward_kl_penalty",
-    "score_logprobs",
-    "shaped_rewards",
-]
+from trainer.update.phases import *  # noqa: F403  (the same names, declared there once)
+from trainer.update.phases import __all__ as __all__

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from trainer.distributed.timeout import DEFAULT_TIMEOUT_S, dist_timeout_s
 from trainer.errors import DistributedTimeout
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "world_from_env",
 ]
 
-DEFAULT_TIMEOUT_S = 600.0
 T = TypeVar("T")
 
 
@@ -134,9 +134,7 @@ def world_from_env(environ: dict[str, str] | None = None) -> World:
     """The world torchrun describes in the environment (``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``), with ``GRPO_DIST_TIMEOUT_S``; a single-rank world without them."""
     env = os.environ if environ is None else environ
-    timeout = float(env.get("GRPO_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S))
-    if timeout <= 0:
-        raise ValueError(f"GRPO_DIST_TIMEOUT_S must be > 0, got {timeout}")
+    timeout = dist_timeout_s(env)
     size = int(env.get("WORLD_SIZE", "1"))
     if size <= 1:
         return World(timeout_s=timeout)

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import trainer
+from trainer.distributed.timeout import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, dist_timeout_s
 from trainer.errors import DistributedTimeout, RankFailed
 from trainer.run.callbacks import Callbacks
 from trainer.run.relay import (
@@ -64,29 +65,17 @@ from trainer.spec import JobSpec
 if TYPE_CHECKING:
     from trainer.run.loop import TrainResult
 
-__all__ = ["DEFAULT_SAMPLE_GROUPS", "dist_timeout_s", "launch_ranks"]
+__all__ = ["DEFAULT_SAMPLE_GROUPS", "DEFAULT_TIMEOUT_S", "dist_timeout_s", "launch_ranks"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SAMPLE_GROUPS = 2  # trainer.run.setup.DEFAULT_SAMPLE_GROUPS (that module loads torch)
-DEFAULT_TIMEOUT_S = 600.0  # trainer.distributed.world.DEFAULT_TIMEOUT_S (likewise)
-TIMEOUT_ENV = "GRPO_DIST_TIMEOUT_S"
 POLL_S = 0.2  # how often the agent is looked at while rank 0 is quiet
 EXIT_GRACE_S = 30.0  # after rank 0's last message, for the agent and every rank to exit
 STOP_GRACE_S = 40.0  # SIGTERM to SIGKILL of the agent (it gives its ranks 30 s, then kills)
 READER_JOIN_S = 5.0
 TAIL_LINES = 200
 PR_SET_PDEATHSIG = 1
-
-
-def dist_timeout_s(environ: dict[str, str] | None = None) -> float:
-    """``GRPO_DIST_TIMEOUT_S``: how long a collective, rank 0's connection or its wait for an
-    answer may take."""
-    env = os.environ if environ is None else environ
-    timeout = float(env.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
-    if timeout <= 0:
-        raise ValueError(f"{TIMEOUT_ENV} must be > 0, got {timeout}")
-    return timeout
 
 
 def launch_ranks(
