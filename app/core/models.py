@@ -284,3 +284,33 @@ class WebhookAttempt(Base):
     error: Mapped[str | None] = mapped_column(Text)
     # When the next try was scheduled (null: delivered, or given up).
     next_attempt_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class InferenceServer(Base):
+    """A running `grpo inference` process (serving/): where its control API answers, which base
+    models it serves and what it holds warm. It rewrites its row every heartbeat; the gateway
+    routes only to rows whose heartbeat is fresh (app.inference.servers_repository)."""
+
+    __tablename__ = "inference_servers"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    control_url: Mapped[str] = mapped_column(String(2048))
+    # The base models it starts engines for (["*"]: any model the host can load).
+    bases: Mapped[list[Any]] = mapped_column(JSON)
+    # app.inference.protocol.ServerState as JSON: engines, warm adapters, memory budget.
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class InferenceUsage(Base):
+    """Tokens served per project, model name and UTC day (GET /v1/usage; the daily token quota)."""
+
+    __tablename__ = "inference_usage"
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True
+    )
+    model: Mapped[str] = mapped_column(String(1200), primary_key=True)
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD, UTC
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

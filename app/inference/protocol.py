@@ -1,0 +1,78 @@
+"""What the gateway (app.inference) and a `grpo inference` process (serving/) say to each other:
+torch-free, so both sides import it.
+
+A request for a fine-tuned model reaches a vLLM OpenAI server in two hops of different kinds:
+1. the gateway asks a registered inference process to make the weights ready,
+   ``POST {control_url}/engines/ensure`` with an :class:`EnsureRequest`, and gets back an
+   :class:`EnsureResponse` (the vLLM server's base URL and the name to send as ``model``), or a
+   503 whose body is a :class:`Busy` and whose ``Retry-After`` header says when to ask again
+   (an engine is starting, or the memory budget is held by engines serving requests);
+2. the gateway sends the client's request, its ``model`` replaced, to that vLLM server and passes
+   the answer through (streamed chunk by chunk).
+
+Each process registers itself in ``inference_servers`` (app.inference.servers_repository): its
+control URL, the base models it serves, and its :class:`ServerState` as JSON, rewritten every
+heartbeat. Nothing here is a host path: weights are named by job id and checkpoint folder name,
+which the inference process finds under its own checkpoint directory.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+ENSURE_PATH = "/engines/ensure"
+ANY_BASE = "*"  # a server whose bases hold this serves any base model its host can load
+HEARTBEAT_S = 5.0  # how often a process rewrites its row
+FRESH_S = 20.0  # a row older than this is a process that is gone: no request is routed to it
+
+
+class WeightsRef(BaseModel):
+    """A kept checkpoint: ``<checkpoint_dir>/<job_id>/<folder>`` on the inference host."""
+
+    job_id: str = Field(max_length=64)
+    folder: str = Field(max_length=64, pattern=r"^checkpoint-\d{6,}$")
+
+
+class EnsureRequest(BaseModel):
+    """Make these weights answer requests. ``base_model`` is the job spec's ``model`` (a
+    packaged name, a Hub id in the host's cache, or a model folder the operator allows).
+    ``full``: a full fine-tune's checkpoint, served by an engine of its own. ``adapter``: LoRA
+    adapters, loaded into the engine of ``base_model`` (or of ``base_weights``, the full
+    checkpoint a LoRA job started from). Neither: the base model itself."""
+
+    base_model: str = Field(max_length=1200)
+    full: WeightsRef | None = None
+    base_weights: WeightsRef | None = None
+    adapter: WeightsRef | None = None
+
+
+class EnsureResponse(BaseModel):
+    base_url: str  # the vLLM OpenAI server, e.g. http://127.0.0.1:8301 (no /v1)
+    served_model: str  # what to send as `model` to it
+    warm: bool  # the weights were ready before this call (no engine start, no adapter load)
+
+
+class Busy(BaseModel):
+    """The 503 body: why the weights are not ready yet; ``Retry-After`` carries the wait."""
+
+    reason: Literal["engine_starting", "memory_budget", "adapter_loading", "draining"]
+    detail: str
+    retry_after_s: int
+
+
+class EngineState(BaseModel):
+    key: str  # the base model, or the checkpoint the engine loaded (a full fine-tune, init_from)
+    base_url: str
+    status: Literal["starting", "ready", "stopping"]
+    adapters: list[str]  # served names of the warm LoRA adapters, least recently used first
+    memory_bytes: int  # its share of the process's budget
+    running_requests: int
+
+
+class ServerState(BaseModel):
+    engines: list[EngineState]
+    memory_budget_bytes: int
+    memory_used_bytes: int
+    max_adapters_per_engine: int
