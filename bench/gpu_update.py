@@ -33,6 +33,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from trainer.models.loading import disable_dropout, enable_gradient_checkpointing
 from trainer.models.lora import apply_lora
+from trainer.models.precision import enable_tf32
 from trainer.spec import GRPOSpec, LoraSpec
 from trainer.update.optim import build_optimizer
 from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
@@ -267,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's bf16 peak")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
+        "--no-tf32",
+        action="store_true",
+        help="leave float32 matmuls at full precision (the trainer turns TF32 on for CUDA; "
+        "the output head's forward is exact float32 either way)",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="a tiny model and batch on CPU (or the GPU if there is one): the code path only",
@@ -292,11 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         config = qwen25_05b_config()
         shape = Shape(args.rows, args.prompt_tokens, args.completion_tokens, args.micro_batch_size)
         steps = args.steps
+    # What trainer.run.setup does for a job: TF32 for float32 matmuls (the head's backward, the
+    # optimizer's float32 master weights), the head's forward kept exact by its own scope.
+    tf32 = not args.no_tf32 and enable_tf32(device)
     peak = peak_tflops(device, args.peak_tflops)
     print(
         f"update on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}: "
         f"{shape.rows} x ({shape.prompt_tokens} + {shape.completion_tokens}) tokens, "
-        f"micro-batches of {shape.micro_batch_size}, bfloat16 autocast, "
+        f"micro-batches of {shape.micro_batch_size}, bfloat16 autocast, TF32 {'on' if tf32 else 'off'}, "
         f"peak {peak if peak else 'unknown'} TFLOP/s"
     )
     results = []
@@ -315,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "shape": asdict(shape),
             "peak_tflops": peak,
+            "tf32": tf32,
             "results": results,
         }
         args.out.write_text(json.dumps(record, indent=2) + "\n")
