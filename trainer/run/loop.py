@@ -117,6 +117,14 @@ def train(
     Raises NonFiniteLossError (a TrainerError, ``reason`` "non_finite_loss") after
     consecutive non-finite updates, and ValueError for an unusable dataset or arguments.
     """
+    if config.is_agentic:
+        # The episode rollout (trainer.agents) is not in the loop yet: fail the job with the
+        # reason rather than train it single-turn with its tools silently ignored.
+        raise TrainerError(
+            "tools and environment are not run by this trainer yet (multi-turn episodes are "
+            "not wired into the training loop); remove them to train single-turn",
+            reason="agents_not_supported",
+        )
     if (model is None) != (tokenizer is None):
         raise ValueError("pass model and tokenizer together (or neither)")
     if graders is not None and reward_fn is not None:

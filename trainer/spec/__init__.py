@@ -1,6 +1,6 @@
 """The GRPO job spec, whole: one pydantic model (:class:`JobSpec`, in ``job``) shared by the API
 (validation) and the trainer (execution), its sections by topic (``base``, ``dataset``,
-``graders``, ``grpo``, ``adaptation``, ``integrations``, ``checkpoint``, ``model_source``,
+``graders``, ``grpo``, ``adaptation``, ``agents``, ``integrations``, ``checkpoint``, ``model_source``,
 ``resources``), the
 validators they need (``expressions``, ``templates``, ``regex``, ``row_budget``) and what each
 registered name is beyond its name (``traits``).
@@ -16,6 +16,18 @@ from trainer.spec.adaptation import (
     ALL_LINEAR,
     LoraSpec,
     TrainingDtype,
+)
+from trainer.spec.agents import (
+    MAX_TOOLS,
+    EnvironmentSpec,
+    EpisodeSpec,
+    HttpEnvironment,
+    HttpToolImplementation,
+    PythonEnvironment,
+    PythonToolImplementation,
+    ToolFunction,
+    ToolImplementation,
+    ToolSpec,
 )
 from trainer.spec.base import (
     MAX_HOLDOUT_ROWS,
@@ -111,6 +123,7 @@ __all__ = [
     "MAX_STEPS",
     "MAX_TEXT_CHARS",
     "MAX_TOKENS",
+    "MAX_TOOLS",
     "METRIC_NAME_PATTERN",
     "PACKAGED_MODELS",
     "REGEX_MAX_MEM",
@@ -121,12 +134,16 @@ __all__ = [
     "CheckpointSpec",
     "DatasetSpec",
     "DynamicSamplingSpec",
+    "EnvironmentSpec",
+    "EpisodeSpec",
     "EvalSpec",
     "ExactMatchGrader",
     "GRPOSpec",
     "GraderSpec",
     "GraderSpecBase",
     "GraderSpecUnion",
+    "HttpEnvironment",
+    "HttpToolImplementation",
     "InitFrom",
     "IntegrationSpec",
     "JobSpec",
@@ -142,7 +159,9 @@ __all__ = [
     "NumericMatchGrader",
     "OverlongSpec",
     "PromptRow",
+    "PythonEnvironment",
     "PythonGrader",
+    "PythonToolImplementation",
     "RegexGrader",
     "ResourcesSpec",
     "RolloutEngineName",
@@ -154,6 +173,9 @@ __all__ = [
     "StrictModel",
     "StringCheckGrader",
     "TextSimilarityGrader",
+    "ToolFunction",
+    "ToolImplementation",
+    "ToolSpec",
     "TrainingDtype",
     "WandbIntegration",
     "compile_regex",

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pydantic import Field, ValidationInfo, field_validator
 
 from trainer.spec.adaptation import LoraSpec
+from trainer.spec.agents import MAX_TOOLS, EnvironmentSpec, EpisodeSpec, ToolSpec
 from trainer.spec.base import MAX_SEED, MAX_STEPS, StrictModel
 from trainer.spec.checkpoint import CheckpointSpec
 from trainer.spec.dataset import DatasetSpec
@@ -76,6 +77,22 @@ class JobSpec(StrictModel):
         description="Graders whose weighted sum is the reward of a completion.",
     )
     grpo: GRPOSpec = Field(default_factory=GRPOSpec, description="GRPO hyperparameters.")
+    tools: list[ToolSpec] = Field(
+        default_factory=list,
+        max_length=MAX_TOOLS,
+        description=(
+            f"Tools the model may call (at most {MAX_TOOLS}): OpenAI function tools with a python "
+            "or http implementation. With tools or an environment, each completion is a "
+            "multi-turn episode trained only on the tokens the model sampled."
+        ),
+    )
+    environment: EnvironmentSpec | None = Field(
+        default=None,
+        description="An environment the episode steps through (reset(item), step(messages)).",
+    )
+    episode: EpisodeSpec = Field(
+        default_factory=EpisodeSpec, description="Per-episode budgets (tools or environment)."
+    )
     lora: LoraSpec | None = Field(
         default=None,
         description="Train LoRA adapters instead of every weight (none: full fine-tuning).",
@@ -190,6 +207,20 @@ class JobSpec(StrictModel):
                 f"grader names must be unique; give each a distinct name: {', '.join(duplicates)}"
             )
         return graders
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tool_names(cls, tools: list[ToolSpec]) -> list[ToolSpec]:
+        names = [t.function.name for t in tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tool names must be unique: {', '.join(duplicates)}")
+        return tools
+
+    @property
+    def is_agentic(self) -> bool:
+        """Whether completions are multi-turn episodes (tools or an environment)."""
+        return bool(self.tools) or self.environment is not None
 
     @field_validator("metadata")
     @classmethod
