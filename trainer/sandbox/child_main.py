@@ -4,6 +4,9 @@ sandbox needs no file of the worker). Line protocol on stdin/stdout, one JSON ob
 - first line in: ``{"source": "...", "cpu_s": N}``; out: ``{"ready": true}`` or ``{"error": ...}``
 - then per request in: ``{"id": n, "sample": {...}, "item": {...}}``; out: ``{"id": n,
   "score": x}`` or ``{"id": n, "error": "Type: message"}`` (``x`` always a float).
+- with ``"call": "name"`` in the first line (an agent's tool), the source defines that function
+  instead of ``grade``; a request is ``{"id": n, "arguments": {...}}`` (passed as keywords) and
+  the reply ``{"id": n, "value": "text"}`` (a string result as it is, anything else as JSON).
 
 The user's ``print`` goes nowhere (``sys.stdout`` is replaced), so only this program writes
 the protocol. Before each call the CPU-time limit is moved to what this process has used plus
@@ -57,11 +60,12 @@ def main() -> None:
     setup = json.loads(sys.stdin.readline())
     cpu_s = float(setup["cpu_s"])
     namespace = {"__name__": "grader"}
+    entry = setup.get("call") or "grade"
     try:
         exec(compile(setup["source"], "grader.py", "exec"), namespace)
-        grade = namespace["grade"]
+        grade = namespace[entry]
         if not callable(grade):
-            raise TypeError("grade is not a function")
+            raise TypeError(f"{entry} is not a function")
     except BaseException as exc:
         _send(protocol, {"error": f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]})
         return
@@ -75,8 +79,12 @@ def main() -> None:
         soft = int(_cpu_used() + cpu_s) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (min(soft, hard), hard))
         try:
-            value = grade(request["sample"], request["item"])
-            reply: dict[str, Any] = {"score": float(value)}
+            reply: dict[str, Any]
+            if "arguments" in request:
+                value = grade(**request["arguments"])
+                reply = {"value": value if isinstance(value, str) else json.dumps(value)}
+            else:
+                reply = {"score": float(grade(request["sample"], request["item"]))}
         except BaseException as exc:
             # The sample scores 0 and the next one goes on.
             reply = {"error": f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]}

@@ -72,6 +72,7 @@ class SandboxVerdict:
     score: float
     failure: Failure | None = None
     error: str | None = None
+    value: str | None = None  # a tool call's result (pools made with ``call``)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class SandboxPool:
         *,
         capacity: SandboxCapacity | None = None,
         slot: int | None = None,
+        call: str | None = None,
     ) -> None:
         if not settings.enabled:
             raise SandboxError(
@@ -136,6 +138,7 @@ class SandboxPool:
         self.settings = settings
         self.capacity = capacity if capacity is not None else process_capacity(settings)
         self.slot = slot
+        self.call = call  # a tool's function name: the pool runs call_tool, not grade
         self._bwrap = bwrap
         self._sandboxes: list[_Sandbox] = []
 
@@ -190,7 +193,8 @@ class SandboxPool:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
         sandbox = _Sandbox(process, slot)
-        self._write(sandbox, {"source": self.source, "cpu_s": self.settings.cpu_s})
+        setup = {"source": self.source, "cpu_s": self.settings.cpu_s, "call": self.call}
+        self._write(sandbox, setup)
         reply = self._read_one(sandbox, time.monotonic() + self.settings.startup_timeout_s)
         if not isinstance(reply, dict) or reply.get("ready") is not True:
             sandbox.kill()
@@ -279,19 +283,29 @@ class SandboxPool:
         contiguous share, one call at a time, each call within ``call_timeout_s``."""
         if len(samples) != len(items):
             raise ValueError(f"{len(samples)} samples but {len(items)} items")
-        n = len(samples)
-        if n == 0:
+        if self.call is not None:
+            raise ValueError("this pool runs a tool: use call_tool")
+        return self._run([{"sample": s, "item": i} for s, i in zip(samples, items, strict=True)])
+
+    def call_tool(self, arguments: Sequence[Mapping[str, Any]]) -> list[SandboxVerdict]:
+        """Call the pool's tool function once per ``arguments`` (keywords); each verdict's
+        ``value`` is the result text, or ``failure``/``error`` say why there is none. Same
+        limits and parallelism as :meth:`grade`."""
+        if self.call is None:
+            raise ValueError("this pool runs a grader: use grade")
+        return self._run([{"arguments": dict(a)} for a in arguments])
+
+    def _run(self, requests: list[dict[str, Any]]) -> list[SandboxVerdict]:
+        if not requests:
             return []
         try:
-            return self._grade(samples, items)
+            return self._calls(requests)
         finally:
             if self.slot is not None or self.capacity.full():
                 self.close()
 
-    def _grade(
-        self, samples: Sequence[Mapping[str, Any]], items: Sequence[Mapping[str, Any]]
-    ) -> list[SandboxVerdict]:
-        n = len(samples)
+    def _calls(self, requests: list[dict[str, Any]]) -> list[SandboxVerdict]:
+        n = len(requests)
         verdicts: list[SandboxVerdict | None] = [None] * n
         self._grow(min(self.settings.processes, n))
         wanted = min(len(self._sandboxes), n)
@@ -302,7 +316,7 @@ class SandboxPool:
         def start_next(k: int) -> None:
             while queues[k]:
                 index = queues[k].popleft()
-                request = {"id": index, "sample": samples[index], "item": items[index]}
+                request = {"id": index, **requests[index]}
                 if self._write(self._sandboxes[k], request):
                     in_flight[k] = (index, time.monotonic() + self.settings.call_timeout_s)
                     return
@@ -359,6 +373,8 @@ class SandboxPool:
         forged = not isinstance(reply, dict) or reply.get("id") != expected_id
         if not forged and "score" in reply:  # the child always sends a float score
             forged = isinstance(reply["score"], bool) or not isinstance(reply["score"], float)
+        if not forged and "value" in reply:  # and a tool's result as text
+            forged = self.call is None or not isinstance(reply["value"], str)
         if forged:
             return self._replace(k, "error", "the sandbox wrote something that is not a reply")
         if "spent" in reply:  # processes left behind: never reuse this sandbox
@@ -366,6 +382,12 @@ class SandboxPool:
             return self._replace(k, "error", why)
         if "error" in reply:
             return SandboxVerdict(0.0, "error", str(reply["error"])[:MAX_ERROR_CHARS])
+        if self.call is not None:
+            if "value" not in reply:
+                return SandboxVerdict(
+                    0.0, "error", "the sandbox wrote something that is not a reply"
+                )
+            return SandboxVerdict(0.0, value=reply["value"])
         score = reply.get("score")
         if not isinstance(score, float) or not 0.0 <= score <= 1.0:  # also NaN
             return SandboxVerdict(
