@@ -45,6 +45,9 @@ class Completion:
     logprobs: list[float] | None  # the engine's logprob of each sampled token (temperature applied)
     text: str  # decoded without special tokens and without the end token
     finish_reason: FinishReason
+    # 1 on tokens the model sampled, 0 on tokens injected between turns (an agent episode's
+    # tool results and environment messages); None: every token was sampled.
+    loss_mask: list[int] | None = None
 
 
 def check_generate_args(

@@ -47,7 +47,8 @@ __all__ = [
 
 def pack_groups(groups: Sequence[Group], spec: GRPOSpec, device: torch.device) -> Batch:
     """The groups' completions as one batch of B = len(groups) x G rows, each row paired with
-    its group's prompt; with ``spec.mask_truncated`` truncated rows get a zero loss mask."""
+    its group's prompt; with ``spec.mask_truncated`` truncated rows get a zero loss mask, and an
+    episode's injected tokens (``Completion.loss_mask`` 0) are in no mask."""
     comps = [c for g in groups for c in g.completions]
     truncated = [c.finish_reason == "length" for c in comps]
     return pack_batch(
@@ -57,6 +58,7 @@ def pack_groups(groups: Sequence[Group], spec: GRPOSpec, device: torch.device) -
         truncated,
         truncation_loss_mask(torch.tensor(truncated, device=device), spec.mask_truncated),
         device,
+        token_masks=[c.loss_mask for c in comps],
     )
 
 

@@ -4,6 +4,10 @@ the reference (no grad), and the learning-rate schedule. The updates themselves 
 
 Shapes: B completions in the step's batch, T = the longest completion (right padding),
 micro-batches of at most ``micro_batch_size`` rows are re-padded to their own widths.
+
+A completion may hold tokens the model did not sample (an agent episode's tool results and
+environment turns, ``trainer.agents``): the model reads them as context, but its per-token
+mask is 0 there, so they get no gradient and count in no loss denominator or token metric.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class Batch:
 
     prompts: list[list[int]]  # [B] prompt token ids
     completions: list[list[int]]  # [B] completion token ids
-    mask: Tensor  # [B, T] 1.0 on completion tokens
+    mask: Tensor  # [B, T] 1.0 on sampled completion tokens (0: padding, injected tokens)
     loss_mask: Tensor  # [B, T] mask times the per-sequence truncation mask
     engine_logprobs: Tensor | None  # [B, T] the engine's logprobs of the sampled tokens
     lengths: Tensor  # [B] completion lengths (tokens)
@@ -88,21 +92,34 @@ def pack_batch(
     truncated: Sequence[bool],
     seq_loss_weight: Tensor,
     device: torch.device,
+    token_masks: Sequence[Sequence[int] | None] | None = None,
 ) -> Batch:
-    """Right-pad completions into [B, T] tensors; ``seq_loss_weight`` [B] scales the loss mask."""
+    """Right-pad completions into [B, T] tensors; ``seq_loss_weight`` [B] scales the loss mask.
+
+    ``token_masks[i]`` (one 0/1 per token of completion i; None, or a None entry: all ones)
+    marks the tokens the model sampled; 0 removes a token from every mask of the batch while it
+    stays in the completion the model reads. An engine logprob of an injected token is unused."""
     size = len(completions)
     width = max(1, max((len(c) for c in completions), default=1))
     mask = torch.zeros(size, width)
     have_engine = all(lp is not None for lp in engine_logprobs)
     engine = torch.zeros(size, width)
     for i, comp in enumerate(completions):
-        mask[i, : len(comp)] = 1.0
+        token_mask = None if token_masks is None else token_masks[i]
+        if token_mask is None:
+            mask[i, : len(comp)] = 1.0
+        elif len(token_mask) != len(comp):
+            raise ValueError(f"row {i}: {len(token_mask)} mask values for {len(comp)} tokens")
+        else:
+            mask[i, : len(comp)] = torch.tensor(token_mask, dtype=torch.float32).clamp(0, 1)
         lp = engine_logprobs[i]
         if lp is not None and len(lp) == len(comp):
             engine[i, : len(comp)] = torch.tensor(lp, dtype=torch.float32)
         else:
             have_engine = False
-    lengths = mask.sum(dim=1)
+    # Lengths count every token of a completion, injected ones too (the overlong shaping's
+    # budget is the whole completion the engine and the episode produced).
+    lengths = torch.tensor([float(len(c)) for c in completions], dtype=torch.float32)
     return Batch(
         prompts=list(prompts),
         completions=list(completions),
