@@ -1,0 +1,161 @@
+"""How a conversation with tools reaches the model: through its chat template, rendered to
+token ids.
+
+:func:`chat_format` looks at the tokenizer once:
+
+- ``native_tools``: the template renders ``tools=`` (a render with a probe tool differs from one
+  without). Then the tool schemas go in through ``tools=``.
+- otherwise the **default** (SmolLM2, the tiny test model): the schemas and the call format go
+  into the system turn (:func:`default_tool_prompt`; a conversation's own system turn keeps its
+  text after ours), calls are Hermes-style ``<tool_call>{"name": ..., "arguments": {...}}
+  </tool_call>``.
+- ``tool_role``: the template renders a ``tool`` message (a probe result appears in the render).
+  Otherwise a tool result is a user turn that starts with :data:`TOOL_RESULT_PREFIX`.
+
+Assistant turns are put back as the text the model sampled (special tokens kept, the end token
+left for the template to write), never as structured ``tool_calls``: a template re-serialising
+the call's JSON would not give back the sampled tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from trainer.agents.parsing import TOOL_CALL_PARSERS, ParsedTurn, parser_family
+
+__all__ = [
+    "TOOL_RESULT_PREFIX",
+    "ChatFormat",
+    "Message",
+    "chat_format",
+    "default_tool_prompt",
+]
+
+Message = dict[str, Any]
+TOOL_RESULT_PREFIX = "Tool result"
+_PROBE_NAME = "grpo_probe_tool_7f3a"
+_PROBE_RESULT = "grpo-probe-result-7f3a"
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": _PROBE_NAME,
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+def default_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The system-turn text that describes ``tools`` (OpenAI function-tool dicts) and the call
+    format to a model whose template has no tool support."""
+    schemas = "\n".join(json.dumps(dict(t["function"]), sort_keys=True) for t in tools)
+    return (
+        "You can call tools. To call one, write on its own line\n"
+        '<tool_call>{"name": "<tool name>", "arguments": {<the arguments as JSON>}}</tool_call>\n'
+        "and stop; its result comes back in the next message. Available tools:\n"
+        f"{schemas}"
+    )
+
+
+def _render_text(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+) -> str:
+    text = tokenizer.apply_chat_template(
+        [dict(m) for m in messages],
+        tools=[dict(t) for t in tools] if tools else None,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    if not isinstance(text, str):
+        raise TypeError(f"apply_chat_template returned {type(text).__name__}, not str")
+    return text
+
+
+def _renders_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    probe = [{"role": "user", "content": "hi"}]
+    try:
+        with_tools = _render_text(tokenizer, probe, [_PROBE_TOOL])
+    except Exception:  # a template that chokes on tools= has no tool support
+        return False
+    return with_tools != _render_text(tokenizer, probe, None) and _PROBE_NAME in with_tools
+
+
+def _renders_tool_role(tokenizer: PreTrainedTokenizerBase) -> bool:
+    probe = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "call"},
+        {"role": "tool", "content": _PROBE_RESULT, "name": _PROBE_NAME},
+    ]
+    try:
+        return _PROBE_RESULT in _render_text(tokenizer, probe, None)
+    except Exception:  # templates that raise on an unknown role ("roles must alternate")
+        return False
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """A tokenizer's way with tools (see the module docstring)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    tools: tuple[Mapping[str, Any], ...]  # OpenAI function-tool dicts, as the template takes them
+    native_tools: bool
+    tool_role: bool
+    family: str
+
+    def initial(self, messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+        """The conversation an episode starts from: ``messages`` with, when the template does
+        not render tools itself, the default tool prompt in the system turn."""
+        out = [dict(m) for m in messages]
+        if not self.tools or self.native_tools:
+            return out
+        prompt = default_tool_prompt(self.tools)
+        if out and out[0].get("role") == "system":
+            out[0]["content"] = f"{prompt}\n\n{out[0].get('content', '')}"
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+        return out
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Token ids of ``messages`` and the assistant generation prompt (the template writes
+        its own special tokens, BOS included)."""
+        tools = self.tools if self.native_tools and self.tools else None
+        text = _render_text(self.tokenizer, messages, tools)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def assistant_message(self, sampled: Sequence[int], stop_ids: Sequence[int]) -> Message:
+        """The assistant turn as the model sampled it: its tokens decoded with special tokens
+        kept, less a final end token (which the template writes itself)."""
+        ids = list(sampled)
+        if ids and ids[-1] in set(stop_ids):
+            ids = ids[:-1]
+        return {"role": "assistant", "content": self.tokenizer.decode(ids)}
+
+    def tool_message(self, name: str, content: str) -> Message:
+        """A tool's result as the template takes it: a ``tool`` turn, or a prefixed user turn."""
+        if self.tool_role:
+            return {"role": "tool", "name": name, "content": content}
+        return {"role": "user", "content": f"{TOOL_RESULT_PREFIX} ({name}):\n{content}"}
+
+    def parse(self, text: str) -> ParsedTurn:
+        """The tool calls of an assistant turn's text, by the family's parser."""
+        return TOOL_CALL_PARSERS[self.family](text)
+
+
+def chat_format(
+    tokenizer: PreTrainedTokenizerBase, tools: Sequence[Mapping[str, Any]] = ()
+) -> ChatFormat:
+    """Probe ``tokenizer``'s template once (see the module docstring)."""
+    return ChatFormat(
+        tokenizer=tokenizer,
+        tools=tuple(tools),
+        native_tools=_renders_tools(tokenizer),
+        tool_role=_renders_tool_role(tokenizer),
+        family=parser_family(tokenizer),
+    )

@@ -1,0 +1,165 @@
+"""One episode, token in and token out: the tokens the engine sampled are kept as it sampled
+them, everything else is the chat template's token delta, checked.
+
+An episode's tokens are one or more :class:`Segment` s, each a prompt and a completion that
+interleaves sampled assistant turns (loss mask 1, the engine's log-probs) with injected turns
+(tool results, environment messages: loss mask 0, log-prob 0.0). After a turn the driver
+renders the whole conversation again and hands it to :meth:`Episode.inject`, which takes the
+suffix after the tokens so far (:func:`token_delta`) only where the render starts with exactly
+those tokens. Where it does not (template drift: the template re-renders an earlier turn
+differently, or the sampled tokens are not the tokenizer's own encoding of their text), nothing
+is re-tokenised: the episode either starts a new segment whose prompt is the new render
+(``split``, the segment before it trains as it was sampled) or ends unused (``drop``), and the
+drift is counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "END_REASONS",
+    "EndReason",
+    "Episode",
+    "Segment",
+    "token_delta",
+]
+
+EndReason = Literal[
+    "done",  # the environment said so, or the model answered without calling a tool
+    "max_turns",
+    "max_tool_calls",
+    "max_episode_tokens",
+    "truncated",  # a turn hit max_new_tokens before its end token
+    "malformed_call",
+    "error",  # the environment failed (a tool's failure is a result the model reads)
+    "template_drift",  # only with on_template_drift "drop"
+]
+END_REASONS: tuple[EndReason, ...] = (
+    "done",
+    "max_turns",
+    "max_tool_calls",
+    "max_episode_tokens",
+    "truncated",
+    "malformed_call",
+    "error",
+    "template_drift",
+)
+
+
+def token_delta(previous: Sequence[int], rendered: Sequence[int]) -> tuple[list[int], int | None]:
+    """``(rendered[len(previous):], None)`` when ``rendered`` starts with exactly ``previous``;
+    else ``([], i)`` with ``i`` the first position where they differ (``len(rendered)`` when the
+    render is a strict prefix of ``previous``)."""
+    n = len(previous)
+    if len(rendered) >= n and list(rendered[:n]) == list(previous):
+        return list(rendered[n:]), None
+    for i, (a, b) in enumerate(zip(previous, rendered, strict=False)):
+        if a != b:
+            return [], i
+    return [], min(n, len(rendered))
+
+
+@dataclass
+class Segment:
+    """A prompt and a completion; ``logprobs`` and ``loss_mask`` have one value per completion
+    token (1 and the engine's log-prob where sampled, 0 and 0.0 where injected)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+
+    @property
+    def context(self) -> list[int]:
+        """What the model reads next: the prompt and the completion so far."""
+        return self.prompt_ids + self.completion_ids
+
+    @property
+    def sampled(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class Episode:
+    """One episode of one dataset row (see the module docstring). The driver
+    (:mod:`trainer.agents.driver`) moves it turn by turn."""
+
+    row: int  # its index in the batch
+    item: Mapping[str, Any]
+    messages: list[dict[str, Any]]  # the conversation, as rendered
+    segments: list[Segment]
+    turns: int = 0
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # name, arguments, result
+    malformed: int = 0
+    tool_errors: int = 0
+    drifts: int = 0
+    injected_tokens: int = 0
+    env_reward: float | None = None
+    end_reason: EndReason | None = None
+    dropped: bool = False  # not trained (template drift with "drop")
+    last_text: str = ""  # the last assistant turn's content, tool calls removed
+    episode_id: str = ""  # what the environment knows it by
+
+    @classmethod
+    def start(
+        cls,
+        row: int,
+        item: Mapping[str, Any],
+        messages: list[dict[str, Any]],
+        prompt: list[int],
+        *,
+        episode_id: str = "",
+    ) -> Episode:
+        segments = [Segment(list(prompt))]
+        return cls(row, item, messages, segments, episode_id=episode_id or f"ep-{row}")
+
+    @property
+    def live(self) -> bool:
+        return self.end_reason is None
+
+    @property
+    def context(self) -> list[int]:
+        return self.segments[-1].context
+
+    def end(self, reason: EndReason) -> None:
+        if self.end_reason is None:
+            self.end_reason = reason
+
+    def add_turn(self, token_ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+        """Append an assistant turn exactly as sampled (mask 1)."""
+        seg = self.segments[-1]
+        lps = list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
+        if len(lps) != len(token_ids):
+            raise ValueError(f"{len(lps)} logprobs for {len(token_ids)} sampled tokens")
+        seg.completion_ids.extend(token_ids)
+        seg.logprobs.extend(lps)
+        seg.loss_mask.extend([1] * len(token_ids))
+        self.turns += 1
+
+    def inject(self, rendered: Sequence[int], on_drift: Literal["split", "drop"]) -> bool:
+        """Take the new render's delta as injected tokens (mask 0). On drift, split or drop (see
+        the module docstring) and return False."""
+        seg = self.segments[-1]
+        delta, drift_at = token_delta(seg.context, rendered)
+        if drift_at is None:
+            seg.completion_ids.extend(delta)
+            seg.logprobs.extend([0.0] * len(delta))
+            seg.loss_mask.extend([0] * len(delta))
+            self.injected_tokens += len(delta)
+            return True
+        self.drifts += 1
+        if on_drift == "drop":
+            self.dropped = True
+            self.end("template_drift")
+        else:
+            self.segments.append(Segment(list(rendered)))
+        return False
+
+    def trained_segments(self) -> list[Segment]:
+        """The segments that train: those with a sampled token, none of a dropped episode."""
+        if self.dropped:
+            return []
+        return [s for s in self.segments if s.sampled > 0]
