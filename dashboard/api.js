@@ -11,6 +11,7 @@
 export const POLL_MS = 2000;
 const STREAM_RETRY_MS = 10000; // while a stream is down the page polls, then tries it again
 const CSRF = { "X-Requested-With": "grpo-dashboard" };
+export const CSRF_HEADERS = CSRF; // for requests api() does not make (a streamed POST)
 const LEGACY_KEY_STORE = "grpo.apiKey"; // where earlier versions kept the key
 
 export class AuthError extends Error {}

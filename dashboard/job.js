@@ -1,11 +1,13 @@
-// The job page: progress, charts, events, checkpoints, rollouts and the spec. It loads once over
-// plain requests, then follows the job's server-sent event stream (GET /v1/jobs/{id}/stream):
-// `metrics` messages add chart points, `status` and `event` messages update the status and the
-// log, and what the stream does not carry (ETA, checkpoints, rollouts) is fetched when it says
-// something happened. Only while the stream is down does the page poll (api.js follow()).
-// The page's parts, and how each is drawn, are in job_parts.js; this module loads their data.
+// The job page: progress, charts, events, checkpoints, rollouts, a chat with the job's model
+// (chat.js) and the spec. It loads once over plain requests, then follows the job's server-sent
+// event stream (GET /v1/jobs/{id}/stream): `metrics` messages add chart points, `status` and
+// `event` messages update the status and the log, and what the stream does not carry (ETA,
+// checkpoints, rollouts) is fetched when it says something happened. Only while the stream is
+// down does the page poll (api.js follow()). The page's parts, and how each is drawn, are in
+// job_parts.js; this module loads their data.
 
 import { AuthError, POLL_MS, api, follow, qs, setConn } from "/dashboard/api.js";
+import { chatPart } from "/dashboard/chat.js";
 import { TERMINAL, h } from "/dashboard/dom.js";
 import {
   chartsPart, checkpointsPart, eventsPart, headerPart, progressPart, rolloutsPart, specPart,
@@ -36,9 +38,10 @@ class JobPage {
     this.rollouts = rolloutsPart(id, st);
     this.events = eventsPart(id, st);
     this.checkpoints = checkpointsPart(id, st);
+    this.chat = chatPart(id, st);
     this.spec = specPart();
     root.append(this.header.el, this.progress.el, this.charts.el, this.rollouts.el,
-      h("div", { class: "two-col" }, this.events.el, this.checkpoints.el), this.spec.el);
+      h("div", { class: "two-col" }, this.events.el, this.checkpoints.el), this.chat.el, this.spec.el);
     this.ctrl = new AbortController();
     this.stopped = false;
     this.live = null;
@@ -58,6 +61,7 @@ class JobPage {
     this.st.job = job;
     this.header.render(job);
     this.progress.render(job);
+    this.chat.refresh();
   }
 
   async loadMetrics(signal) {
@@ -154,6 +158,7 @@ class JobPage {
     const st = this.st;
     if (job.progress.step === st.partsStep && !TERMINAL.has(job.status)) return;
     await this.checkpoints.load(signal);
+    this.chat.refresh();
     if (st.follow) await this.rollouts.load(job.progress.step, signal);
     st.partsStep = job.progress.step;
   }
@@ -188,5 +193,6 @@ class JobPage {
     clearTimeout(this.refreshTimer);
     this.live?.stop();
     this.charts.stop();
+    this.chat.stop();
   }
 }

@@ -242,6 +242,7 @@ export function checkpointsPart(id, st) {
 
   async function load(signal) {
     const body = await api(`/v1/jobs/${encodeURIComponent(id)}/checkpoints`, { signal });
+    st.checkpoints = body.data;
     const key = body.data.map((c) => `${c.step}/${c.attempt}`).join();
     if (key === st.ckptKey && rows.childElementCount) return;
     st.ckptKey = key;

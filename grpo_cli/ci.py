@@ -48,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
 
             with _client(args) as client:
                 return download(args, out, client)
+        if args.command == "chat":
+            from grpo_cli.chat import chat
+
+            with _client(args) as client:
+                return chat(args, out, client)
         return metrics(args, out)
     except ci_env.UsageError as exc:
         return out.error(str(exc), Exit.USAGE)

@@ -73,7 +73,7 @@ spec's folder), so a re-run of the same pipeline gets the job it already started
 instead of starting a second one.
 """
 
-CI_COMMANDS = ("submit", "jobs", "logs", "metrics", "download")
+CI_COMMANDS = ("submit", "jobs", "logs", "metrics", "download", "chat")
 
 
 def _duration(text: str) -> float:
@@ -308,8 +308,38 @@ def _add_download(
     download.add_argument("--no-progress", action="store_true", help="No progress bar on stderr.")
 
 
+CHAT_RETRY_FOR_S = 300.0  # a cold engine of a fine-tuned model starts in tens of seconds
+CHAT_DESCRIPTION = """\
+Chat with a model through the API's OpenAI-compatible /v1/chat/completions; the
+reply is streamed as it is generated. With PROMPT: one question, one answer.
+Without: one turn per line of stdin (each reply joins the conversation).
+
+A model whose engine is still starting answers 503 with Retry-After: the command
+waits that long and asks again, for up to --retry-for (default 5m here).
+"""
+
+
+def _add_chat(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    chat = sub.add_parser(
+        "chat",
+        parents=[common],
+        help="Chat with a base or fine-tuned model; the reply is streamed.",
+        description=CHAT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    chat.add_argument("model", help="ft:..., ft:...:ckpt-step-N, job_...[@N] or a base model.")
+    chat.add_argument("prompt", nargs="?", help="One question (default: one per line of stdin).")
+    chat.add_argument("--system", default=None, help="A system message before the first turn.")
+    chat.add_argument("--temperature", type=float, default=None)
+    chat.add_argument("--max-tokens", type=int, default=None)
+    chat.add_argument("--seed", type=int, default=None)
+    chat.set_defaults(retry_for=CHAT_RETRY_FOR_S)
+
+
 def add_ci_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The CI commands, each with the connection options (--api-url, --api-key, ...)."""
     common = _connection_options()
-    for add in (_add_submit, _add_jobs, _add_logs, _add_metrics, _add_download):
+    for add in (_add_submit, _add_jobs, _add_logs, _add_metrics, _add_download, _add_chat):
         add(sub, common)

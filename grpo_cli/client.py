@@ -15,9 +15,10 @@ METRICS_PAGE_STEPS = 10_000
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
+    def __init__(self, status: int, body: dict[str, Any], retry_after: float | None = None) -> None:
         error = body.get("error", {}) if isinstance(body, dict) else {}
         self.status = status
+        self.retry_after = retry_after  # seconds, from a 429/503's Retry-After header
         self.type = error.get("type", "http_error")
         self.param = error.get("param")
         super().__init__(f"{status} {self.type}: {error.get('message', body)}")
@@ -57,7 +58,7 @@ class Client:
             if response.status_code < 400:
                 raise ApiError(response.status_code, body) from None
         if response.status_code >= 400:
-            raise ApiError(response.status_code, body)
+            raise ApiError(response.status_code, body, _retry_after(response))
         return dict(body)
 
     def create_job(
@@ -231,6 +232,39 @@ class Client:
             if reconnects > max_reconnects:
                 raise ConnectionError(f"stream of {job_id} dropped {reconnects} times")
             time.sleep(min(2.0, 0.2 * reconnects))
+
+    def chat_stream(
+        self, model: str, messages: list[dict[str, str]], **params: Any
+    ) -> Iterator[str]:
+        """Stream a chat completion (POST /v1/chat/completions, ``stream: true``): the text of
+        each chunk as it arrives. A refusal before the first chunk (a 503 while the model's
+        engine starts, a 429) raises ApiError with the server's ``retry_after``."""
+        body = {"model": model, "messages": messages, "stream": True, **params}
+        timeout = httpx.Timeout(30, read=300)
+        with self._http.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._json(r)
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                chunk = json.loads(data)
+                if "error" in chunk:  # an error after the stream began (vLLM sends one so)
+                    raise ApiError(500, chunk)
+                for choice in chunk.get("choices") or []:
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        yield text
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers["Retry-After"])
+    except (KeyError, ValueError):
+        return None
 
 
 def parse_sse(lines: Iterator[str]) -> Iterator[StreamMessage]:

