@@ -185,7 +185,12 @@ class GatewayResponse(Response):
                 body=self.request,
                 served_model=target.served_model,
             )
-        data = proxy.rewrite_answer(answer.json(), self.plan.model)
+        try:
+            data = proxy.rewrite_answer(answer.json(), self.plan.model)
+        except ValueError as exc:
+            raise UpstreamFailed("the inference engine's answer is not JSON; retry") from exc
+        if not isinstance(data, dict):
+            raise UpstreamFailed("the inference engine's answer is not a JSON object; retry")
         await self._record(proxy.Usage.of(data.get("usage")) or proxy.Usage(0, 0))
         content = json.dumps(data, separators=(",", ":")).encode()
         await Response(content, media_type="application/json")(scope, receive, send)
