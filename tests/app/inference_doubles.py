@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -37,11 +38,13 @@ from tests.conftest import free_port, wait_until
 
 @dataclass
 class ControlDouble:
-    """See the module docstring. `answer` is what ensure returns; set `busy` to answer 503."""
+    """See the module docstring. Ensure answers `base_url` and `served_model`; set `busy` to
+    answer 503, or `hold` to keep the first ensure it gets waiting until the event is set."""
 
     base_url: str = ""
     served_model: str = ""
     busy: Busy | None = None
+    hold: threading.Event | None = None
     received: list[EnsureRequest] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
     url: str = ""
@@ -53,6 +56,9 @@ class ControlDouble:
         async def ensure(request: Request) -> JSONResponse:
             self.received.append(EnsureRequest.model_validate_json(await request.body()))
             self.authorizations.append(request.headers.get("authorization"))
+            first = len(self.received) == 1
+            while first and self.hold is not None and not self.hold.is_set():
+                await asyncio.sleep(0.05)
             if self.busy is not None:
                 return JSONResponse(
                     self.busy.model_dump(),

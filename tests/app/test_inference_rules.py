@@ -8,9 +8,11 @@ or the process says it is busy, usage upserts on both databases, the daily quota
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from app.core.clock import utcnow
@@ -21,7 +23,8 @@ from app.inference import usage_repository as usage_repo
 from app.inference.protocol import Busy, EnsureRequest, WeightsRef
 from tests.app.inference_doubles import ControlDouble, Registry, serve_control
 from tests.app.test_models_catalogue import _ft, _job, _train
-from tests.conftest import Api, free_port
+from tests.conftest import Api, free_port, new_project_key, settings_for, wait_until
+from tests.live_server import serve
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -366,3 +369,63 @@ def test_seconds_to_midnight() -> None:
 
     assert quota.seconds_to_midnight(datetime(2026, 1, 1, 23, 59, 30, tzinfo=UTC)) == 30
     assert quota.seconds_to_midnight(datetime(2026, 1, 1, 0, 0, 0, tzinfo=UTC)) == 86_400
+
+
+# ---------------------------------------------------------------- fair use
+
+
+def test_inference_has_a_request_budget_of_its_own(make_api: Callable[..., Api]) -> None:
+    api = make_api(inference_rate_limit_per_minute=1, inference_rate_limit_burst=1)
+    first = api.client.post(CHAT, json=_chat(), headers=api.headers)
+    assert _error(first, 503)["code"] == "no_inference_server"  # passed the limit
+    second = api.client.post(CHAT, json=_chat(), headers=api.headers)
+    error = _error(second, 429)
+    assert "chat and completion requests per minute" in error["message"]
+    assert int(second.headers["Retry-After"]) >= 1
+    # The rest of the API keeps its own budget.
+    assert api.client.get("/v1/usage", headers=api.headers).status_code == 200
+
+
+def test_a_project_has_a_cap_on_requests_in_flight(
+    pg_url: str, sqlite_dir: Any, queue_name: str, control: ControlDouble
+) -> None:
+    settings = settings_for(
+        "postgres", pg_url, sqlite_dir, queue_name, inference_max_concurrent_per_project=1
+    )
+    control.hold = threading.Event()
+    registry = Registry(settings)
+    try:
+        with serve(settings) as server:
+            registry.register("inflight-test", control.url, ["tiny-random-llama"])
+            key, _ = new_project_key(settings)
+            headers = {"Authorization": f"Bearer {key}"}
+            held: list[httpx.Response] = []
+            first = threading.Thread(
+                target=lambda: held.append(
+                    httpx.post(f"{server.url}{CHAT}", json=_chat(), headers=headers, timeout=30)
+                )
+            )
+            first.start()
+            wait_until(lambda: control.received, 10, "the first request to reach ensure")
+            second = httpx.post(f"{server.url}{CHAT}", json=_chat(), headers=headers, timeout=30)
+            error = _error(second, 429)
+            assert "this project has 1 chat and completion requests in flight" in error["message"]
+            assert "GRPO_INFERENCE_MAX_CONCURRENT_PER_PROJECT" in error["message"]
+            assert second.headers["Retry-After"] == "5"
+            other, _ = new_project_key(settings)  # another project is not held back
+            control.busy = Busy(reason="memory_budget", detail="full", retry_after_s=2)
+            third = httpx.post(
+                f"{server.url}{CHAT}",
+                json=_chat(),
+                headers={"Authorization": f"Bearer {other}"},
+                timeout=30,
+            )
+            control.hold.set()
+            assert _error(third, 503)["code"] == "memory_budget"
+            first.join(30)
+            assert held and held[0].status_code == 503  # the double said busy to it too
+            # Its slot was given back: the project may send again.
+            again = httpx.post(f"{server.url}{CHAT}", json=_chat(), headers=headers, timeout=30)
+            assert _error(again, 503)["code"] == "memory_budget"
+    finally:
+        registry.close()
