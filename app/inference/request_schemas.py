@@ -95,8 +95,12 @@ class StreamOptions(_Strict):
 
 
 def _json_without_nul(value: dict[str, Any]) -> dict[str, Any]:
-    """A JSON schema is free JSON: bounded by its encoded size, and NUL-free anywhere."""
-    encoded = json.dumps(value)  # escapes NUL as \\u0000, which is what to look for
+    """A JSON schema is free JSON: bounded by its encoded size, NUL-free anywhere, and with
+    finite numbers only (JSON has no NaN or Infinity; the engine would refuse the body)."""
+    try:
+        encoded = json.dumps(value, allow_nan=False)  # escapes NUL as \\u0000
+    except ValueError:
+        raise ValueError("must hold finite numbers only (no NaN or Infinity)") from None
     if len(encoded) > MAX_SCHEMA_BYTES:
         raise ValueError(f"is larger than {MAX_SCHEMA_BYTES} bytes as JSON")
     if "\\u0000" in encoded:

@@ -107,6 +107,7 @@ class GatewayResponse(Response):
         super().__init__()
         self.plan, self.request, self.project_id, self.state = plan, body, project_id, state
         self.settings = state.settings
+        self._recorded = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         slots = self.state.limits.inference_slots
@@ -191,6 +192,7 @@ class GatewayResponse(Response):
             raise UpstreamFailed("the inference engine's answer is not JSON; retry") from exc
         if not isinstance(data, dict):
             raise UpstreamFailed("the inference engine's answer is not a JSON object; retry")
+        # Recorded before the answer is sent: a client holding it sees it in GET /v1/usage.
         await self._record(proxy.Usage.of(data.get("usage")) or proxy.Usage(0, 0))
         content = json.dumps(data, separators=(",", ":")).encode()
         await Response(content, media_type="application/json")(scope, receive, send)
@@ -226,7 +228,7 @@ class GatewayResponse(Response):
         finally:
             with anyio.CancelScope(shield=True):
                 await upstream.aclose()  # unread: the connection closes, vLLM aborts
-                if started:
+                if started and not self._recorded:
                     await self._record(relay.estimated_usage())
         # A client that left gets nothing more; the body is ended for a client still there.
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -235,6 +237,8 @@ class GatewayResponse(Response):
         try:
             async for data in upstream.aiter_raw():
                 for event in relay.feed(data):
+                    if relay.done and not self._recorded:  # before [DONE], as for _once
+                        await self._record(relay.estimated_usage())
                     await send({"type": "http.response.body", "body": event, "more_body": True})
         except httpx.HTTPError as exc:
             log.warning("inference stream broke: %r", exc)
@@ -245,6 +249,7 @@ class GatewayResponse(Response):
             await send({"type": "http.response.body", "body": _sse(payload), "more_body": True})
 
     async def _record(self, usage: proxy.Usage) -> None:
+        self._recorded = True
         try:
             await anyio.to_thread.run_sync(self._record_now, usage)
         except Exception:  # the answer is given; a lost count must not turn it into an error

@@ -232,8 +232,13 @@ def test_a_client_leaving_mid_stream_stops_the_generation(gateway: Gateway) -> N
     wait_until(
         lambda: running_requests(gateway.engine_url) == 0, 15, "vLLM's running requests to drop"
     )
-    usage = httpx.get(f"{gateway.server.url}/v1/usage", headers=headers).json()["inference"]
-    row = next(r for r in usage["data"] if r["model"] == BASE)
+
+    def recorded() -> list[dict[str, Any]]:
+        usage = httpx.get(f"{gateway.server.url}/v1/usage", headers=headers).json()["inference"]
+        return [r for r in usage["data"] if r["model"] == BASE]
+
+    rows: Any = wait_until(recorded, 10, "the left stream's usage to be recorded")
+    (row,) = rows
     assert row["requests"] == 1 and 3 <= row["completion_tokens"] < 1000  # chunks received
 
 
