@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(graders.router)
     app.include_router(fine_tuning.router)
     app.include_router(inference.router)
+    app.include_router(inference.completions_router)
     app.include_router(webhooks.router)
     app.include_router(usage.router)
     app.include_router(session.router)

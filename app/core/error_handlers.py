@@ -45,13 +45,14 @@ _STATUS_TYPES = {
 _BODY_PARSE_DETAIL = "There was an error parsing the body"
 
 
-# Paths whose clients are OpenAI's SDKs: files, the fine-tuning API and the models.
-OPENAI_ROOTS = ("/v1/files", "/v1/models")
+# Paths whose clients are OpenAI's SDKs: files, the fine-tuning API, the models, and chat and
+# completions (app.inference).
+OPENAI_ROOTS = ("/v1/files", "/v1/models", "/v1/chat/completions", "/v1/completions")
 OPENAI_PREFIXES = ("/v1/fine_tuning/", *(f"{root}/" for root in OPENAI_ROOTS))
 # OpenAI's error classes by status (the SDK picks its exception by status; `type` is the class).
 _OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
-# A final refusal (the state rules it out): the SDK would retry a 409 unless told not to.
-NO_RETRY_CODES = frozenset({"invalid_state"})
+# A final refusal (the state rules it out): the SDK would retry a 409 or 429 unless told not to.
+NO_RETRY_CODES = frozenset({"invalid_state", "insufficient_quota"})
 
 
 def is_openai_path(path: str) -> bool:

@@ -130,3 +130,47 @@ class QuotaExceeded(TooManyRequests):
     """A project holds as many queued and running jobs as it may: finish or cancel one."""
 
     error_type = "quota_exceeded"
+
+
+class InferenceUnavailable(RetryLater, ServiceUnavailable):
+    """No inference process can answer for the model now: none serves its base model, its
+    engine is starting or out of memory budget, or every one is unreachable. `code` says which;
+    the openai SDK retries a 503 after Retry-After by itself."""
+
+    def __init__(self, message: str, *, retry_after: float, code: str) -> None:
+        super().__init__(message, retry_after=retry_after)
+        self.code = code
+
+
+class UpstreamRefused(ApiError):
+    """The inference engine refused the request as invalid (a prompt past the model's context,
+    a schema it cannot compile): its own 4xx status and message, passed on."""
+
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, status_code: int, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.status_code = status_code
+
+
+class UpstreamFailed(ApiError):
+    """The inference engine failed (a 5xx of its own, a dropped connection): 502."""
+
+    status_code = 502
+    error_type = "upstream_error"
+
+
+class UpstreamTimeout(ApiError):
+    """The inference engine did not answer within GRPO_INFERENCE_READ_TIMEOUT_S: 504."""
+
+    status_code = 504
+    error_type = "upstream_timeout"
+
+
+class InsufficientQuota(TooManyRequests):
+    """The project's daily inference token quota is used up: 429 `insufficient_quota` (OpenAI's
+    code), not retried by the SDK (waiting seconds does not help; Retry-After says when the day
+    ends)."""
+
+    error_type = "insufficient_quota"
+    code = "insufficient_quota"

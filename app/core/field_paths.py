@@ -59,9 +59,10 @@ def discriminated_union_tags(model: type[BaseModel]) -> frozenset[str]:
 _UNION_TAGS = discriminated_union_tags(JobSpec)
 
 # The labels pydantic puts in an error's location for the member of a plain union that failed
-# (`"auto" | int` fails as literal['auto'] and constrained-int): not fields, so left out.
+# (`"auto" | int` fails as literal['auto'] and constrained-int; `str | list[Part]` as str and
+# list[Part]): not fields, so left out.
 _UNION_MEMBER = re.compile(
-    r"^(literal\[.*\]|constrained-\w+|function-\w+\[.*\]|int|float|str|bool)$"
+    r"^(literal\[.*\]|constrained-\w+|function-\w+\[.*\]|list\[.*\]|int|float|str|bool)$"
 )
 
 

@@ -97,11 +97,22 @@ class RedisStore:
 
 
 class RequestLimiter:
-    """Token bucket per API key; `check` raises TooManyRequests (429, Retry-After) when empty."""
+    """Token bucket per API key; `check` raises TooManyRequests (429, Retry-After) when empty.
+    Budgets kept apart have their own `redis_prefix`; `name` says in a refusal which one it is."""
 
-    def __init__(self, per_minute: int, burst: int, store: RedisStore) -> None:
+    def __init__(
+        self,
+        per_minute: int,
+        burst: int,
+        store: RedisStore,
+        *,
+        name: str = "requests",
+        redis_prefix: str = "grpo:ratelimit",
+    ) -> None:
         self.rate = per_minute / 60.0  # tokens per second
         self.burst = float(burst)
+        self.name = name
+        self._prefix = redis_prefix
         self._store = store
         self._script = store.client.register_script(_BUCKET_SCRIPT) if store.client else None
         self._lock = threading.Lock()
@@ -111,7 +122,7 @@ class RequestLimiter:
         wait = self._take(key_id)
         if wait > 0:
             raise TooManyRequests(
-                f"rate limit of {self.rate * 60:g} requests per minute "
+                f"rate limit of {self.rate * 60:g} {self.name} per minute "
                 f"(burst {self.burst:g}) for this API key exceeded; retry after the wait",
                 retry_after=_retry_after(wait),
             )
@@ -120,7 +131,7 @@ class RequestLimiter:
         """Take one token; 0 when there was one, else the seconds until there is."""
         if self._script is not None and self._store.usable():
             try:
-                wait = self._script(keys=[f"grpo:ratelimit:{key_id}"], args=[self.rate, self.burst])
+                wait = self._script(keys=[f"{self._prefix}:{key_id}"], args=[self.rate, self.burst])
                 return float(wait.decode() if isinstance(wait, bytes) else wait)
             except (redis.RedisError, OSError, ValueError) as exc:
                 self._store.failed(exc)
@@ -151,14 +162,32 @@ class StreamSlot:
     released: bool = field(default=False)
 
 
+@dataclass(frozen=True)
+class SlotLabels:
+    """How a kind of slot is named in refusals and in Redis."""
+
+    what: str = "open event streams"
+    owner: str = "this API key"  # what `per_key` counts for
+    redis_prefix: str = "grpo:streams"
+    advice: str = "close one or retry later"
+
+
 class StreamSlots:
-    """Open event streams: at most `per_process` here and `per_key` per API key."""
+    """Open event streams: at most `per_process` here and `per_key` per API key. The same
+    machinery counts other long requests held per owner (`labels`): the inference gateway's
+    requests in flight per project."""
 
     def __init__(
-        self, per_key: int, per_process: int, store: RedisStore, lease_s: float = STREAM_LEASE_S
+        self,
+        per_key: int,
+        per_process: int,
+        store: RedisStore,
+        lease_s: float = STREAM_LEASE_S,
+        labels: SlotLabels | None = None,
     ) -> None:
         self.per_key = per_key
         self.per_process = per_process
+        self.labels = labels or SlotLabels()
         self.lease_ms = int(lease_s * 1000)
         self._store = store
         self._script = store.client.register_script(_LEASE_SCRIPT) if store.client else None
@@ -176,7 +205,9 @@ class StreamSlots:
         Blocking (a Redis round trip): call it from a worker thread."""
         with self._lock:
             if self._open >= self.per_process:
-                raise self._refusal(f"this server has {self.per_process} open streams, its limit")
+                raise self._refusal(
+                    f"this server has {self.per_process} {self.labels.what}, its limit"
+                )
             self._open += 1
         try:
             lease = self._acquire_for_key(key_id)
@@ -217,7 +248,7 @@ class StreamSlots:
                 log.debug("stream lease not removed (it expires): %s", exc)
 
     def _acquire_for_key(self, key_id: str) -> str | None:
-        refused = f"this API key has {self.per_key} open streams, its limit"
+        refused = f"{self.labels.owner} has {self.per_key} {self.labels.what}, its limit"
         if self._script is not None and self._store.usable():
             lease = secrets.token_hex(8)
             try:
@@ -236,16 +267,23 @@ class StreamSlots:
             self._by_key[key_id] = self._by_key.get(key_id, 0) + 1
         return None
 
-    @staticmethod
-    def _key(key_id: str) -> str:
-        return f"grpo:streams:{key_id}"
+    def _key(self, key_id: str) -> str:
+        return f"{self.labels.redis_prefix}:{key_id}"
 
-    @staticmethod
-    def _refusal(why: str) -> TooManyRequests:
+    def _refusal(self, why: str) -> TooManyRequests:
         return TooManyRequests(
-            f"too many open event streams: {why}; close one or retry later",
+            f"too many {self.labels.what}: {why}; {self.labels.advice}",
             retry_after=STREAM_RETRY_AFTER_S,
         )
+
+
+# The inference gateway's requests in flight, counted per project (app.inference).
+INFERENCE_SLOTS = SlotLabels(
+    what="chat and completion requests in flight",
+    owner="this project",
+    redis_prefix="grpo:inference:inflight",
+    advice="wait for one to finish (GRPO_INFERENCE_MAX_CONCURRENT_PER_PROJECT)",
+)
 
 
 @dataclass
@@ -254,6 +292,10 @@ class Limits:
 
     requests: RequestLimiter
     streams: StreamSlots
+    # Chat and completions: a request budget of their own per key, and requests in flight per
+    # project (keyed by project id).
+    inference_requests: RequestLimiter
+    inference_slots: StreamSlots
 
 
 def build_limits(settings: Settings) -> Limits:
@@ -261,4 +303,17 @@ def build_limits(settings: Settings) -> Limits:
     return Limits(
         requests=RequestLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst, store),
         streams=StreamSlots(settings.max_streams_per_key, settings.max_streams_per_process, store),
+        inference_requests=RequestLimiter(
+            settings.inference_rate_limit_per_minute,
+            settings.inference_rate_limit_burst,
+            store,
+            name="chat and completion requests",
+            redis_prefix="grpo:ratelimit:inference",
+        ),
+        inference_slots=StreamSlots(
+            settings.inference_max_concurrent_per_project,
+            settings.inference_max_concurrent_per_process,
+            store,
+            labels=INFERENCE_SLOTS,
+        ),
     )

@@ -50,6 +50,23 @@ OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
     **{status: doc for status, doc in ERRORS.items() if status != 422},
 }
 
+# Chat and completions (app.inference): OpenAI's errors, plus the gateway's own.
+INFERENCE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **OPENAI_ERRORS,
+    429: {
+        "model": ErrorResponse,
+        "description": "A fair-use limit: the key's request rate, the project's requests in "
+        "flight (see Retry-After), or its daily token quota (`insufficient_quota`).",
+    },
+    502: {"model": ErrorResponse, "description": "The inference engine failed."},
+    503: {
+        "model": ErrorResponse,
+        "description": "No inference process can answer now (`no_inference_server`, "
+        "`engine_starting`, `memory_budget`, `inference_unavailable`); see Retry-After.",
+    },
+    504: {"model": ErrorResponse, "description": "The inference engine did not answer in time."},
+}
+
 # The answers of a server-sent event stream route (the job's and the project's).
 SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}, "description": "An SSE stream."},

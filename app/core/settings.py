@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from app.core.inference_settings import InferenceSettings
 from trainer.models.paths import hub_allowlist, hub_model_refusal
 from trainer.spec.integrations import IntegrationSpecUnion, integration_refusal, normalized_uri
 from trainer.spec.resources import MAX_DEVICES
 
 
-class Settings(BaseSettings):
+class Settings(InferenceSettings):
     model_config = SettingsConfigDict(env_prefix="GRPO_", extra="ignore")
 
     data_dir: Path = Field(

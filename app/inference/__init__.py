@@ -1,5 +1,8 @@
-"""The gateway side of the "serving the trained model" wing (issue 26). Today it owns the model
-catalogue (GET /v1/models, GET /v1/models/{model}) and the resolution of a model name (a
-packaged base model, a job's `ft:` name, a checkpoint's `ft:...:ckpt-step-N`, a native job id
-with or without `@step`) to what would serve it (app.inference.service.resolve_model); later
-the chat and completions routes, which resolve their `model` the same way."""
+"""The gateway side of the "serving the trained model" wing (issue 26): the model catalogue
+(GET /v1/models, GET /v1/models/{model}) and the resolution of a model name (a packaged base
+model, a job's `ft:` name, a checkpoint's `ft:...:ckpt-step-N`, a native job id with or without
+`@step`) to what would serve it (app.inference.service.resolve_model); and chat and completions
+(POST /v1/chat/completions, /v1/completions): bounded request bodies (request_schemas), the
+choice of an inference process and the ensure call (routing), the proxy to its vLLM server
+(proxy, stream), the daily token quota and usage (quota, usage_repository). What the gateway and
+an inference process say to each other is app.inference.protocol."""

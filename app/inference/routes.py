@@ -1,20 +1,36 @@
 """/v1/models: the models this project may name (OpenAI's list and retrieve, so the `openai`
 SDK's `models.list()` and `models.retrieve()` work unchanged). Errors are OpenAI's: 400 for a
 malformed name, 404 `model_not_found` (param `model`) for any name the project cannot use.
-Listing a model says nothing of serving it yet: chat and completions come with the inference
-tier (issue 26)."""
+
+/v1/chat/completions and /v1/completions: the gateway to the inference tier (OpenAI's shapes,
+so the SDK's `chat.completions.create` and `completions.create` work unchanged, streaming
+included). The route checks the request's bounds, resolves the model, finds the inference
+processes serving it and checks the project's daily token quota, in its unit of work; the
+response (app.inference.stream) then does the rest with no database session held."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
+from fastapi.responses import Response
 
-from app.core.deps import SessionDep
-from app.core.responses import OPENAI_ERRORS
+from app.core.clock import utcnow
+from app.core.deps import SessionDep, StateDep
+from app.core.responses import INFERENCE_ERRORS, OPENAI_ERRORS
+from app.core.state import AppState
+from app.inference import quota, routing
 from app.inference import service as models
+from app.inference.request_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    InferenceRequest,
+    check_bounds,
+)
 from app.inference.schemas import MAX_MODEL_NAME, ModelList, ModelOut
-from app.sessions.deps import PrincipalDep
+from app.inference.stream import GatewayResponse
+from app.sessions.deps import InferencePrincipalDep, PrincipalDep
+from app.sessions.service import Principal
 
 router = APIRouter(prefix="/v1/models", tags=["models (OpenAI)"], responses=OPENAI_ERRORS)
 
@@ -57,3 +73,69 @@ def list_models(
 def retrieve_model(model: ModelName, principal: PrincipalDep, session: SessionDep) -> ModelOut:
     resolved = models.resolve_model(session, project_id=principal.project_id, name=model)
     return models.model_object(resolved)
+
+
+completions_router = APIRouter(tags=["chat and completions (OpenAI)"], responses=INFERENCE_ERRORS)
+
+_ANSWER: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"application/json": {}, "text/event-stream": {}},
+        "description": "OpenAI's chat.completion / text_completion object, or with `stream` "
+        "an SSE stream of chunks ending with `data: [DONE]`.",
+    }
+}
+
+
+def _gateway(
+    body: InferenceRequest, principal: Principal, session: SessionDep, state: AppState
+) -> GatewayResponse:
+    settings = state.settings
+    check_bounds(
+        body,
+        max_tokens=settings.inference_max_tokens,
+        max_choices=settings.inference_max_choices,
+        max_prompt_chars=settings.inference_max_prompt_chars,
+    )
+    plan = routing.plan(
+        session,
+        project_id=principal.project_id,
+        name=body.model,
+        no_server_retry_after=settings.inference_no_server_retry_after_s,
+    )
+    quota.check_daily_tokens(
+        session,
+        project_id=principal.project_id,
+        limit=settings.inference_daily_tokens_per_project,
+        now=utcnow(),
+    )
+    return GatewayResponse(plan=plan, body=body, project_id=principal.project_id, state=state)
+
+
+@completions_router.post(
+    "/v1/chat/completions",
+    response_class=Response,
+    responses=_ANSWER,
+    summary="Chat with a base model, a fine-tuned model or a checkpoint",
+)
+def create_chat_completion(
+    body: ChatCompletionRequest,
+    principal: InferencePrincipalDep,
+    session: SessionDep,
+    state: StateDep,
+) -> Response:
+    return _gateway(body, principal, session, state)
+
+
+@completions_router.post(
+    "/v1/completions",
+    response_class=Response,
+    responses=_ANSWER,
+    summary="Complete a prompt with a base model, a fine-tuned model or a checkpoint",
+)
+def create_completion(
+    body: CompletionRequest,
+    principal: InferencePrincipalDep,
+    session: SessionDep,
+    state: StateDep,
+) -> Response:
+    return _gateway(body, principal, session, state)

@@ -46,7 +46,7 @@ def require_csrf_header(value: str | None) -> None:
         )
 
 
-def get_principal(
+def _authenticated(
     request: Request,
     session: SessionDep,
     state: StateDep,
@@ -54,30 +54,45 @@ def get_principal(
     session_cookie: SessionCookie = None,
     csrf_header: CsrfHeader = None,
 ) -> Principal:
-    """The caller's key and project (401 otherwise), within its request rate (429 otherwise).
+    """The caller's key and project (401 otherwise), not yet counted against a rate limit.
 
     Two ways in, to the same Principal: `Authorization: Bearer <key>` (API clients; it wins
     when both are sent), or the dashboard's session cookie, a signed token naming a key that is
     looked up on use (so a revoked key's sessions stop working). A cookie-authenticated request
     that is not GET/HEAD must carry CSRF_HEADER (`require_csrf_header`); Bearer requests need
-    nothing more, as no other site can make a browser send our key.
-
-    Every authenticated route depends on this, so every one is rate limited; the health checks
-    and the dashboard's static files do not, and are not. The limit is counted after the key is
-    verified, so nobody can spend another tenant's budget by sending its key prefix."""
+    nothing more, as no other site can make a browser send our key."""
     if authorization is not None or session_cookie is None:
-        principal = authenticate(session, authorization=authorization)
-    else:
-        if request.method not in SAFE_METHODS:
-            require_csrf_header(csrf_header)
-        claims = state.session_tokens.verify(session_cookie)
-        if claims is None:
-            raise Unauthorized("the session has expired or is not valid; sign in again")
-        principal = authenticate_session(
-            session, key_id=claims.key_id, issued_at_ms=claims.issued_at_ms
-        )
+        return authenticate(session, authorization=authorization)
+    if request.method not in SAFE_METHODS:
+        require_csrf_header(csrf_header)
+    claims = state.session_tokens.verify(session_cookie)
+    if claims is None:
+        raise Unauthorized("the session has expired or is not valid; sign in again")
+    return authenticate_session(session, key_id=claims.key_id, issued_at_ms=claims.issued_at_ms)
+
+
+AuthenticatedDep = Annotated[Principal, Depends(_authenticated)]
+
+
+def get_principal(principal: AuthenticatedDep, state: StateDep) -> Principal:
+    """The caller (`_authenticated`), within its request rate (429 otherwise).
+
+    Every authenticated route depends on this (or on `get_inference_principal`), so every one
+    is rate limited; the health checks and the dashboard's static files do not, and are not.
+    The limit is counted after the key is verified, so nobody can spend another tenant's budget
+    by sending its key prefix."""
     state.limits.requests.check(principal.key_id)
     return principal
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+
+def get_inference_principal(principal: AuthenticatedDep, state: StateDep) -> Principal:
+    """The caller of chat and completions, within the key's inference request rate
+    (GRPO_INFERENCE_RATE_LIMIT_*), a budget apart from the rest of the API's."""
+    state.limits.inference_requests.check(principal.key_id)
+    return principal
+
+
+InferencePrincipalDep = Annotated[Principal, Depends(get_inference_principal)]

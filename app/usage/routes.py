@@ -1,20 +1,37 @@
 """/v1/usage: what the caller's project stores (checkpoint bytes, in total and per job), its
-checkpoint storage quota (app.usage.service), and its quota of active jobs and their devices
-(app.jobs.quota)."""
+checkpoint storage quota (app.usage.service), its quota of active jobs and their devices
+(app.jobs.quota), and the tokens its chat and completion requests used, per model and day,
+against its daily quota (app.inference.quota)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from sqlalchemy.orm import Session
 
+from app.core.clock import utcnow
 from app.core.deps import SessionDep, StateDep
 from app.core.responses import ERRORS
+from app.core.settings import Settings
+from app.inference import quota as inference_quota
+from app.inference import usage_repository as inference_usage
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import quota as active_quota
 from app.sessions.deps import PrincipalDep
 from app.usage import service as checkpoint_quota
-from app.usage.schemas import CheckpointQuotaOut, JobQuotaOut, JobUsage, UsageOut
+from app.usage.schemas import (
+    CheckpointQuotaOut,
+    InferenceModelUsage,
+    InferenceUsageOut,
+    JobQuotaOut,
+    JobUsage,
+    UsageOut,
+)
+
+# Rows of inference usage listed at most (models x days).
+MAX_INFERENCE_ROWS = 500
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"], responses=ERRORS)
 
@@ -28,13 +45,17 @@ router = APIRouter(prefix="/v1/usage", tags=["usage"], responses=ERRORS)
     "checkpoint storage quota (GRPO_MAX_CHECKPOINT_BYTES_PER_PROJECT), which counts deleted "
     "jobs' checkpoints too until they are purged; and its queued and running jobs and the "
     "devices they ask for, against GRPO_MAX_ACTIVE_JOBS_PER_PROJECT and "
-    "GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT.",
+    "GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT; and the tokens of its chat and completion requests "
+    "per model and UTC day, against GRPO_INFERENCE_DAILY_TOKENS_PER_PROJECT.",
 )
 def get_usage(
     principal: PrincipalDep,
     session: SessionDep,
     state: StateDep,
     limit: Annotated[int, Query(ge=1, le=100, description="Jobs listed, largest first.")] = 20,
+    inference_days: Annotated[
+        int, Query(ge=1, le=90, description="Days of inference usage listed, today included.")
+    ] = 7,
 ) -> UsageOut:
     total, count, jobs = checkpoints_repo.usage_totals(session, project_id=principal.project_id)
     rows = checkpoints_repo.usage_by_job(session, project_id=principal.project_id, limit=limit)
@@ -67,4 +88,43 @@ def get_usage(
             active_devices=active.devices,
             limit_devices=active.limits.devices,
         ),
+        inference=_inference(
+            session, project_id=principal.project_id, settings=state.settings, days=inference_days
+        ),
+    )
+
+
+def _inference(
+    session: Session, *, project_id: str, settings: Settings, days: int
+) -> InferenceUsageOut:
+    now = utcnow()
+    today = inference_quota.use_of(
+        session,
+        project_id=project_id,
+        limit=settings.inference_daily_tokens_per_project,
+        now=now,
+    )
+    rows, more = inference_usage.rows_since(
+        session,
+        project_id=project_id,
+        since_day=inference_usage.day_of(now - timedelta(days=days - 1)),
+        limit=MAX_INFERENCE_ROWS,
+    )
+    return InferenceUsageOut(
+        day=today.day,
+        tokens_today=today.tokens,
+        daily_token_limit=today.limit,
+        max_concurrent_requests=settings.inference_max_concurrent_per_project,
+        data=[
+            InferenceModelUsage(
+                model=r.model,
+                day=r.day,
+                requests=r.requests,
+                prompt_tokens=r.prompt_tokens,
+                completion_tokens=r.completion_tokens,
+                total_tokens=r.prompt_tokens + r.completion_tokens,
+            )
+            for r in rows
+        ],
+        has_more=more,
     )

@@ -48,6 +48,38 @@ class JobQuotaOut(BaseModel):
     )
 
 
+class InferenceModelUsage(BaseModel):
+    model: str = Field(description="The model name as requests gave it.")
+    day: str = Field(description="The UTC day, YYYY-MM-DD.")
+    requests: int = Field(description="Chat and completion requests answered (or left early).")
+    prompt_tokens: int
+    completion_tokens: int = Field(
+        description="For a stream the client left before its end, the chunks it received."
+    )
+    total_tokens: int
+
+
+class InferenceUsageOut(BaseModel):
+    day: str = Field(description="Today, UTC (YYYY-MM-DD): the day the quota counts.")
+    tokens_today: int = Field(
+        description="Prompt plus completion tokens of every model today, against "
+        "`daily_token_limit`."
+    )
+    daily_token_limit: int | None = Field(
+        description="GRPO_INFERENCE_DAILY_TOKENS_PER_PROJECT; null: no limit. A request once "
+        "`tokens_today` has reached it is a 429 `insufficient_quota` until 00:00 UTC."
+    )
+    max_concurrent_requests: int = Field(
+        description="GRPO_INFERENCE_MAX_CONCURRENT_PER_PROJECT: requests in flight at once "
+        "(429 beyond)."
+    )
+    data: list[InferenceModelUsage] = Field(
+        description="Per model and day over the last `inference_days` days, newest day "
+        "first, then the most tokens."
+    )
+    has_more: bool = Field(description="More rows than are listed.")
+
+
 class UsageOut(BaseModel):
     object: Literal["usage"] = "usage"
     checkpoint_bytes: int = Field(
@@ -63,4 +95,8 @@ class UsageOut(BaseModel):
     )
     job_quota: JobQuotaOut = Field(
         description="The project's active jobs and their devices against its limits."
+    )
+    inference: InferenceUsageOut = Field(
+        description="Tokens served by /v1/chat/completions and /v1/completions, and the "
+        "project's inference limits."
     )

@@ -1,0 +1,227 @@
+"""Which inference process serves a request, and making its weights ready there.
+
+1. `plan`: the model name resolves for the project (app.inference.service.resolve_model, 404
+   `model_not_found` otherwise) into the :class:`~app.inference.protocol.EnsureRequest` an
+   inference process needs: the base model alone; a full fine-tune's checkpoint (`full`); or
+   LoRA adapters (`adapter`) over the base model, or over the full checkpoint the LoRA job
+   started from (`base_weights`, looked up in the project's kept checkpoints);
+2. the fresh registered processes serving that base (`bases` holding it, or "*") are ordered:
+   first those whose state shows the weights warm (the adapter loaded, the full checkpoint's
+   engine up; then, for an adapter, its engine up), then the least loaded (running requests);
+   none: 503 `no_inference_server` with Retry-After;
+3. `ensure_ready` asks them in that order, `POST {control_url}/engines/ensure`: the first
+   answer wins; a 503 Busy is passed to the client (503 with the process's Retry-After, which
+   the openai SDK honours) unless the process is draining; a process that cannot be reached or
+   fails is skipped; when none is left, 503 `inference_unavailable`.
+
+A process's state names a checkpoint as it likes; the gateway takes an engine key or adapter
+name that holds both the job id and the checkpoint folder as naming that checkpoint (job ids are
+unique, folder names `checkpoint-NNNNNN`), so no naming rule is imposed on the inference side.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.core.errors import InferenceUnavailable, ModelNotFound
+from app.core.models import InferenceServer
+from app.inference import servers_repository as servers_repo
+from app.inference import service as models
+from app.inference.protocol import (
+    ANY_BASE,
+    ENSURE_PATH,
+    Busy,
+    EngineState,
+    EnsureRequest,
+    EnsureResponse,
+    ServerState,
+    WeightsRef,
+)
+from app.jobs import checkpoints_repository as checkpoints_repo
+
+log = logging.getLogger(__name__)
+
+# Warmth ranks, best first.
+WEIGHTS_WARM = 2  # the adapter is loaded, or the engine of these exact weights is up
+ENGINE_WARM = 1  # an adapter's engine is up (loading the adapter takes a moment)
+COLD = 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    server_id: str
+    control_url: str
+    warmth: int
+    load: int  # requests its engines run now
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str  # the name the client gave, shown back in every answer
+    ensure: EnsureRequest
+    candidates: list[Candidate]
+
+
+def ensure_request(
+    session: Session, *, project_id: str, model: models.ResolvedModel
+) -> EnsureRequest:
+    """What an inference process must load to serve `model`."""
+    if model.kind == "base":
+        return EnsureRequest(base_model=model.base_model)
+    assert model.job_id is not None and model.checkpoint_folder is not None
+    weights = WeightsRef(job_id=model.job_id, folder=model.checkpoint_folder)
+    if model.kind == "full":
+        return EnsureRequest(base_model=model.base_model, full=weights)
+    base_weights = None
+    if model.base_checkpoint is not None:
+        job_id, step = model.base_checkpoint
+        kept = checkpoints_repo.checkpoint_of_project_job(
+            session, project_id=project_id, job_id=job_id, step=int(step or 0)
+        )
+        if kept is None:
+            raise ModelNotFound(
+                f"The model {model.name[:200]!r} is LoRA adapters over the checkpoint of step "
+                f"{step} of job {job_id}, which is no longer kept: it cannot be served.",
+                param="model",
+            )
+        base_weights = WeightsRef(job_id=job_id, folder=_folder_name(kept.path))
+    return EnsureRequest(base_model=model.base_model, adapter=weights, base_weights=base_weights)
+
+
+def _folder_name(path: str) -> str:
+    return path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+
+
+def _names(entry: str, ref: WeightsRef) -> bool:
+    return ref.job_id in entry and ref.folder in entry
+
+
+def _state(server: InferenceServer) -> ServerState | None:
+    try:
+        return ServerState.model_validate(server.state or {})
+    except ValidationError:
+        log.warning("inference server %s has a state the gateway cannot read", server.id)
+        return None
+
+
+def _engine_holds(engine: EngineState, ensure: EnsureRequest) -> bool:
+    """Whether `engine` is the one the request's weights run in (adapters aside)."""
+    under = ensure.full or ensure.base_weights
+    return _names(engine.key, under) if under is not None else engine.key == ensure.base_model
+
+
+def warmth(state: ServerState | None, ensure: EnsureRequest) -> int:
+    if state is None:
+        return COLD
+    best = COLD
+    for engine in state.engines:
+        if engine.status != "ready" or not _engine_holds(engine, ensure):
+            continue
+        if ensure.adapter is None:
+            return WEIGHTS_WARM
+        if any(_names(name, ensure.adapter) for name in engine.adapters):
+            return WEIGHTS_WARM
+        best = ENGINE_WARM
+    return best
+
+
+def choose(servers: Sequence[InferenceServer], ensure: EnsureRequest) -> list[Candidate]:
+    """The servers serving `ensure`'s base, in the order to ask them: warmest, then least
+    loaded, then the registry's order (oldest start first)."""
+    found = []
+    for server in servers:
+        bases = [str(b) for b in (server.bases or [])]
+        if ANY_BASE not in bases and ensure.base_model not in bases:
+            continue
+        state = _state(server)
+        load = sum(e.running_requests for e in state.engines) if state else 0
+        found.append(Candidate(server.id, server.control_url, warmth(state, ensure), load))
+    indexed = sorted(enumerate(found), key=lambda p: (-p[1].warmth, p[1].load, p[0]))
+    return [candidate for _, candidate in indexed]
+
+
+def plan(session: Session, *, project_id: str, name: str, no_server_retry_after: int) -> Plan:
+    """Resolve `name` and find the servers for it (404 `model_not_found`, 503
+    `no_inference_server`)."""
+    model = models.resolve_model(session, project_id=project_id, name=name)
+    ensure = ensure_request(session, project_id=project_id, model=model)
+    candidates = choose(servers_repo.fresh_servers(session), ensure)
+    if not candidates:
+        raise InferenceUnavailable(
+            f"no inference process serves the base model {ensure.base_model[:200]!r} now "
+            "(none registered, or none has sent a heartbeat lately); retry later",
+            retry_after=no_server_retry_after,
+            code="no_inference_server",
+        )
+    return Plan(model=name, ensure=ensure, candidates=candidates)
+
+
+def auth_headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _busy(response: httpx.Response) -> Busy | None:
+    try:
+        return Busy.model_validate_json(response.content)
+    except ValidationError:
+        return None
+
+
+def _retry_after(response: httpx.Response, busy: Busy | None, default: int) -> int:
+    header = response.headers.get("Retry-After", "")
+    if header.strip().isdigit():
+        return max(1, int(header))
+    return max(1, busy.retry_after_s) if busy is not None else default
+
+
+async def ensure_ready(
+    client: httpx.AsyncClient, plan: Plan, *, token: str | None, timeout_s: float, retry_after: int
+) -> EnsureResponse:
+    """Ask the candidates in order until one has the weights ready (see the module doc)."""
+    payload = plan.ensure.model_dump(mode="json")
+    failures: list[str] = []
+    for candidate in plan.candidates:
+        url = candidate.control_url.rstrip("/") + ENSURE_PATH
+        try:
+            response = await client.post(
+                url, json=payload, headers=auth_headers(token), timeout=timeout_s
+            )
+        except httpx.HTTPError as exc:
+            log.warning("inference server %s unreachable: %r", candidate.server_id, exc)
+            failures.append(f"{candidate.server_id}: unreachable")
+            continue
+        if response.status_code == 200:
+            try:
+                return EnsureResponse.model_validate_json(response.content)
+            except ValidationError:
+                failures.append(f"{candidate.server_id}: unreadable answer")
+                continue
+        if response.status_code == 503:
+            busy = _busy(response)
+            if busy is None or busy.reason != "draining":
+                reason = busy.reason if busy is not None else "busy"
+                detail = busy.detail if busy is not None else "the inference process is busy"
+                raise InferenceUnavailable(
+                    f"the model is not ready yet ({reason}): {detail[:500]}; retry after the wait",
+                    retry_after=_retry_after(response, busy, retry_after),
+                    code=reason,
+                )
+        log.warning(
+            "inference server %s answered ensure with %s: %s",
+            candidate.server_id,
+            response.status_code,
+            response.text[:500],
+        )
+        failures.append(f"{candidate.server_id}: {response.status_code}")
+    raise InferenceUnavailable(
+        f"no inference process could make the model ready ({'; '.join(failures)[:500]}); "
+        "retry later",
+        retry_after=retry_after,
+        code="inference_unavailable",
+    )

@@ -1,0 +1,285 @@
+"""The response of POST /v1/chat/completions and /v1/completions: an ASGI response that does the
+slow part after the route has returned, so the request's unit of work (its database session
+and request slot) is committed and released before any engine is waited on.
+
+When the response runs, it:
+1. takes one of the project's in-flight slots (GRPO_INFERENCE_MAX_CONCURRENT_PER_PROJECT, in
+   Redis when configured; 429 beyond), renewed while it runs and released however it ends;
+2. has an inference process make the weights ready (app.inference.routing.ensure_ready; 503
+   with Retry-After while an engine starts);
+3. forwards the request (app.inference.proxy) and answers:
+   - not streamed: the engine's JSON, `model` rewritten; while it waits, it listens for the
+     client leaving and then cancels the upstream request, which closes its connection, and
+     vLLM aborts a request whose connection closes;
+   - streamed: SSE passed through event by event as it arrives, nothing buffered beyond one
+     event; a client that leaves cancels the relay, which closes the upstream stream (vLLM
+     aborts the generation). An upstream failure after the first byte ends the stream with an
+     `error` event (the openai SDK raises it);
+4. records the tokens used (app.inference.quota.record), in a thread, whatever happened: the
+   engine's usage, or for a stream left early the chunks received.
+
+Errors before the first byte are ApiErrors, rendered by the app's handlers in OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import httpx
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from app.core.clock import utcnow
+from app.core.db import session_scope
+from app.core.errors import ApiError, UpstreamFailed, UpstreamTimeout
+from app.core.ratelimit import STREAM_RENEW_S, StreamSlot
+from app.core.state import AppState
+from app.inference import proxy, quota, routing
+from app.inference.protocol import EnsureResponse
+from app.inference.request_schemas import InferenceRequest
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class UpstreamClients:
+    """One pooled httpx client per event loop (a test client runs its own loop); the pool is
+    unbounded here because the in-flight slots bound it."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def get(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._loop = loop
+            self._client = httpx.AsyncClient(
+                trust_env=False,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
+        return self._client
+
+
+UPSTREAM = UpstreamClients()
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _race(work: Callable[[], Awaitable[None]], receive: Receive) -> bool:
+    """Run `work` until it ends or the client disconnects (which cancels it); True when the
+    client left first."""
+    left = False
+    async with anyio.create_task_group() as group:
+
+        async def run_work() -> None:
+            await work()
+            group.cancel_scope.cancel()
+
+        async def watch() -> None:
+            nonlocal left
+            await _until_disconnect(receive)
+            left = True
+            group.cancel_scope.cancel()
+
+        group.start_soon(run_work)
+        group.start_soon(watch)
+    return left
+
+
+class GatewayResponse(Response):
+    """See the module docstring. `plan` was made in the route's unit of work."""
+
+    def __init__(
+        self, *, plan: routing.Plan, body: InferenceRequest, project_id: str, state: AppState
+    ) -> None:
+        super().__init__()
+        self.plan, self.request, self.project_id, self.state = plan, body, project_id, state
+        self.settings = state.settings
+        self._recorded = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        slots = self.state.limits.inference_slots
+        with anyio.CancelScope(shield=True):  # a slot taken is always released below
+            slot = await anyio.to_thread.run_sync(slots.acquire, self.project_id)
+        error: ApiError | None = None
+        try:
+            async with anyio.create_task_group() as renewing:
+                renewing.start_soon(self._keep_lease, slot)
+                try:
+                    await self._serve(scope, receive, send)
+                except ApiError as exc:  # raised below the group, for the app's handlers
+                    error = exc
+                finally:
+                    renewing.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(slots.release, slot)
+        if error is not None:
+            raise error
+
+    async def _keep_lease(self, slot: StreamSlot) -> None:
+        while True:
+            await anyio.sleep(STREAM_RENEW_S)
+            await anyio.to_thread.run_sync(self.state.limits.inference_slots.renew, slot)
+
+    def _auth(self) -> dict[str, str]:
+        return routing.auth_headers(self.settings.inference_token)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = UPSTREAM.get()
+        target = await routing.ensure_ready(
+            client,
+            self.plan,
+            token=self.settings.inference_token,
+            timeout_s=self.settings.inference_ensure_timeout_s,
+            retry_after=self.settings.inference_no_server_retry_after_s,
+        )
+        if self.request.stream:
+            await self._stream(client, target, receive, send)
+        else:
+            await self._once(client, target, scope, receive, send)
+
+    async def _once(
+        self,
+        client: httpx.AsyncClient,
+        target: EnsureResponse,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        answer: httpx.Response | None = None
+        failure: Exception | None = None
+
+        async def call() -> None:
+            nonlocal answer, failure
+            try:
+                answer = await client.post(
+                    proxy.completion_url(target.base_url, proxy.endpoint_of(self.request)),
+                    json=proxy.upstream_body(self.request, target.served_model),
+                    headers=self._auth(),
+                    timeout=proxy.timeouts(self.settings.inference_read_timeout_s),
+                )
+            except httpx.HTTPError as exc:
+                failure = exc
+
+        if await _race(call, receive):
+            await self._record(proxy.Usage(0, 0))  # the engine aborted; its tokens are unknown
+            return
+        if failure is not None or answer is None:
+            raise _transport_error(failure)
+        if answer.status_code != 200:
+            raise proxy.upstream_error(
+                answer.status_code,
+                answer.content,
+                body=self.request,
+                served_model=target.served_model,
+            )
+        try:
+            data = proxy.rewrite_answer(answer.json(), self.plan.model)
+        except ValueError as exc:
+            raise UpstreamFailed("the inference engine's answer is not JSON; retry") from exc
+        if not isinstance(data, dict):
+            raise UpstreamFailed("the inference engine's answer is not a JSON object; retry")
+        # Recorded before the answer is sent: a client holding it sees it in GET /v1/usage.
+        await self._record(proxy.Usage.of(data.get("usage")) or proxy.Usage(0, 0))
+        content = json.dumps(data, separators=(",", ":")).encode()
+        await Response(content, media_type="application/json")(scope, receive, send)
+
+    async def _stream(
+        self, client: httpx.AsyncClient, target: EnsureResponse, receive: Receive, send: Send
+    ) -> None:
+        request = client.build_request(
+            "POST",
+            proxy.completion_url(target.base_url, proxy.endpoint_of(self.request)),
+            json=proxy.upstream_body(self.request, target.served_model),
+            headers=self._auth(),
+            timeout=proxy.timeouts(self.settings.inference_read_timeout_s),
+        )
+        try:
+            upstream = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc) from exc
+        relay = proxy.SseRelay(self.plan.model, include_usage=self.request.wants_usage_chunk)
+        started = False
+        try:
+            if upstream.status_code != 200:
+                content = await upstream.aread()
+                raise proxy.upstream_error(
+                    upstream.status_code,
+                    content,
+                    body=self.request,
+                    served_model=target.served_model,
+                )
+            started = True
+            await send(_start(200, "text/event-stream", SSE_HEADERS))
+            await _race(lambda: self._relay(upstream, relay, send), receive)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await upstream.aclose()  # unread: the connection closes, vLLM aborts
+                if started and not self._recorded:
+                    await self._record(relay.estimated_usage())
+        # A client that left gets nothing more; the body is ended for a client still there.
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _relay(self, upstream: httpx.Response, relay: proxy.SseRelay, send: Send) -> None:
+        try:
+            async for data in upstream.aiter_raw():
+                for event in relay.feed(data):
+                    if relay.done and not self._recorded:  # before [DONE], as for _once
+                        await self._record(relay.estimated_usage())
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+        except httpx.HTTPError as exc:
+            log.warning("inference stream broke: %r", exc)
+        if not relay.done:
+            error = _transport_error(None)
+            payload = {"error": {"type": "server_error", "code": error.code or error.error_type}}
+            payload["error"]["message"] = "the inference engine's stream ended early; retry"
+            await send({"type": "http.response.body", "body": _sse(payload), "more_body": True})
+
+    async def _record(self, usage: proxy.Usage) -> None:
+        self._recorded = True
+        try:
+            await anyio.to_thread.run_sync(self._record_now, usage)
+        except Exception:  # the answer is given; a lost count must not turn it into an error
+            log.exception("inference usage not recorded for project %s", self.project_id)
+
+    def _record_now(self, usage: proxy.Usage) -> None:
+        with session_scope(self.state.sessions) as session:
+            quota.record(
+                session,
+                project_id=self.project_id,
+                model=self.plan.model,
+                now=utcnow(),
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+            )
+
+
+def _transport_error(exc: Exception | None) -> ApiError:
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(
+            "the inference engine did not answer in time (GRPO_INFERENCE_READ_TIMEOUT_S)"
+        )
+    return UpstreamFailed("the connection to the inference engine failed; retry later")
+
+
+def _start(status: int, media_type: str, headers: dict[str, str]) -> Message:
+    raw = [(b"content-type", media_type.encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    return {"type": "http.response.start", "status": status, "headers": raw}
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
