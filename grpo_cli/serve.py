@@ -3,6 +3,7 @@ inference process (`grpo inference`), serve the API; stop both on exit."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from app.sessions.service import bootstrap_local_key
 from grpo_cli import db
 
 LOCAL_KEY_FILE = "api-key"
+PR_SET_PDEATHSIG = 1
 
 
 def ensure_local_key(settings: Settings) -> str | None:
@@ -53,7 +55,7 @@ def start_inference_process(log_path: Path) -> subprocess.Popen[bytes]:
     # A port of its own, so that several `grpo serve` on one machine do not collide; the
     # gateway finds it through the registry row.
     env.setdefault("GRPO_INFERENCE_PORT", str(_free_port()))
-    return _start_cli_process("inference", log_path, env)
+    return _start_cli_process("inference", log_path, env, die_with_parent=True)
 
 
 def _free_port() -> int:
@@ -63,11 +65,22 @@ def _free_port() -> int:
 
 
 def _start_cli_process(
-    command: str, log_path: Path, env: dict[str, str]
+    command: str, log_path: Path, env: dict[str, str], *, die_with_parent: bool = False
 ) -> subprocess.Popen[bytes]:
+    """`grpo <command>` with its output in ``log_path``. ``die_with_parent``: it gets SIGTERM
+    when this process dies, however it dies (PR_SET_PDEATHSIG; Linux), so an inference process
+    never outlives the `grpo serve` that started it and keeps a registry row fresh for nothing."""
+    preexec = None
+    if die_with_parent and sys.platform.startswith("linux"):
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        preexec = lambda: prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)  # noqa: E731
     log = open(log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
     return subprocess.Popen(
-        [sys.executable, "-m", "grpo_cli", command], stdout=log, stderr=subprocess.STDOUT, env=env
+        [sys.executable, "-m", "grpo_cli", command],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        preexec_fn=preexec,
     )
 
 

@@ -114,6 +114,9 @@ class EnginePool:
     async def ensure(self, request: EnsureRequest) -> EnsureResponse | Busy:
         """Make the weights of ``request`` ready (or start making them ready: Busy)."""
         adapter = request.adapter
+        adapter_folder = None
+        if adapter is not None:  # checked before anything starts for it
+            adapter_folder = self._checkpoint(adapter, ADAPTER_MARKER)
         engine_target = await self._engine_target(request)
         if engine_target is None:
             return Busy(
@@ -121,9 +124,6 @@ class EnginePool:
                 detail=f"resolving base model {request.base_model}",
                 retry_after_s=STARTING_RETRY_S,
             )
-        adapter_folder = None
-        if adapter is not None:  # checked before any engine starts for it
-            adapter_folder = self._checkpoint(adapter, ADAPTER_MARKER)
         ready = await self._ready_engine(engine_target)
         if isinstance(ready, Busy):
             return ready
