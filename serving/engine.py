@@ -190,7 +190,8 @@ class Engine:
                 if not self.alive():
                     code = None if self._proc is None else self._proc.returncode
                     raise EngineFailed(
-                        f"engine {self.spec.key} exited with {code} while starting: {self.log_tail()}"
+                        f"engine {self.spec.key} exited with {code} while starting: "
+                        + self.log_tail()
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(f"{self._local_url}/health")).status_code == 200:
@@ -198,7 +199,8 @@ class Engine:
                         return
                 if time.monotonic() >= deadline:
                     raise EngineFailed(
-                        f"engine {self.spec.key} not ready after {timeout_s:.0f}s: {self.log_tail()}"
+                        f"engine {self.spec.key} not ready after {timeout_s:.0f}s: "
+                        + self.log_tail()
                     )
                 await asyncio.sleep(READY_POLL_S)
 
@@ -220,7 +222,8 @@ class Engine:
             response = await client.post(f"{self._local_url}{path}", json=body)
         if response.status_code != 200:
             raise EngineFailed(
-                f"engine {self.spec.key}: {path} answered {response.status_code}: {response.text[:500]}"
+                f"engine {self.spec.key}: {path} answered {response.status_code}: "
+                + response.text[:500]
             )
 
     def stop(self) -> None:

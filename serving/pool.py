@@ -193,8 +193,14 @@ class EnginePool:
                 if failure is not None:
                     raise EnsureError(502, failure)
                 return await self._start(target, now)
+            if record.status == "stopping":  # evicted: once it is gone, it starts again
+                return Busy(
+                    reason="draining",
+                    detail=f"the engine of {target.key} is stopping",
+                    retry_after_s=STARTING_RETRY_S,
+                )
             record.last_used, record.kept_until = now, now + self.settings.keep_after_ensure_s
-            if record.status != "ready":
+            if record.status == "starting":
                 return Busy(
                     reason="engine_starting",
                     detail=f"the engine of {target.key} is starting",
@@ -256,7 +262,7 @@ class EnginePool:
             if evictable:
                 try:
                     evictable = not (await record.engine.load()).busy
-                except Exception:
+                except Exception:  # an engine that cannot tell its load is kept
                     evictable = False
             holders.append(Holder(key, record.cost, record.last_used, evictable))
         return holders
@@ -267,12 +273,13 @@ class EnginePool:
             await asyncio.gather(*(self._stop(victim) for victim in stopping))
             await asyncio.to_thread(record.engine.start)
             await record.engine.wait_ready(self.settings.engine_start_timeout_s)
-        except Exception as exc:
+        except Exception as exc:  # a start always settles: ready, or gone and its failure kept
             log.error("inference: %s", exc)
             async with self._lock:
                 self._records.pop(key, None)
                 self._failures[key] = (
-                    f"the engine of {key} failed to start ({type(exc).__name__}); see the inference process's engine log"
+                    f"the engine of {key} failed to start ({type(exc).__name__}); its log is in "
+                    "the inference process's data folder"
                 )
             await asyncio.to_thread(record.engine.stop)
             return
@@ -333,7 +340,7 @@ class EnginePool:
             if record.status == "ready":
                 try:
                     running = (await record.engine.load()).running
-                except Exception:
+                except Exception:  # a state report never fails because of one engine
                     running = 0
             engines.append(
                 EngineState(

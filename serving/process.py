@@ -2,8 +2,9 @@
 heartbeat, in one process.
 
 Start: refuse devices shared with the training workers (serving.devices), register. Nothing
-is resolved or started before the first ensure asks for it. Every ``HEARTBEAT_S``: rewrite the row with the state.
-SIGTERM or SIGINT (uvicorn's handlers): stop serving, stop every engine, remove the row.
+is resolved or started before the first ensure asks for it. Every ``HEARTBEAT_S``: rewrite the
+row with the state. SIGTERM or SIGINT (uvicorn's handlers): stop serving, stop every engine,
+remove the row; uvicorn then re-raises the signal, so a clean stop exits with -SIGTERM.
 """
 
 from __future__ import annotations
