@@ -218,3 +218,22 @@ def test_adapters_past_the_bound_are_unloaded_and_loaded_again(
         assert engine.adapters == ["job_c/checkpoint-000001", "job_a/checkpoint-000001"]
 
     run(scenario)
+
+
+def test_an_adapter_of_a_job_started_from_a_checkpoint_loads_into_that_checkpoints_engine(
+    make_pool: Callable[..., EnginePool],
+) -> None:
+    async def scenario() -> None:
+        pool = make_pool()
+        request = EnsureRequest(
+            base_model="tiny",
+            base_weights={"job_id": "job_f1", "folder": "checkpoint-000001"},
+            adapter={"job_id": "job_a", "folder": "checkpoint-000001"},
+        )
+        ready = await until_ready(pool, request)
+        assert ready.served_model == "job_a/checkpoint-000001"
+        [engine] = StandInEngine.instances
+        assert engine.spec.key == "job_f1/checkpoint-000001"
+        assert engine.adapters == ["job_a/checkpoint-000001"]
+
+    run(scenario)
