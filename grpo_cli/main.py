@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from grpo_cli.ci_args import CI_COMMANDS, add_ci_commands
+
+if TYPE_CHECKING:
+    from app.core.settings import Settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,6 +23,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(
         "--no-worker", action="store_true", help="Do not start an embedded worker process."
+    )
+    serve.add_argument(
+        "--no-inference",
+        action="store_true",
+        help="Do not start an embedded inference process (`grpo inference`).",
     )
 
     api = sub.add_parser(
@@ -38,6 +47,19 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="Run a worker that trains queued jobs.")
     worker.add_argument("--loglevel", default="INFO")
+
+    inference = sub.add_parser(
+        "inference",
+        help="Serve trained models: vLLM engines started on demand, behind a control API the "
+        "API's gateway calls (settings: GRPO_INFERENCE_*, docs/serving.md).",
+    )
+    inference.add_argument("--host", default=None, help="Control API address (127.0.0.1).")
+    inference.add_argument("--port", type=int, default=None, help="Control API port (8100).")
+    inference.add_argument(
+        "--bases",
+        default=None,
+        help="Base models served, separated by commas (default: the packaged models; *: any).",
+    )
 
     db = sub.add_parser("db", help="Database migrations.")
     db_sub = db.add_subparsers(dest="db_command", required=True)
@@ -105,10 +127,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return run_api(args.host, args.port, workers, access_log=not args.no_access_log)
     settings = build_settings()
+    if args.command == "inference":
+        return _inference(args, settings)
     if args.command == "serve":
         from grpo_cli.serve import serve
 
-        return serve(settings, args.host, args.port, embedded_worker=not args.no_worker)
+        return serve(
+            settings,
+            args.host,
+            args.port,
+            embedded_worker=not args.no_worker,
+            embedded_inference=not args.no_inference,
+        )
     if args.command == "db":
         from grpo_cli import db
 
@@ -128,6 +158,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(key for project '{created.project_name}'; it is shown only once)", file=sys.stderr)
         return 0
     return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+def _inference(args: argparse.Namespace, settings: Settings) -> int:
+    from pydantic import ValidationError
+
+    from serving.process import run_inference
+    from serving.settings import build_inference_settings
+
+    given = {"host": args.host, "port": args.port, "bases": args.bases}
+    try:
+        inference = build_inference_settings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        print(f"grpo inference: {exc}", file=sys.stderr)
+        return 2
+    return run_inference(inference, settings)
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -1,9 +1,12 @@
-"""`grpo serve`: migrate, make sure a key exists, start an embedded worker process, serve the API."""
+"""`grpo serve`: migrate, make sure a key exists, start an embedded worker process and an embedded
+inference process (`grpo inference`), serve the API; stop both on exit."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +17,7 @@ from app.sessions.service import bootstrap_local_key
 from grpo_cli import db
 
 LOCAL_KEY_FILE = "api-key"
+PR_SET_PDEATHSIG = 1
 
 
 def ensure_local_key(settings: Settings) -> str | None:
@@ -40,16 +44,63 @@ def ensure_local_key(settings: Settings) -> str | None:
 
 
 def start_worker_process(log_path: Path) -> subprocess.Popen[bytes]:
+    return _start_cli_process("worker", log_path, os.environ.copy())
+
+
+def start_inference_process(log_path: Path) -> subprocess.Popen[bytes]:
+    """`grpo inference` beside the embedded worker. The embedded default is one machine by
+    design, so its engines share the worker's device (serving.devices) on purpose."""
+    env = os.environ.copy()
+    env.setdefault("GRPO_INFERENCE_SHARE_DEVICES", "1")
+    # A port of its own, so that several `grpo serve` on one machine do not collide; the
+    # gateway finds it through the registry row.
+    env.setdefault("GRPO_INFERENCE_PORT", str(_free_port()))
+    return _start_cli_process("inference", log_path, env, die_with_parent=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_cli_process(
+    command: str, log_path: Path, env: dict[str, str], *, die_with_parent: bool = False
+) -> subprocess.Popen[bytes]:
+    """`grpo <command>` with its output in ``log_path``. ``die_with_parent``: it gets SIGTERM
+    when this process dies, however it dies (PR_SET_PDEATHSIG; Linux), so an inference process
+    never outlives the `grpo serve` that started it and keeps a registry row fresh for nothing."""
+    preexec = None
+    if die_with_parent and sys.platform.startswith("linux"):
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        preexec = lambda: prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)  # noqa: E731
     log = open(log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
     return subprocess.Popen(
-        [sys.executable, "-m", "grpo_cli", "worker"],
+        [sys.executable, "-m", "grpo_cli", command],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=os.environ.copy(),
+        env=env,
+        preexec_fn=preexec,
     )
 
 
-def serve(settings: Settings, host: str, port: int, embedded_worker: bool) -> int:
+def _stop(process: subprocess.Popen[bytes] | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def serve(
+    settings: Settings,
+    host: str,
+    port: int,
+    embedded_worker: bool,
+    embedded_inference: bool = True,
+) -> int:
     import uvicorn
 
     from app.main import create_app
@@ -57,18 +108,28 @@ def serve(settings: Settings, host: str, port: int, embedded_worker: bool) -> in
     db.upgrade(settings.resolved_database_url)
     ensure_local_key(settings)
     worker: subprocess.Popen[bytes] | None = None
-    if embedded_worker:
-        log_path = settings.data_dir / "worker.log"
-        worker = start_worker_process(log_path)
-        print(f"Embedded worker started (pid {worker.pid}, log {log_path.resolve()})", flush=True)
-    print(f"API on http://{host}:{port} (docs at /docs)", flush=True)
+    inference: subprocess.Popen[bytes] | None = None
     try:
+        if embedded_worker:
+            log_path = settings.data_dir / "worker.log"
+            worker = start_worker_process(log_path)
+            print(
+                f"Embedded worker started (pid {worker.pid}, log {log_path.resolve()})", flush=True
+            )
+        if embedded_inference:
+            log_path = settings.data_dir / "inference.log"
+            inference = start_inference_process(log_path)
+            print(
+                f"Embedded inference started (pid {inference.pid}, log {log_path.resolve()})",
+                flush=True,
+            )
+        print(f"API on http://{host}:{port} (docs at /docs)", flush=True)
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+        # Both at once: each takes its own grace (a job checkpoints, engines stop).
+        for process in (worker, inference):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        _stop(worker)
+        _stop(inference)
     return 0

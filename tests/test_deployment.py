@@ -23,6 +23,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from serving.settings import InferenceSettings
 from worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,10 +290,12 @@ def test_published_ports_and_health_checks_match_what_the_api_listens_on(tmp_pat
 def _known_environment() -> set[str]:
     """GRPO_* names the code reads: settings fields (pydantic-settings, env_prefix) and the few
     variables read directly from os.environ."""
-    prefix = WorkerSettings.model_config.get("env_prefix", "")
-    names = {f"{prefix}{field}".upper() for field in WorkerSettings.model_fields}
+    names: set[str] = set()
+    for settings in (WorkerSettings, InferenceSettings):
+        prefix = settings.model_config.get("env_prefix", "")
+        names |= {f"{prefix}{field}".upper() for field in settings.model_fields}
     pattern = re.compile(r"""(?:environ\.get|environ\[|getenv)\(?\s*["'](GRPO_\w+)["']""")
-    for package in ("app", "worker", "trainer", "grpo_cli"):
+    for package in ("app", "worker", "trainer", "grpo_cli", "serving"):
         for source in (ROOT / package).rglob("*.py"):
             names |= set(pattern.findall(source.read_text()))
     return names
@@ -315,6 +318,7 @@ def test_every_grpo_variable_is_one_the_code_reads_and_parses() -> None:
             for key, value in grpo.items():
                 patch.setenv(key, value)
             settings = WorkerSettings()  # validates every value
+            InferenceSettings()  # and the inference process's (GRPO_INFERENCE_*)
         if settings.database_url:
             _points_at_postgres(name, settings.database_url)
         if settings.broker_url:
@@ -556,3 +560,22 @@ def test_the_api_image_serves_the_dashboard(api_image: dict[str, Any]) -> None:
     pages = [p for p in api_image["status"] if p == "/" or p.startswith("/dashboard/")]
     assert "/dashboard/job.js" in pages and "/dashboard/uPlot.esm.js" in pages
     assert {p: api_image["status"][p] for p in pages} == dict.fromkeys(pages, 200)
+
+
+def test_the_inference_service_serves_the_workers_checkpoints_read_only() -> None:
+    """`grpo inference` finds a checkpoint at `<checkpoint dir>/<job>/<folder>`, where the
+    workers write it; it never writes there, and its own data (engine logs, the packaged
+    models it builds) lies on a volume of its own."""
+    service = SERVICES["inference"]
+    assert service["command"][:2] == ["grpo", "inference"]
+    assert _checkpoint_dir("inference") == _checkpoint_dir("worker-gpu")
+    mounts = {str(m).split(":")[1]: str(m).split(":")[2:] for m in service["volumes"]}
+    checkpoints = _checkpoint_dir("inference")
+    holding = [target for target in mounts if f"{checkpoints}/".startswith(target + "/")]
+    assert holding and all(mounts[target] == ["ro"] for target in holding)
+    data_dir = service["environment"]["GRPO_DATA_DIR"]
+    assert mounts.get(data_dir) == [], "the inference data folder must be writable"
+    port, path = health_url(service["healthcheck"]["test"])
+    assert (port, path) == (InferenceSettings().port, "/health")
+    gpu = service["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]

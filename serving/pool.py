@@ -1,0 +1,379 @@
+"""The engines of one inference process, and the answer to ``POST /engines/ensure``.
+
+Keys: a base model's engine is keyed by the base model's name; a full fine-tune's checkpoint,
+and the full checkpoint a LoRA job started from (``base_weights``), by the checkpoint's served
+name (serving.checkpoints.served_name). LoRA adapters load into the engine of their base.
+
+- An engine that is not running is started in the background within the memory budget
+  (serving.budget); meanwhile every ensure for it answers Busy ``engine_starting``. When the
+  budget is held by engines in use, Busy ``memory_budget``.
+- Base models are resolved once (serving.resolve, a subprocess of seconds); meanwhile Busy
+  ``engine_starting`` too.
+- An adapter is loaded into its ready engine during the ensure (milliseconds to seconds); past
+  ``max_adapters`` the least recently used one no request is using is unloaded first
+  (serving.adapters), to be loaded again on its next ensure.
+- Whatever an ensure made ready is kept from eviction for ``keep_after_ensure_s``: the gateway's
+  request follows the ensure and must find it (eviction never causes a 404).
+
+Everything runs on the event loop of the control API; process starts and stops, and base
+resolution, in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from app.core.settings import Settings
+from app.inference.protocol import (
+    Busy,
+    EngineState,
+    EnsureRequest,
+    EnsureResponse,
+    ServerState,
+    WeightsRef,
+)
+from serving.adapters import AdapterSlots
+from serving.budget import Holder, NeverFits, engine_cost, plan_evictions
+from serving.checkpoints import (
+    ADAPTER_MARKER,
+    MODEL_MARKER,
+    CheckpointMissing,
+    CheckpointRefused,
+    checkpoint_folder,
+    served_name,
+    weight_bytes,
+)
+from serving.engine import Engine, EngineFailed, EngineSpec, Launcher
+from serving.resolve import BaseModelUnavailable, resolve_base
+from serving.settings import InferenceSettings
+
+log = logging.getLogger(__name__)
+
+STARTING_RETRY_S = 5  # Retry-After while an engine starts (the tiny model takes ~20 s on CPU)
+BUDGET_RETRY_S = 10
+ADAPTER_RETRY_S = 1
+RESOLVE_TIMEOUT_S = 900.0  # a packaged model is built on first use (SmolLM2: a GGUF conversion)
+
+
+class EnsureError(Exception):
+    """An ensure that no retry will fix; ``status`` is its HTTP status."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Target:
+    key: str
+    folder: Path
+    served_model: str
+
+
+@dataclass
+class Record:
+    engine: Engine
+    cost: int
+    adapters: AdapterSlots
+    status: Literal["starting", "ready", "stopping"] = "starting"
+    last_used: float = 0.0
+    kept_until: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class EnginePool:
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        app_settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self._app = app_settings
+        self._clock = clock
+        self._store = app_settings.resolved_checkpoint_dir
+        self._log_dir = app_settings.data_dir / "inference" / settings.server_id
+        self._launcher = Launcher()
+        self._records: dict[str, Record] = {}
+        self._failures: dict[str, str] = {}  # key -> why its last start failed (told once)
+        self._bases: dict[str, Path | BaseModelUnavailable] = {}
+        self._resolving: dict[str, asyncio.Task[None]] = {}
+        self._lock = asyncio.Lock()  # budget decisions and the records map
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ ensure
+
+    async def ensure(self, request: EnsureRequest) -> EnsureResponse | Busy:
+        """Make the weights of ``request`` ready (or start making them ready: Busy)."""
+        adapter = request.adapter
+        adapter_folder = None
+        if adapter is not None:  # checked before anything starts for it
+            adapter_folder = self._checkpoint(adapter, ADAPTER_MARKER)
+        engine_target = await self._engine_target(request)
+        if engine_target is None:
+            return Busy(
+                reason="engine_starting",
+                detail=f"resolving base model {request.base_model}",
+                retry_after_s=STARTING_RETRY_S,
+            )
+        ready = await self._ready_engine(engine_target)
+        if isinstance(ready, Busy):
+            return ready
+        record, warm = ready
+        if adapter is None or adapter_folder is None:
+            return EnsureResponse(
+                base_url=record.engine.base_url, served_model=engine_target.served_model, warm=warm
+            )
+        return await self._ensure_adapter(record, served_name(adapter), adapter_folder)
+
+    async def _engine_target(self, request: EnsureRequest) -> Target | None:
+        """What engine serves the request (None: its base model is still being resolved)."""
+        ref: WeightsRef | None = request.full or request.base_weights
+        if request.full is not None and request.adapter is not None:
+            raise EnsureError(422, "full and adapter exclude each other")
+        if ref is not None:
+            folder = self._checkpoint(ref, MODEL_MARKER)
+            return Target(served_name(ref), folder, served_name(ref))
+        if not self.settings.serves_base(request.base_model):
+            raise EnsureError(404, f"base model {request.base_model} is not served here")
+        base = self._base_folder(request.base_model)
+        if base is None:
+            return None
+        return Target(request.base_model, base, request.base_model)
+
+    def _checkpoint(self, ref: WeightsRef, marker: str) -> Path:
+        try:
+            return checkpoint_folder(self._store, ref, marker=marker)
+        except CheckpointRefused as exc:
+            raise EnsureError(403, str(exc)) from exc
+        except CheckpointMissing as exc:
+            raise EnsureError(404, str(exc)) from exc
+
+    def _base_folder(self, model: str) -> Path | None:
+        found = self._bases.get(model)
+        if isinstance(found, BaseModelUnavailable):
+            del self._bases[model]  # told once; the next ensure tries again
+            raise EnsureError(422, str(found))
+        if found is None and model not in self._resolving:
+            self._resolving[model] = self._spawn(self._resolve(model))
+        return found
+
+    async def _resolve(self, model: str) -> None:
+        try:
+            self._bases[model] = await asyncio.to_thread(
+                resolve_base, model, self._app, timeout_s=RESOLVE_TIMEOUT_S
+            )
+        except BaseModelUnavailable as exc:
+            log.warning("inference: %s", exc)
+            self._bases[model] = exc
+        finally:
+            self._resolving.pop(model, None)
+
+    async def _ready_engine(self, target: Target) -> tuple[Record, bool] | Busy:
+        """The ready engine of ``target`` and whether it was ready before this call, or Busy
+        (it is starting: started now if it was not running)."""
+        async with self._lock:
+            now = self._clock()
+            record = self._records.get(target.key)
+            if record is not None and record.status == "ready" and not record.engine.alive():
+                log.warning("inference: engine %s died; starting it again", target.key)
+                self._records.pop(target.key)
+                self._spawn(asyncio.to_thread(record.engine.stop))
+                record = None
+            if record is None:
+                failure = self._failures.pop(target.key, None)
+                if failure is not None:
+                    raise EnsureError(502, failure)
+                return await self._start(target, now)
+            if record.status == "stopping":  # evicted: once it is gone, it starts again
+                return Busy(
+                    reason="draining",
+                    detail=f"the engine of {target.key} is stopping",
+                    retry_after_s=STARTING_RETRY_S,
+                )
+            record.last_used, record.kept_until = now, now + self.settings.keep_after_ensure_s
+            if record.status == "starting":
+                return Busy(
+                    reason="engine_starting",
+                    detail=f"the engine of {target.key} is starting",
+                    retry_after_s=STARTING_RETRY_S,
+                )
+            return record, True
+
+    async def _start(self, target: Target, now: float) -> Busy:
+        """Plan room for the engine, and start it in the background (under ``_lock``)."""
+        cost = engine_cost(
+            weight_bytes=weight_bytes(target.folder),
+            kv_cache_bytes=self.settings.kv_cache_bytes,
+            overhead_bytes=self.settings.engine_overhead_bytes,
+        )
+        try:
+            victims = plan_evictions(
+                await self._holders(now), need=cost, budget=self.settings.memory_budget_bytes
+            )
+        except NeverFits as exc:
+            raise EnsureError(422, f"{target.key}: {exc}") from exc
+        if victims is None:
+            return Busy(
+                reason="memory_budget",
+                detail=f"no room for the engine of {target.key}: the budget is held by engines "
+                "in use",
+                retry_after_s=BUDGET_RETRY_S,
+            )
+        stopping = [self._records[key] for key in victims]
+        for victim in stopping:
+            victim.status = "stopping"
+            log.info("inference: evicting idle engine %s", victim.engine.spec.key)
+        spec = EngineSpec(
+            key=target.key,
+            model_folder=target.folder,
+            served_model=target.served_model,
+            log_path=self._log_dir / f"engine-{_file_name(target.key)}.log",
+        )
+        record = Record(
+            engine=Engine(spec, self.settings, self._launcher),
+            cost=cost,
+            adapters=AdapterSlots(self.settings.max_adapters),
+            last_used=now,
+            kept_until=now + self.settings.keep_after_ensure_s,
+        )
+        self._records[target.key] = record
+        self._spawn(self._run_start(record, stopping))
+        return Busy(
+            reason="engine_starting",
+            detail=f"starting the engine of {target.key}",
+            retry_after_s=STARTING_RETRY_S,
+        )
+
+    async def _holders(self, now: float) -> list[Holder]:
+        """The engines as the budget sees them; only idle ready engines may be evicted (their
+        load is read from their /metrics; one that does not answer is not evicted)."""
+        holders = []
+        for key, record in self._records.items():
+            evictable = record.status == "ready" and record.kept_until <= now
+            if evictable:
+                try:
+                    evictable = not (await record.engine.load()).busy
+                except Exception:  # an engine that cannot tell its load is kept
+                    evictable = False
+            holders.append(Holder(key, record.cost, record.last_used, evictable))
+        return holders
+
+    async def _run_start(self, record: Record, stopping: list[Record]) -> None:
+        key = record.engine.spec.key
+        try:
+            await asyncio.gather(*(self._stop(victim) for victim in stopping))
+            await asyncio.to_thread(record.engine.start)
+            await record.engine.wait_ready(self.settings.engine_start_timeout_s)
+        except Exception as exc:  # a start always settles: ready, or gone and its failure kept
+            log.error("inference: %s", exc)
+            async with self._lock:
+                self._records.pop(key, None)
+                self._failures[key] = (
+                    f"the engine of {key} failed to start ({type(exc).__name__}); its log is in "
+                    "the inference process's data folder"
+                )
+            await asyncio.to_thread(record.engine.stop)
+            return
+        record.status = "ready"
+        log.info(
+            "inference: engine %s ready in %.1fs on %s",
+            key,
+            record.engine.ready_after_s or 0,
+            record.engine.base_url,
+        )
+
+    async def _stop(self, record: Record) -> None:
+        record.status = "stopping"
+        await asyncio.to_thread(record.engine.stop)
+        async with self._lock:
+            key = record.engine.spec.key
+            if self._records.get(key) is record:
+                del self._records[key]
+
+    # ------------------------------------------------------------------ adapters
+
+    async def _ensure_adapter(
+        self, record: Record, name: str, folder: Path
+    ) -> EnsureResponse | Busy:
+        engine = record.engine
+        async with record.lock:
+            now = self._clock()
+            if name in record.adapters:
+                record.adapters.touch(name, now)
+                return EnsureResponse(base_url=engine.base_url, served_model=name, warm=True)
+            if record.adapters.full():
+                victim = record.adapters.victim(
+                    in_use=(await engine.load()).adapters_in_use,
+                    kept_since=now - self.settings.keep_after_ensure_s,
+                )
+                if victim is None:
+                    return Busy(
+                        reason="adapter_loading",
+                        detail=f"every adapter slot of {engine.spec.key} is in use",
+                        retry_after_s=ADAPTER_RETRY_S,
+                    )
+                await engine.unload_adapter(victim)
+                record.adapters.remove(victim)
+                log.info("inference: unloaded adapter %s from %s", victim, engine.spec.key)
+            try:
+                await engine.load_adapter(name, folder)
+            except EngineFailed as exc:  # vLLM refused it (a rank past max_lora_rank, ...)
+                raise EnsureError(422, f"adapter {name}: {exc}") from exc
+            record.adapters.touch(name, self._clock())
+            return EnsureResponse(base_url=engine.base_url, served_model=name, warm=False)
+
+    # ------------------------------------------------------------------ state and shutdown
+
+    async def state(self) -> ServerState:
+        engines = []
+        for key, record in list(self._records.items()):
+            running = 0
+            if record.status == "ready":
+                try:
+                    running = (await record.engine.load()).running
+                except Exception:  # a state report never fails because of one engine
+                    running = 0
+            engines.append(
+                EngineState(
+                    key=key,
+                    base_url=record.engine.base_url,
+                    status=record.status,
+                    adapters=record.adapters.names(),
+                    memory_bytes=record.cost,
+                    running_requests=running,
+                )
+            )
+        return ServerState(
+            engines=engines,
+            memory_budget_bytes=self.settings.memory_budget_bytes,
+            memory_used_bytes=sum(e.memory_bytes for e in engines),
+            max_adapters_per_engine=self.settings.max_adapters,
+        )
+
+    async def close(self) -> None:
+        """Stop every engine (in parallel) and the background work."""
+        for task in list(self._tasks):
+            task.cancel()
+        records = list(self._records.values())
+        await asyncio.gather(*(asyncio.to_thread(r.engine.stop) for r in records))
+        self._records.clear()
+        self._launcher.close()
+
+    def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+
+def _file_name(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)

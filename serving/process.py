@@ -1,0 +1,72 @@
+"""`grpo inference`: the control API under uvicorn, the engine pool, and the registration
+heartbeat, in one process.
+
+Start: refuse devices shared with the training workers (serving.devices), register. Nothing
+is resolved or started before the first ensure asks for it. Every ``HEARTBEAT_S``: rewrite the
+row with the state. SIGTERM or SIGINT (uvicorn's handlers): stop serving, stop every engine,
+remove the row; uvicorn then re-raises the signal, so a clean stop exits with -SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI
+
+from app.core.settings import Settings
+from app.inference.protocol import HEARTBEAT_S
+from serving.control import create_control_app
+from serving.devices import sharing_refusal
+from serving.pool import EnginePool
+from serving.registry import Registration
+from serving.settings import InferenceSettings
+
+log = logging.getLogger(__name__)
+
+
+async def _heartbeat(pool: EnginePool, registration: Registration) -> None:
+    while True:
+        await asyncio.sleep(HEARTBEAT_S)
+        await asyncio.to_thread(registration.write, await pool.state())
+
+
+def build_app(settings: InferenceSettings, app_settings: Settings) -> FastAPI:
+    """The control app whose lifespan owns the pool and the registration."""
+    pool = EnginePool(settings, app_settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        registration = Registration(settings, app_settings)
+        await asyncio.to_thread(registration.write, await pool.state())
+        beating = asyncio.create_task(_heartbeat(pool, registration))
+        log.info("inference: %s serving %s", settings.control_url, ", ".join(settings.base_list))
+        try:
+            yield
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+            await pool.close()
+            await asyncio.to_thread(registration.remove)
+            log.info("inference: engines stopped, unregistered")
+
+    return create_control_app(pool, lifespan=lifespan)
+
+
+def run_inference(settings: InferenceSettings, app_settings: Settings) -> int:
+    refusal = sharing_refusal(
+        settings.engine_devices, settings.training_devices, share=settings.share_devices
+    )
+    if refusal is not None:
+        print(f"grpo inference: {refusal}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    app = build_app(settings, app_settings)
+    print(f"Inference control API on {settings.control_url} (id {settings.server_id})", flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    return 0

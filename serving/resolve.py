@@ -1,0 +1,76 @@
+"""A base model's folder, found by the trainer's own resolution (``resolve_model``: packaged
+names built once into the model cache, Hub ids in the host's Hugging Face cache, folders under
+the operator's model roots), run in a short-lived subprocess: the resolution imports torch and
+transformers (and may build a packaged model), and the control process stays without them.
+
+``python -m serving.resolve '{"model": ..., "roots": [...], "forbidden": [...]}'`` prints
+``{"folder": ...}`` or ``{"error": ...}``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from app.core.settings import Settings
+from trainer.spec import is_hub_repo_id
+
+
+class BaseModelUnavailable(Exception):
+    """The base model cannot be served here; the message names no server path."""
+
+
+def resolve_base(model: str, settings: Settings, *, timeout_s: float) -> Path:
+    """The folder of base model ``model`` under the service's rules (the worker's: model roots,
+    Hub allow-list, never the data folder or the checkpoint store)."""
+    if is_hub_repo_id(model):
+        refusal = settings.hub_model_refusal(model)
+        if refusal is not None:
+            raise BaseModelUnavailable(refusal)
+    request = {
+        "model": model,
+        "roots": settings.model_root_list,
+        "forbidden": [str(settings.data_dir), str(settings.resolved_checkpoint_dir)],
+    }
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "serving.resolve", json.dumps(request)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BaseModelUnavailable(f"resolving {model} took over {timeout_s:.0f}s") from exc
+    lines = out.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        answer = {}
+    if "folder" in answer:
+        return Path(answer["folder"])
+    why = answer.get("error") or f"the resolver exited with {out.returncode}: {out.stderr[-500:]}"
+    raise BaseModelUnavailable(f"base model {model}: {why}")
+
+
+def main(argv: list[str]) -> int:
+    request = json.loads(argv[0])
+    from trainer.errors import TrainerError
+    from trainer.models.loading import resolve_model
+
+    try:
+        folder = resolve_model(
+            request["model"],
+            allowed_roots=[Path(root) for root in request["roots"]],
+            forbidden=[Path(folder) for folder in request["forbidden"]],
+        )
+    except (TrainerError, FileNotFoundError, ValueError) as exc:
+        print(json.dumps({"error": str(exc)}))
+        return 1
+    print(json.dumps({"folder": str(folder)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,239 @@
+"""The pool's decisions with stand-in engines (no processes): Busy while starting, eviction
+within the budget, Busy memory_budget when the engines in use hold it, a failed start told once,
+a dead engine started again, adapters evicted and reloaded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import pytest
+
+from app.core.settings import build_settings
+from app.inference.protocol import Busy, EnsureRequest, EnsureResponse
+from serving import pool as pool_module
+from serving.engine import EngineFailed, EngineSpec
+from serving.metrics import EngineLoad
+from serving.pool import EnginePool, EnsureError
+from serving.settings import build_inference_settings
+
+T = TypeVar("T")
+WEIGHTS = 1000
+ENGINE = WEIGHTS + 100 + 10  # weights + KV cache + overhead, as configured below
+
+
+class StandInEngine:
+    """Engine's surface; class attributes steer every instance."""
+
+    fail_start: ClassVar[bool] = False
+    running: ClassVar[dict[str, int]] = {}
+    instances: ClassVar[list[StandInEngine]] = []
+
+    def __init__(self, spec: EngineSpec, settings: Any, launcher: Any) -> None:
+        self.spec = spec
+        self.started = self.stopped = False
+        self.adapters: list[str] = []
+        self.base_url = f"http://engine/{spec.key}"
+        self.ready_after_s = 0.0
+        StandInEngine.instances.append(self)
+
+    def alive(self) -> bool:
+        return self.started and not self.stopped
+
+    def start(self) -> None:
+        self.started = True
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        if StandInEngine.fail_start:
+            raise EngineFailed("exited with 1")
+
+    async def load(self) -> EngineLoad:
+        return EngineLoad(StandInEngine.running.get(self.spec.key, 0), 0, frozenset())
+
+    async def load_adapter(self, name: str, folder: Path) -> None:
+        self.adapters.append(name)
+
+    async def unload_adapter(self, name: str) -> None:
+        self.adapters.remove(name)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def make_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., EnginePool]:
+    StandInEngine.fail_start, StandInEngine.running, StandInEngine.instances = False, {}, []
+    monkeypatch.setattr(pool_module, "Engine", StandInEngine)
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"w" * WEIGHTS)
+    monkeypatch.setattr(pool_module, "resolve_base", lambda model, settings, timeout_s: base)
+    store = tmp_path / "data" / "checkpoints"
+    for job in ("job_f1", "job_f2", "job_f3"):
+        folder = store / job / "checkpoint-000001"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"w" * WEIGHTS)
+    for job in ("job_a", "job_b", "job_c"):
+        folder = store / job / "checkpoint-000001"
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text("{}")
+
+    def make(**overrides: Any) -> EnginePool:
+        given: dict[str, Any] = {
+            "bases": "tiny",
+            "kv_cache_bytes": 100,
+            "engine_overhead_bytes": 10,
+            "memory_budget_bytes": 2 * ENGINE,
+            "max_adapters": 2,
+            "keep_after_ensure_s": 0,
+        }
+        settings = build_inference_settings(**{**given, **overrides})
+        return EnginePool(settings, build_settings(data_dir=tmp_path / "data"))
+
+    return make
+
+
+def full(job: str) -> EnsureRequest:
+    return EnsureRequest(base_model="tiny", full={"job_id": job, "folder": "checkpoint-000001"})
+
+
+def adapter(job: str) -> EnsureRequest:
+    return EnsureRequest(base_model="tiny", adapter={"job_id": job, "folder": "checkpoint-000001"})
+
+
+async def until_ready(pool: EnginePool, request: EnsureRequest) -> EnsureResponse:
+    """Ensure until an answer other than Busy engine_starting (the start runs as a task)."""
+    for _ in range(500):  # the start's steps run in threads: poll, for at most ~5 s
+        answer = await pool.ensure(request)
+        if isinstance(answer, EnsureResponse):
+            return answer
+        assert answer.reason == "engine_starting", answer
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{request} never ready")
+
+
+def run(work: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(work())  # type: ignore[arg-type]
+
+
+def test_a_base_is_busy_while_resolving_and_starting_then_ready(
+    make_pool: Callable[..., EnginePool],
+) -> None:
+    async def scenario() -> None:
+        pool = make_pool()
+        first = await pool.ensure(EnsureRequest(base_model="tiny"))
+        assert isinstance(first, Busy) and first.reason == "engine_starting"
+        ready = await until_ready(pool, EnsureRequest(base_model="tiny"))
+        assert ready.served_model == "tiny" and ready.warm
+        state = await pool.state()
+        assert [e.key for e in state.engines] == ["tiny"] and state.memory_used_bytes == ENGINE
+
+    run(scenario)
+
+
+def test_the_idle_engine_used_longest_ago_makes_room(make_pool: Callable[..., EnginePool]) -> None:
+    async def scenario() -> None:
+        pool = make_pool()
+        await until_ready(pool, full("job_f1"))
+        await until_ready(pool, full("job_f2"))
+        await until_ready(pool, full("job_f1"))  # f1 is now the more recent
+        await until_ready(pool, full("job_f3"))
+        keys = {e.key for e in (await pool.state()).engines}
+        assert keys == {"job_f1/checkpoint-000001", "job_f3/checkpoint-000001"}
+        assert [e.spec.key for e in StandInEngine.instances if e.stopped] == [
+            "job_f2/checkpoint-000001"
+        ]
+
+    run(scenario)
+
+
+def test_engines_in_use_hold_the_budget(make_pool: Callable[..., EnginePool]) -> None:
+    async def scenario() -> None:
+        pool = make_pool()
+        await until_ready(pool, full("job_f1"))
+        await until_ready(pool, full("job_f2"))
+        StandInEngine.running = {"job_f1/checkpoint-000001": 1, "job_f2/checkpoint-000001": 3}
+        busy = await pool.ensure(full("job_f3"))
+        assert isinstance(busy, Busy) and busy.reason == "memory_budget"
+        StandInEngine.running = {"job_f1/checkpoint-000001": 1}
+        await until_ready(pool, full("job_f3"))  # f2 went idle: it makes room
+
+    run(scenario)
+
+
+def test_an_engine_larger_than_the_budget_is_refused(make_pool: Callable[..., EnginePool]) -> None:
+    async def scenario() -> None:
+        pool = make_pool(memory_budget_bytes=ENGINE - 1)
+        with pytest.raises(EnsureError) as refused:
+            await pool.ensure(full("job_f1"))
+        assert refused.value.status == 422
+
+    run(scenario)
+
+
+def test_a_failed_start_is_told_once_then_tried_again(make_pool: Callable[..., EnginePool]) -> None:
+    async def scenario() -> None:
+        pool = make_pool()
+        StandInEngine.fail_start = True
+        assert isinstance(await pool.ensure(full("job_f1")), Busy)
+        with pytest.raises(EnsureError) as failed:
+            await until_ready(pool, full("job_f1"))
+        assert failed.value.status == 502
+        StandInEngine.fail_start = False
+        await until_ready(pool, full("job_f1"))
+
+    run(scenario)
+
+
+def test_a_dead_engine_is_started_again(make_pool: Callable[..., EnginePool]) -> None:
+    async def scenario() -> None:
+        pool = make_pool()
+        await until_ready(pool, full("job_f1"))
+        StandInEngine.instances[0].stopped = True  # it died
+        again = await pool.ensure(full("job_f1"))
+        assert isinstance(again, Busy) and again.reason == "engine_starting"
+        await until_ready(pool, full("job_f1"))
+        assert len(StandInEngine.instances) == 2
+
+    run(scenario)
+
+
+def test_adapters_past_the_bound_are_unloaded_and_loaded_again(
+    make_pool: Callable[..., EnginePool],
+) -> None:
+    async def scenario() -> None:
+        pool = make_pool()
+        first = await until_ready(pool, adapter("job_a"))
+        assert first.served_model == "job_a/checkpoint-000001" and not first.warm
+        assert (await pool.ensure(adapter("job_a"))).warm  # type: ignore[union-attr]
+        await pool.ensure(adapter("job_b"))
+        await pool.ensure(adapter("job_c"))
+        [engine] = StandInEngine.instances
+        assert engine.adapters == ["job_b/checkpoint-000001", "job_c/checkpoint-000001"]
+        back = await pool.ensure(adapter("job_a"))
+        assert isinstance(back, EnsureResponse) and not back.warm
+        assert engine.adapters == ["job_c/checkpoint-000001", "job_a/checkpoint-000001"]
+
+    run(scenario)
+
+
+def test_an_adapter_of_a_job_started_from_a_checkpoint_loads_into_that_checkpoints_engine(
+    make_pool: Callable[..., EnginePool],
+) -> None:
+    async def scenario() -> None:
+        pool = make_pool()
+        request = EnsureRequest(
+            base_model="tiny",
+            base_weights={"job_id": "job_f1", "folder": "checkpoint-000001"},
+            adapter={"job_id": "job_a", "folder": "checkpoint-000001"},
+        )
+        ready = await until_ready(pool, request)
+        assert ready.served_model == "job_a/checkpoint-000001"
+        [engine] = StandInEngine.instances
+        assert engine.spec.key == "job_f1/checkpoint-000001"
+        assert engine.adapters == ["job_a/checkpoint-000001"]
+
+    run(scenario)
