@@ -17,6 +17,7 @@ MODEL_RUNS = (
     "rollout/test_vllm_engine.py",
     "rollout/test_stop_tokens.py::test_vllm_engine_stops_a_qwen_style_model_at_end_of_turn",
     "test_loop.py",
+    "agents/test_agent_training.py",  # agent jobs through train() and grpo train
     "test_library.py",
     "test_cli.py::test_tiny_recipe_runs_and_resumes",
     "test_models.py::test_concurrent_builds_agree",
@@ -37,6 +38,7 @@ PROCESS_RUNS = (
     "distributed/test_ranks.py",
     "test_sandbox.py",  # bubblewrap sandboxes, some killed and restarted
     "agents/test_sandbox_tools.py",  # python tools and environments in bubblewrap
+    "agents/test_agent_training.py",  # the same, in agent jobs
     "test_graders.py::test_a_hanging_grader_is_cut_off_at_its_time_limit",
     "test_graders.py::test_the_batch_budget_bounds_a_grader_that_always_hangs",
     "test_graders.py::test_isolated_workers_share_a_batch_and_are_reused_then_closed",

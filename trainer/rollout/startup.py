@@ -154,7 +154,6 @@ def start_engine(
     (required then). The vLLM cache holds ``max(completions per step, eval prompts)`` sequences
     of the longest prompt plus ``max_new_tokens``, unless ``rollout.kv_cache_gib`` sets it.
     """
-    grpo = spec.grpo
     traits = ROLLOUT_ENGINE_TRAITS[spec.rollout.engine]
     block = kv_block_tokens(device.type)
     staged: Path | None = None
@@ -193,7 +192,7 @@ def start_engine(
             model_path if model_path is not None else Path(spec.model),
             tokenizer,
             dtype=spec.rollout.dtype,
-            max_model_len=grpo.max_prompt_tokens + grpo.max_new_tokens,
+            max_model_len=max_model_len(spec),
             policy_model=policy,
             kv_cache_bytes=kv_bytes,
             kv_block_tokens=block,
@@ -211,6 +210,13 @@ def start_engine(
     return StartedEngine(engine, kv_bytes, staged_dir=staged, colocation=colocation)
 
 
+def max_model_len(spec: JobSpec) -> int:
+    """The engine's context limit: a prompt and its completion, or for an agent job (tools or
+    an environment) at least a whole episode (``episode.max_episode_tokens``)."""
+    single = spec.grpo.max_prompt_tokens + spec.grpo.max_new_tokens
+    return max(single, spec.episode.max_episode_tokens) if spec.is_agentic else single
+
+
 def run_kv_cache_bytes(
     spec: JobSpec,
     policy: nn.Module,
@@ -226,7 +232,10 @@ def run_kv_cache_bytes(
     return kv_cache_bytes(
         getattr(policy, "config", None),
         sequences=max(grpo.completions_per_step, len(eval_prompts)),
-        tokens_per_sequence=max(map(len, [*train_prompts, *eval_prompts])) + grpo.max_new_tokens,
+        tokens_per_sequence=max(
+            max(map(len, [*train_prompts, *eval_prompts])) + grpo.max_new_tokens,
+            spec.episode.max_episode_tokens if spec.is_agentic else 0,
+        ),
         dtype=spec.rollout.dtype,
         block_tokens=block_tokens,
     )

@@ -176,6 +176,10 @@ class ConsoleCallbacks(Callbacks):
             postfix["kl"] = f"{metrics['kl']:.4f}"
         if "eval/accuracy" in metrics:
             postfix["eval"] = f"{metrics['eval/accuracy']:.3f}"
+        if "episode/turns" in metrics:  # an agent job: turns and tool calls per episode
+            postfix["turns"] = f"{metrics['episode/turns']:.2f}"
+            postfix["tools"] = f"{metrics.get('tools/calls', 0.0):.2f}"
+            postfix["tool_err"] = f"{metrics.get('tools/errors', 0.0):.2f}"
         postfix["s/step"] = f"{metrics.get('time/step', float('nan')):.1f}"
         self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from trainer.rollout.base import RolloutEngine
 from trainer.run.metrics import evaluate
 from trainer.run.setup import RunSetup
+from trainer.scoring.sampling import Rollout
 from trainer.seeding import derive_seed
 
 __all__ = ["evaluate_run"]
@@ -15,15 +16,23 @@ __all__ = ["evaluate_run"]
 _EVAL_SEED_SALT = 99_991
 
 
-def evaluate_run(setup: RunSetup, engine: RolloutEngine, step: int) -> float:
-    """``eval/accuracy`` of the run at ``step`` (0: before any update)."""
+def evaluate_run(
+    setup: RunSetup, engine: RolloutEngine, step: int, rollout: Rollout | None = None
+) -> float:
+    """``eval/accuracy`` of the run at ``step`` (0: before any update); with an agent job's
+    ``rollout``, of greedy episodes."""
     s = setup
     rows = s.eval_rows[: len(s.eval_ids)]
     share = s.world.share(len(rows))
     seed = derive_seed(s.config.seed, step, _EVAL_SEED_SALT)
     items = [row.grading_item for row in rows[share.start : share.stop]]
     ids = s.eval_ids[share.start : share.stop]
-    mine = evaluate(engine, s.scorer, ids, items, s.config.grpo, seed=seed) if ids else 0.0
+    episodes = None if rollout is None else (rollout, rows[share.start : share.stop])
+    mine = (
+        evaluate(engine, s.scorer, ids, items, s.config.grpo, seed=seed, rollout=episodes)
+        if ids
+        else 0.0
+    )
     parts = s.world.gather_objects((mine, len(ids)), "eval")
     accuracy = sum(a * n for a, n in parts) / max(1, sum(n for _, n in parts))
     s.callbacks.on_event(

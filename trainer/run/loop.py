@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
+from trainer.agents import Environment, HttpTools
 from trainer.distributed.world import World, init_world, world_from_env
 from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.graders import Grader
@@ -31,6 +32,7 @@ from trainer.rollout.startup import StartedEngine
 from trainer.run.callbacks import Callbacks
 from trainer.run.checkpoints import RunCheckpoints
 from trainer.run.engine_sync import sleep_engine, wake_engine
+from trainer.run.episodes import agent_rollout, refuse_unrunnable
 from trainer.run.evaluation import evaluate_run
 from trainer.run.metrics import (
     build_samples,
@@ -53,6 +55,7 @@ from trainer.run.setup import (
 )
 from trainer.scoring.collect import Collected, collect_groups
 from trainer.scoring.rewards import RewardFn, Scorer
+from trainer.scoring.sampling import Rollout, SingleTurn, merge_metrics
 from trainer.spec import JobSpec
 from trainer.update.passes import UpdateInputs, run_updates
 from trainer.update.phases import (
@@ -90,6 +93,8 @@ def train(
     engine: RolloutEngine | None = None,
     sample_groups: int = DEFAULT_SAMPLE_GROUPS,
     world: World | None = None,
+    http_tools: HttpTools | None = None,
+    http_environment: Environment | None = None,
 ) -> TrainResult:
     """Run (or resume) a GRPO job; checkpoints go to ``output_dir/checkpoint-<step>``.
 
@@ -113,25 +118,24 @@ def train(
       environment says, else one rank). With several, the policy is sharded over them, each
       samples its share of every round, and only rank 0 calls ``callbacks`` and writes
       checkpoints (``trainer.distributed``; docs/scaling.md).
+    - ``http_tools``/``http_environment``: what runs an agent job's http tools and http
+      environment (the worker's operator endpoints); without them such a job is refused.
+    A job with tools or an environment samples episodes (``trainer.run.episodes``).
 
     Raises NonFiniteLossError (a TrainerError, ``reason`` "non_finite_loss") after
     consecutive non-finite updates, and ValueError for an unusable dataset or arguments.
     """
-    if config.is_agentic:
-        # The episode rollout (trainer.agents) is not in the loop yet: fail the job with the
-        # reason rather than train it single-turn with its tools silently ignored.
-        raise TrainerError(
-            "tools and environment are not run by this trainer yet (multi-turn episodes are "
-            "not wired into the training loop); remove them to train single-turn",
-            reason="agents_not_supported",
-        )
+    if config.is_agentic:  # what this trainer cannot run of it fails the job, with the reason
+        refuse_unrunnable(config, http_tools=http_tools, http_environment=http_environment)
     if (model is None) != (tokenizer is None):
         raise ValueError("pass model and tokenizer together (or neither)")
     if graders is not None and reward_fn is not None:
         raise ValueError("pass graders or reward_fn, not both")
     if sample_groups < 0:
         raise ValueError(f"sample_groups must be >= 0, got {sample_groups}")
-    given = Given(graders, reward_fn, model, tokenizer, engine, sample_groups)
+    given = Given(
+        graders, reward_fn, model, tokenizer, engine, sample_groups, http_tools, http_environment
+    )
     world = world or world_from_env()
     rank_device = world.device(device)
     init_world(world, rank_device)
@@ -162,6 +166,8 @@ class _Run:
         self.checkpoints = RunCheckpoints(self.setup)
         self.started: StartedEngine | None = None
         self.engine: RolloutEngine | None = None
+        self.agents = agent_rollout(config, self.setup, given)
+        self.rollout: Rollout = self.agents or SingleTurn()
 
     @property
     def model(self) -> nn.Module:
@@ -174,6 +180,9 @@ class _Run:
         return self.setup.reference
 
     def close(self) -> None:
+        if self.agents is not None:
+            self.agents.close()
+            self.agents = None
         if self.started is not None:
             self.started.close()
             self.started = None
@@ -240,8 +249,10 @@ class _Run:
             should_stop=self.cb.should_stop,
             world=s.world,
             shares=s.shares,
+            rollout=self.rollout,
         )
-        metrics = rollout_metrics(col, s.scorer.names)
+        metrics = rollout_metrics(col, [*s.scorer.names, *self.rollout.extra_names])
+        metrics.update(merge_metrics(col.rollout_metrics))
         for name, message in col.grader_messages.items():
             self.cb.on_event(
                 "grader",
@@ -403,4 +414,4 @@ class _Run:
 
     def _evaluate(self, step: int) -> float:
         assert self.engine is not None
-        return evaluate_run(self.setup, self.engine, step)
+        return evaluate_run(self.setup, self.engine, step, self.agents)

@@ -44,11 +44,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from trainer.data.dataset import Example
 from trainer.graders import Item
 from trainer.rollout.base import RolloutEngine
 from trainer.run.callbacks import CompletionSample, RolloutSample
 from trainer.scoring.collect import Collected
 from trainer.scoring.rewards import Scorer
+from trainer.scoring.sampling import Rollout
 from trainer.spec import GRPOSpec, KLEstimatorName
 from trainer.update import kl as kl_math
 from trainer.update.losses import masked_mean
@@ -144,19 +146,28 @@ def evaluate(
     spec: GRPOSpec,
     *,
     seed: int,
+    rollout: tuple[Rollout, Sequence[Example]] | None = None,
 ) -> float:
     """``eval/accuracy``: greedy completions of the held-out prompts (token ids), scored against
     their rows (``items``), and reduced by :func:`eval_accuracy` against the scorer's
-    ``max_total``."""
-    results = engine.generate(
-        prompt_ids,
-        1,
-        max_new_tokens=spec.max_new_tokens,
-        temperature=spec.temperature,
-        seed=seed,
-        greedy=True,
-    )
-    totals, _ = scorer.score([r[0].text for r in results], items)
+    ``max_total``. With ``rollout`` (an agent job's, and the held-out rows) each prompt is a
+    greedy episode, its final answer graded; the accuracy is the graders' (an environment's
+    reward, unbounded, is not part of it)."""
+    if rollout is not None:
+        sampler, examples = rollout
+        rolled = sampler.sample(engine, prompt_ids, examples, 1, spec, seed=seed, greedy=True)
+        texts = rolled.texts or [g[0].text for g in rolled.completions]
+    else:
+        results = engine.generate(
+            prompt_ids,
+            1,
+            max_new_tokens=spec.max_new_tokens,
+            temperature=spec.temperature,
+            seed=seed,
+            greedy=True,
+        )
+        texts = [r[0].text for r in results]
+    totals, _ = scorer.score(texts, items)
     return eval_accuracy(totals, scorer.max_total)
 
 

@@ -21,6 +21,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedTokenizerBase
 
+from trainer.agents import Environment, HttpTools
 from trainer.checkpoint.store import sweep_temp_dirs
 from trainer.data.dataset import (
     Example,
@@ -76,6 +77,9 @@ class Given:
     tokenizer: PreTrainedTokenizerBase | None = None
     engine: RolloutEngine | None = None
     sample_groups: int = DEFAULT_SAMPLE_GROUPS
+    # An agent job's http tools and http environment (the worker's operator endpoints)
+    http_tools: HttpTools | None = None
+    http_environment: Environment | None = None
 
 
 @dataclass

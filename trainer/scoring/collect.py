@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -17,6 +18,7 @@ from trainer.distributed.world import World
 from trainer.models.memory import release_free_memory
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.scoring.rewards import Scorer, score_batch
+from trainer.scoring.sampling import Rolled, Rollout, SingleTurn
 from trainer.seeding import derive_seed
 from trainer.spec import GRPOSpec
 
@@ -43,6 +45,12 @@ class Group:
     rewards: list[float]  # [G] total task reward (weighted grader sum)
     per_grader: dict[str, list[float]]  # scorer name -> [G] unweighted scores
     zero_std: bool  # all rewards equal: no learning signal
+    # [G] each completion's own prompt (agent episodes); None: ``prompt_ids`` for all
+    prompts: list[list[int]] | None = None
+
+    def prompt_of(self, j: int) -> list[int]:
+        """Completion ``j``'s prompt ids."""
+        return self.prompt_ids if self.prompts is None else self.prompts[j]
 
 
 @dataclass
@@ -59,6 +67,8 @@ class Collected:
     # scorer name -> its first error message of the step (graders that keep one: user code)
     grader_messages: dict[str, str] = field(default_factory=dict)
     grader_timeouts: dict[str, int] = field(default_factory=dict)  # of which ran out of time
+    # (episodes, mean metrics) of each batch of agent episodes (trainer.scoring.sampling)
+    rollout_metrics: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
     @property
     def num_zero_std(self) -> int:
@@ -95,9 +105,10 @@ def collect_groups(
     should_stop: Callable[[], bool],
     world: World | None = None,
     shares: int = 1,
+    rollout: Rollout | None = None,
 ) -> Collected:
-    """Sample ``spec.prompts_per_step`` groups for training step ``step`` and score them with
-    ``scorer`` (graders, or a reward function: ``trainer.scoring.rewards``).
+    """Sample ``spec.prompts_per_step`` groups for step ``step`` with ``rollout`` (default
+    :class:`SingleTurn`; agent jobs: ``trainer.run.episodes``) and score them with ``scorer``.
 
     Each round's prompts are split into ``shares`` contiguous shares (the job's
     ``resources.devices``); share k of round r of step s samples with the engine seed
@@ -111,8 +122,7 @@ def collect_groups(
     task reward, the canonical signal, not on shaped rewards) are dropped and more prompts are
     sampled, for at most ``max_rounds`` rounds: :func:`prompts_for_round` many, so that one
     more round usually fills the batch. Kept groups past the target are left out of ``kept``
-    (they still count in ``groups``, as sampled); the batch may end up smaller than asked.
-    """
+    (they still count in ``groups``, as sampled); the batch may end up smaller than asked."""
     world = world or World()
     if world.distributed and world.size != shares:
         raise ValueError(f"{world.size} ranks cannot sample a job of {shares} devices")
@@ -134,6 +144,7 @@ def collect_groups(
         reports = [
             _sample_share(
                 engine,
+                rollout or SingleTurn(),
                 scorer,
                 [rows[i] for i in World(rank=share, size=shares).share(len(rows))],
                 prompt_ids,
@@ -174,6 +185,7 @@ class _ShareReport:
     grader_errors: dict[str, int]
     grader_messages: dict[str, str]
     grader_timeouts: dict[str, int]
+    rollout_metrics: list[tuple[int, dict[str, float]]]
 
     def add_to(self, out: Collected) -> None:
         """Add the share's groups and counts (not its seconds: see collect_groups)."""
@@ -185,10 +197,12 @@ class _ShareReport:
             out.grader_messages.setdefault(name, message)
         for name, count in self.grader_timeouts.items():
             out.grader_timeouts[name] = out.grader_timeouts.get(name, 0) + count
+        out.rollout_metrics.extend(self.rollout_metrics)
 
 
 def _sample_share(
     engine: RolloutEngine,
+    rollout: Rollout,
     scorer: Scorer,
     rows: list[int],
     prompt_ids: Sequence[list[int]],
@@ -200,31 +214,31 @@ def _sample_share(
     """Sample ``spec.group_size`` completions for each of ``rows`` with ``seed`` and grade
     them."""
     g = spec.group_size
-    report = _ShareReport([], 0.0, 0.0, 0, {}, {}, {})
+    report = _ShareReport([], 0.0, 0.0, 0, {}, {}, {}, [])
     if not rows:
         return report
     started = time.perf_counter()
-    results = engine.generate(
+    rolled = rollout.sample(
+        engine,
         [prompt_ids[r] for r in rows],
+        [examples[r] for r in rows],
         g,
-        max_new_tokens=spec.max_new_tokens,
-        temperature=spec.temperature,
+        spec,
         seed=seed,
     )
+    results = rolled.completions
     report.rollout_seconds = time.perf_counter() - started
+    report.rollout_metrics = list(rolled.metrics)
     release_free_memory()  # the engine's temporaries, before the trainer's passes
     started = time.perf_counter()
-    texts = [c.text for group in results for c in group]
     items = [examples[r].grading_item for r in rows for _ in range(g)]
-    scored = score_batch(scorer, texts, items)
-    totals, per_grader = scored.totals, scored.components
-    report.grader_errors = dict(scored.errors)
-    report.grader_messages = dict(scored.first_errors)
-    report.grader_timeouts = dict(scored.timeouts)
+    totals, per_grader = _score(scorer, rolled, items, report)
     zero = zero_variance_groups(torch.tensor(totals, dtype=torch.float64).view(len(rows), -1))
     report.reward_seconds = time.perf_counter() - started
     for i, (row, comps) in enumerate(zip(rows, results, strict=True)):
-        report.generated_tokens += sum(len(c.token_ids) for c in comps)
+        report.generated_tokens += sum(
+            len(c.token_ids) if c.loss_mask is None else sum(c.loss_mask) for c in comps
+        )
         report.groups.append(
             Group(
                 row=row,
@@ -233,6 +247,25 @@ def _sample_share(
                 rewards=totals[i * g : (i + 1) * g],
                 per_grader={name: s[i * g : (i + 1) * g] for name, s in per_grader.items()},
                 zero_std=bool(zero[i]),
+                prompts=None if rolled.prompts is None else rolled.prompts[i],
             )
         )
     return report
+
+
+def _score(
+    scorer: Scorer, rolled: Rolled, items: list[Mapping[str, Any]], report: _ShareReport
+) -> tuple[list[float], dict[str, list[float]]]:
+    """The graders' totals and components, plus the rollout's extra rewards (weighted)."""
+    texts = rolled.texts
+    if texts is None:
+        texts = [c.text for group in rolled.completions for c in group]
+    scored = score_batch(scorer, texts, items)
+    totals, per_grader = list(scored.totals), dict(scored.components)
+    report.grader_errors = dict(scored.errors)
+    report.grader_messages = dict(scored.first_errors)
+    report.grader_timeouts = dict(scored.timeouts)
+    for name, (weight, values) in rolled.extra_rewards.items():
+        per_grader[name] = list(values)
+        totals = [t + weight * v for t, v in zip(totals, values, strict=True)]
+    return totals, per_grader

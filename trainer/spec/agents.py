@@ -169,7 +169,19 @@ class ToolSpec(_NoUrl):
         return self
 
 
-class PythonEnvironment(_NoUrl):
+class _EnvironmentBase(_NoUrl):
+    weight: float = Field(
+        default=1.0,
+        ge=-100,
+        le=100,
+        description=(
+            "Weight of the environment's reward (the sum of its steps' rewards over an episode) "
+            "in the total reward, added like a grader's (metric reward/environment/mean)."
+        ),
+    )
+
+
+class PythonEnvironment(_EnvironmentBase):
     """``source`` defines ``class_name`` with ``reset(item) -> messages`` and
     ``step(messages) -> {messages, reward, done}``, run in the grader sandbox."""
 
@@ -189,7 +201,7 @@ class PythonEnvironment(_NoUrl):
         return self
 
 
-class HttpEnvironment(_NoUrl):
+class HttpEnvironment(_EnvironmentBase):
     """The environment runs on an endpoint the operator registered: POST reset and step with an
     episode id, the same protocol as the python class."""
 

@@ -23,6 +23,7 @@ from typing import Any
 __all__ = [
     "MAX_TEMPLATE_CHARS",
     "NAMESPACES",
+    "EpisodeAnswer",
     "TemplateError",
     "check_template",
     "render",
@@ -56,14 +57,43 @@ def check_template(template: str) -> str:
     return template
 
 
+class EpisodeAnswer(str):
+    """An agent episode's final answer (the text graders grade as ``sample.output_text``) that
+    also carries the episode's transcript: ``messages`` (the conversation) and ``tool_calls``
+    (name, arguments and result of each call), which :func:`sample_namespace` adds to
+    ``sample``. A ``str`` everywhere else, so every grader takes it as a completion."""
+
+    messages: list[dict[str, Any]]
+    tool_calls: list[dict[str, Any]]
+
+    def __new__(
+        cls,
+        text: str,
+        messages: Sequence[Mapping[str, Any]] = (),
+        tool_calls: Sequence[Mapping[str, Any]] = (),
+    ) -> EpisodeAnswer:
+        answer = super().__new__(cls, text)
+        answer.messages = [dict(m) for m in messages]
+        answer.tool_calls = [dict(c) for c in tool_calls]
+        return answer
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EpisodeAnswer, (str(self), self.messages, self.tool_calls))
+
+
 def sample_namespace(completion: str) -> dict[str, Any]:
     """What ``sample`` holds for one completion: ``output_text``, and ``output_json`` when the
-    text is a JSON document (else None)."""
+    text is a JSON document (else None); for an agent episode (an :class:`EpisodeAnswer`) also
+    ``messages`` and ``tool_calls``."""
     try:
         parsed: Any = json.loads(completion) if completion.lstrip()[:1] in ("{", "[") else None
     except (ValueError, RecursionError):
         parsed = None
-    return {"output_text": completion, "output_json": parsed}
+    out: dict[str, Any] = {"output_text": str(completion), "output_json": parsed}
+    if isinstance(completion, EpisodeAnswer):
+        out["messages"] = completion.messages
+        out["tool_calls"] = completion.tool_calls
+    return out
 
 
 def _lookup(root: Any, namespace: str, path: str) -> Any:

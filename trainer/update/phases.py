@@ -52,7 +52,7 @@ def pack_groups(groups: Sequence[Group], spec: GRPOSpec, device: torch.device) -
     comps = [c for g in groups for c in g.completions]
     truncated = [c.finish_reason == "length" for c in comps]
     return pack_batch(
-        [g.prompt_ids for g in groups for _ in range(spec.group_size)],
+        [g.prompt_of(j) for g in groups for j in range(spec.group_size)],
         [c.token_ids for c in comps],
         [c.logprobs for c in comps],
         truncated,

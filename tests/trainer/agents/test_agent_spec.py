@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from trainer.errors import TrainerError
-from trainer.run.loop import train
 from trainer.spec import JobSpec
 
 MULTIPLY = "def multiply(a, b):\n    return a * b\n"
@@ -128,12 +125,3 @@ def test_tool_names_are_unique_and_budgets_bounded() -> None:
     source = "class Env:\n    pass\n"
     found = errors(job(environment={"type": "python", "source": source}))
     assert "class Environment" in found[0][1]
-
-
-def test_the_training_loop_refuses_an_agent_job_rather_than_ignore_its_tools(
-    tmp_path: Path,
-) -> None:
-    spec = JobSpec.model_validate(job(tools=[TOOL]))
-    with pytest.raises(TrainerError) as info:
-        train(spec, output_dir=tmp_path)
-    assert info.value.reason == "agents_not_supported"
