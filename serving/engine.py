@@ -130,6 +130,10 @@ def server_environment(settings: InferenceSettings) -> dict[str, str]:
     env = dict(os.environ)
     # The legacy CPU variable counts whole GiB and would override --kv-cache-memory-bytes.
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if settings.token is not None:
+        # The engine's /v1 routes then want `Authorization: Bearer <token>` (the gateway and
+        # this process send it); through the environment, so `ps` does not show it.
+        env["VLLM_API_KEY"] = settings.token.get_secret_value()
     env.update(
         VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",  # POST /v1/load_lora_adapter
         HF_HUB_OFFLINE="1",  # folders only: an engine never reaches a model hub
@@ -218,8 +222,10 @@ class Engine:
         await self._post("/v1/unload_lora_adapter", {"lora_name": name})
 
     async def _post(self, path: str, body: dict[str, str]) -> None:
+        token = self._settings.token
+        headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as client:
-            response = await client.post(f"{self._local_url}{path}", json=body)
+            response = await client.post(f"{self._local_url}{path}", json=body, headers=headers)
         if response.status_code != 200:
             raise EngineFailed(
                 f"engine {self.spec.key}: {path} answered {response.status_code}: "

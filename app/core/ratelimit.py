@@ -167,6 +167,7 @@ class SlotLabels:
     """How a kind of slot is named in refusals and in Redis."""
 
     what: str = "open event streams"
+    counted: str = "open streams"  # the noun after a count: "has 2 open streams"
     owner: str = "this API key"  # what `per_key` counts for
     redis_prefix: str = "grpo:streams"
     advice: str = "close one or retry later"
@@ -206,7 +207,7 @@ class StreamSlots:
         with self._lock:
             if self._open >= self.per_process:
                 raise self._refusal(
-                    f"this server has {self.per_process} {self.labels.what}, its limit"
+                    f"this server has {self.per_process} {self.labels.counted}, its limit"
                 )
             self._open += 1
         try:
@@ -248,7 +249,7 @@ class StreamSlots:
                 log.debug("stream lease not removed (it expires): %s", exc)
 
     def _acquire_for_key(self, key_id: str) -> str | None:
-        refused = f"{self.labels.owner} has {self.per_key} {self.labels.what}, its limit"
+        refused = f"{self.labels.owner} has {self.per_key} {self.labels.counted}, its limit"
         if self._script is not None and self._store.usable():
             lease = secrets.token_hex(8)
             try:
@@ -280,6 +281,7 @@ class StreamSlots:
 # The inference gateway's requests in flight, counted per project (app.inference).
 INFERENCE_SLOTS = SlotLabels(
     what="chat and completion requests in flight",
+    counted="requests in flight",
     owner="this project",
     redis_prefix="grpo:inference:inflight",
     advice="wait for one to finish (GRPO_INFERENCE_MAX_CONCURRENT_PER_PROJECT)",

@@ -36,6 +36,7 @@ from app.inference import service as models
 from app.inference.protocol import (
     ANY_BASE,
     ENSURE_PATH,
+    TOKEN_HEADER,
     Busy,
     EngineState,
     EnsureRequest,
@@ -163,7 +164,14 @@ def plan(session: Session, *, project_id: str, name: str, no_server_retry_after:
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
+    """What the vLLM servers want when the operator set a token (the inference process starts
+    them with it as their API key)."""
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def control_headers(token: str | None) -> dict[str, str]:
+    """What an inference process's control API wants when the operator set a token."""
+    return {TOKEN_HEADER: token} if token else {}
 
 
 def _busy(response: httpx.Response) -> Busy | None:
@@ -190,7 +198,7 @@ async def ensure_ready(
         url = candidate.control_url.rstrip("/") + ENSURE_PATH
         try:
             response = await client.post(
-                url, json=payload, headers=auth_headers(token), timeout=timeout_s
+                url, json=payload, headers=control_headers(token), timeout=timeout_s
             )
         except httpx.HTTPError as exc:
             log.warning("inference server %s unreachable: %r", candidate.server_id, exc)

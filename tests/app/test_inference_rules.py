@@ -409,7 +409,7 @@ def test_a_project_has_a_cap_on_requests_in_flight(
             wait_until(lambda: control.received, 10, "the first request to reach ensure")
             second = httpx.post(f"{server.url}{CHAT}", json=_chat(), headers=headers, timeout=30)
             error = _error(second, 429)
-            assert "this project has 1 chat and completion requests in flight" in error["message"]
+            assert "this project has 1 requests in flight" in error["message"]
             assert "GRPO_INFERENCE_MAX_CONCURRENT_PER_PROJECT" in error["message"]
             assert second.headers["Retry-After"] == "5"
             other, _ = new_project_key(settings)  # another project is not held back
