@@ -116,8 +116,8 @@ def start_inference(tmp: Path, database_url: str, store: Path, **settings: str) 
         GRPO_INFERENCE_MAX_ADAPTERS="2",
         GRPO_INFERENCE_MAX_LORA_RANK="8",
         GRPO_INFERENCE_ENGINE_START_TIMEOUT_S=str(ENGINE_START_S),
-        **{f"GRPO_INFERENCE_{k.upper()}": v for k, v in settings.items()},
     )
+    env.update({f"GRPO_INFERENCE_{k.upper()}": v for k, v in settings.items()})  # overrides
     log_path = tmp / "inference.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
