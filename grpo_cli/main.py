@@ -14,6 +14,21 @@ if TYPE_CHECKING:
     from app.core.settings import Settings
 
 
+def _add_inference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    inference = sub.add_parser(
+        "inference",
+        help="Serve trained models: vLLM engines started on demand, behind a control API the "
+        "API's gateway calls (settings: GRPO_INFERENCE_*, docs/serving.md).",
+    )
+    inference.add_argument("--host", default=None, help="Control API address (127.0.0.1).")
+    inference.add_argument("--port", type=int, default=None, help="Control API port (8100).")
+    inference.add_argument(
+        "--bases",
+        default=None,
+        help="Base models served, separated by commas (default: the packaged models; *: any).",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo", description="GRPO fine-tuning service.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,18 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="Run a worker that trains queued jobs.")
     worker.add_argument("--loglevel", default="INFO")
 
-    inference = sub.add_parser(
-        "inference",
-        help="Serve trained models: vLLM engines started on demand, behind a control API the "
-        "API's gateway calls (settings: GRPO_INFERENCE_*, docs/serving.md).",
-    )
-    inference.add_argument("--host", default=None, help="Control API address (127.0.0.1).")
-    inference.add_argument("--port", type=int, default=None, help="Control API port (8100).")
-    inference.add_argument(
-        "--bases",
-        default=None,
-        help="Base models served, separated by commas (default: the packaged models; *: any).",
-    )
+    _add_inference(sub)
 
     db = sub.add_parser("db", help="Database migrations.")
     db_sub = db.add_subparsers(dest="db_command", required=True)

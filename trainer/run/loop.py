@@ -98,9 +98,8 @@ def train(
 ) -> TrainResult:
     """Run (or resume) a GRPO job; checkpoints go to ``output_dir/checkpoint-<step>``.
 
-    ``resume_from`` (a checkpoint folder) restores weights, optimizer, scheduler, RNG and data
-    position, and pushes the restored weights into the rollout engine before the first rollout,
-    so a resumed run samples exactly what the uninterrupted run would have.
+    ``resume_from`` (a checkpoint folder) restores weights, optimizer, scheduler, RNG, data
+    position and the engine's weights: a resumed run samples what the whole run would have.
 
     Everything else comes from ``config`` unless given here:
 
@@ -118,22 +117,15 @@ def train(
       environment says, else one rank). With several, the policy is sharded over them, each
       samples its share of every round, and only rank 0 calls ``callbacks`` and writes
       checkpoints (``trainer.distributed``; docs/scaling.md).
-    - ``http_tools``/``http_environment``: what runs an agent job's http tools and http
-      environment (the worker's operator endpoints); without them such a job is refused.
-    A job with tools or an environment samples episodes (``trainer.run.episodes``).
+    - ``http_tools``/``http_environment``: what runs an agent job's http tools and
+      environment (the worker's operator endpoints). Agent jobs: ``trainer.run.episodes``.
 
     Raises NonFiniteLossError (a TrainerError, ``reason`` "non_finite_loss") after
     consecutive non-finite updates, and ValueError for an unusable dataset or arguments.
     """
     if config.is_agentic:  # what this trainer cannot run of it fails the job, with the reason
         refuse_unrunnable(config, http_tools=http_tools, http_environment=http_environment)
-    if (model is None) != (tokenizer is None):
-        raise ValueError("pass model and tokenizer together (or neither)")
-    if graders is not None and reward_fn is not None:
-        raise ValueError("pass graders or reward_fn, not both")
-    if sample_groups < 0:
-        raise ValueError(f"sample_groups must be >= 0, got {sample_groups}")
-    given = Given(
+    given = Given(  # checks that the overrides go together
         graders, reward_fn, model, tokenizer, engine, sample_groups, http_tools, http_environment
     )
     world = world or world_from_env()

@@ -81,6 +81,14 @@ class Given:
     http_tools: HttpTools | None = None
     http_environment: Environment | None = None
 
+    def __post_init__(self) -> None:
+        if (self.model is None) != (self.tokenizer is None):
+            raise ValueError("pass model and tokenizer together (or neither)")
+        if self.graders is not None and self.reward_fn is not None:
+            raise ValueError("pass graders or reward_fn, not both")
+        if self.sample_groups < 0:
+            raise ValueError(f"sample_groups must be >= 0, got {self.sample_groups}")
+
 
 @dataclass
 class _Policy:
