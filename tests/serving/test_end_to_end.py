@@ -148,7 +148,15 @@ def test_trained_models_answer_through_the_openai_sdk(
     sdk = _sdk(server, key)
     lora_job = _job(server, key, lora={"rank": 4})
     full_job = _job(server, key)
-    running_job = _job(server, key, lora={"rank": 4}, grpo={"steps": 2000}, checkpoint_interval=1)
+    # Every step's checkpoint kept: the names asked for below must not be pruned meanwhile.
+    running_job = _job(
+        server,
+        key,
+        lora={"rank": 4},
+        grpo={"steps": 2000},
+        checkpoint_interval=1,
+        checkpoint={"keep_last": None},
+    )
 
     # ---- the LoRA job's final weights: an adapter on the base engine
     _wait_status(server, key, lora_job, "succeeded")
