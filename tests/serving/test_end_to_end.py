@@ -187,10 +187,9 @@ def test_trained_models_answer_through_the_openai_sdk(
     wait_until(
         lambda: Client(server.url, key).checkpoints(running_job), JOB_S, "a first checkpoint"
     )
-    step = Client(server.url, key).checkpoints(running_job)[0]["step"]
-    ckpt_name = next(
-        m.id for m in sdk.models.list() if m.id.endswith(f"{running_job}:ckpt-step-{step}")
-    )
+    # The catalogue lists the running job's newest checkpoints under their ft: names.
+    ckpt_name = next(m.id for m in sdk.models.list() if f"{running_job}:ckpt-step-" in m.id)
+    step = int(ckpt_name.rsplit("-", 1)[1])
     assert _answer(sdk, f"{running_job}@{step}") == _answer(sdk, ckpt_name)
 
     # ---- the catalogue: ours listed, another project's neither listed nor usable
