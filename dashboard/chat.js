@@ -11,11 +11,13 @@ import { h } from "/dashboard/dom.js";
 
 const MAX_RETRY_WAIT_S = 30; // a Retry-After longer than this is waited in 30 s slices
 const GIVE_UP_AFTER_S = 300; // a cold engine of a fine-tuned model starts in tens of seconds
+const MAX_OFFERED_CHECKPOINTS = 20; // the newest; older ones stay callable by name (grpo chat)
 
 /** The model names the panel offers: the newest checkpoint first, then the final weights once
- * the job succeeded, then older checkpoints. */
+ * the job succeeded, then older checkpoints (the newest MAX_OFFERED_CHECKPOINTS). */
 export function chatModels(id, job, checkpoints) {
-  const steps = [...new Set((checkpoints || []).map((c) => c.step))].sort((a, b) => b - a);
+  const steps = [...new Set((checkpoints || []).map((c) => c.step))].sort((a, b) => b - a)
+    .slice(0, MAX_OFFERED_CHECKPOINTS);
   const names = steps.map((step) => ({ value: `${id}@${step}`, label: `checkpoint of step ${step}` }));
   if (job?.status === "succeeded") names.splice(Math.min(1, names.length), 0, { value: id, label: "final weights" });
   return names;
@@ -95,7 +97,7 @@ export function chatPart(id, st) {
     const body = { ...settingsBody(), messages: [{ role: "user", content: text }], stream: true };
     const answer = h("div", { class: "chat-answer mono" });
     transcript.append(h("div", { class: "chat-question" }, text),
-      h("div", { class: "muted small" }, `${body.model} · temperature ${body.temperature} · top_p ${body.top_p} · max_tokens ${body.max_tokens}`),
+      h("div", { class: "chat-meta muted small", dataset: { model: body.model } }, `${body.model} · temperature ${body.temperature} · top_p ${body.top_p} · max_tokens ${body.max_tokens}`),
       answer);
     prompt.value = "";
     ctrl = new AbortController();

@@ -210,7 +210,7 @@ def test_trained_models_answer_through_the_openai_sdk(
     page.fill("#api-key", key)
     page.click("form.key-form button")
     page.goto(f"{server.url}/#/jobs/{running_job}")
-    page.wait_for_selector("#chat-model option")
+    page.wait_for_selector("#chat-model option", state="attached")
     page.fill("#chat-temperature", "0")
     page.fill("#chat-max-tokens", str(MAX_TOKENS))
     page.fill("#chat-prompt", QUESTION[0]["content"])
@@ -220,7 +220,9 @@ def test_trained_models_answer_through_the_openai_sdk(
         "() => document.querySelector('.chat-answer')?.textContent.length > 0"
         " && document.querySelector('#chat-stop').disabled"
     )
-    chosen = page.eval_on_selector("#chat-model", "el => el.value")
+    # The model the request named (the panel shows it above the answer): the job moves on
+    # meanwhile, and the panel's newest checkpoint with it.
+    chosen = page.get_attribute(".chat-meta", "data-model") or ""
     assert chosen.startswith(f"{running_job}@")
     answer = page.inner_text(".chat-answer")
     assert answer.strip() == _answer(sdk, chosen).strip()
