@@ -27,7 +27,9 @@ heartbeat process instead (`worker.heartbeat`), which then kills this process.
 
 The trainer is a parameter (`Train`): the worker passes nothing and gets `trainer.run.loop.train`,
 imported only when a job really runs (it pulls in torch), or for a job on several devices
-(`resources.devices`) the launcher of its ranks (`trainer.run.launch`); tests pass plain
+(`resources.devices`) the launcher of its ranks (`trainer.run.launch`); a job with http tools or
+an http environment also gets the worker's clients of the operator's endpoints
+(`worker.agents`, `http_tools=`/`http_environment=`); tests pass plain
 functions.
 """
 
@@ -38,7 +40,7 @@ import functools
 import logging
 import secrets
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.core.db import session_scope
 from app.core.models import Job
@@ -105,6 +107,17 @@ def load_trainer(devices: int = 1) -> Train:
     from trainer.run.loop import train
 
     return train
+
+
+def agent_endpoints(spec: JobSpec) -> dict[str, Any]:
+    """``train()``'s ``http_tools``/``http_environment`` for a job on one device that names the
+    operator's tool endpoints (worker.agents, imported only then); none otherwise (a job of
+    several devices is refused by the trainer with the reason)."""
+    if not spec.agent_endpoints or spec.resources.devices > 1:
+        return {}
+    from worker.agents import http_agents  # the trainer's agent types: torch
+
+    return dict(http_agents(spec))
 
 
 def load_spec(ctx: WorkerContext, job: Job) -> JobSpec:
@@ -276,6 +289,7 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
                 resume_from=resume_from,
                 device=settings.device,
                 sample_groups=settings.sample_groups_per_step,
+                **agent_endpoints(spec),
             )
         except Exception as exc:  # judged below, once the heartbeat process has stopped
             error = exc

@@ -69,6 +69,12 @@ def openai_job(job: Job, *, trained_tokens: float | None) -> FineTuningJobOut:
                 "grader": graders[0] if len(graders) == 1 else None,
                 "hyperparameters": hyperparameters or None,
                 "response_format": (job.openai or {}).get("response_format"),
+                # Agent jobs: the tools as OpenAI's function tools (how each runs: the spec).
+                **(
+                    {"tools": [{"type": "function", "function": t["function"]} for t in tools]}
+                    if (tools := spec.get("tools"))
+                    else {}
+                ),
             },
         },
         grpo_service={

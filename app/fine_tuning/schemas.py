@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
-from trainer.spec import MAX_SEED, MAX_STEPS, GraderSpec, StrictModel
+from trainer.spec import (
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TOOLS,
+    GraderSpec,
+    StrictModel,
+    ToolFunction,
+    ToolImplementation,
+)
 
 Auto = Literal["auto"]
 
@@ -42,8 +51,68 @@ class ReinforcementHyperparameters(StrictModel):
     )
 
 
+_HOSTED = (
+    "this service calls no address a job gives: name the operator's tool endpoint, or give "
+    "python source, in grpo_service.tool_implementations.<tool name> "
+    "({type: http, endpoint: NAME} or {type: python, source})"
+)
+
+
+def _refuse_hosted(value: object) -> None:
+    if value is not None:
+        raise ValueError(_HOSTED)
+
+
+class RftTool(StrictModel):
+    """A tool of OpenAI's agent RFT: a function tool, in the Chat Completions shape
+    (``{type: function, function: {name, description, parameters}}``) or the flat one of the
+    Responses API (``{type: function, name, description, parameters}``). How it runs comes from
+    ``grpo_service.tool_implementations``: OpenAI's hosted tools call the caller's URL
+    (``url``/``server_url``, ``headers``), which is refused naming the field."""
+
+    type: Literal["function"] = Field(default="function", description="A function tool.")
+    function: ToolFunction | None = Field(default=None, description="The Chat Completions shape.")
+    name: str | None = Field(default=None, max_length=64, description="The flat shape's name.")
+    description: str | None = Field(default=None, max_length=4000)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    # Accepted only to be refused with a message saying what to give instead.
+    url: SkipJsonSchema[Any] = Field(default=None, exclude=True)
+    server_url: SkipJsonSchema[Any] = Field(default=None, exclude=True)
+    headers: SkipJsonSchema[Any] = Field(default=None, exclude=True)
+
+    _no_url = field_validator("url", "server_url", "headers", mode="before")(_refuse_hosted)
+
+    def native_function(self) -> dict[str, Any]:
+        """The native ``function`` section (``trainer.spec.ToolFunction``'s fields)."""
+        if self.function is not None:
+            return self.function.model_dump(exclude_none=True)
+        flat = {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": self.strict,
+        }
+        return {k: v for k, v in flat.items() if v is not None}
+
+    @property
+    def tool_name(self) -> str | None:
+        return self.function.name if self.function is not None else self.name
+
+
 class ReinforcementMethod(StrictModel):
     grader: GraderSpec = Field(description="The grader whose score is the reward.")
+    tools: list[RftTool] | None = Field(
+        default=None,
+        max_length=MAX_TOOLS,
+        description=(
+            "Agent RFT: function tools the model may call; each runs as "
+            "grpo_service.tool_implementations names it (the spec's tools)."
+        ),
+    )
+    max_episode_steps: int | None = Field(
+        default=None, ge=1, le=64, description="Agent RFT: the spec's episode.max_turns."
+    )
     hyperparameters: ReinforcementHyperparameters = Field(
         default_factory=ReinforcementHyperparameters
     )
@@ -79,6 +148,20 @@ class GrpoExtension(StrictModel):
     )
     integrations: list[dict[str, Any]] | None = Field(
         default=None, max_length=4, description="Native integrations (MLflow, W&B)."
+    )
+    tool_implementations: dict[str, ToolImplementation] | None = Field(
+        default=None,
+        max_length=MAX_TOOLS,
+        description=(
+            "How each of method.reinforcement.tools runs, by tool name: {type: http, endpoint: "
+            "NAME} (an operator endpoint) or {type: python, source}."
+        ),
+    )
+    environment: dict[str, Any] | None = Field(
+        default=None, description="The spec's environment section."
+    )
+    episode: dict[str, Any] | None = Field(
+        default=None, description="The spec's episode section (budgets)."
     )
     system_prompt: str | None = Field(default=None, max_length=20_000)
     use_chat_template: bool | None = None

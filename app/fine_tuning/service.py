@@ -19,6 +19,8 @@ The mapping (docs/openai-compat.md has the table):
 - integrations ({type: wandb, wandb: {...}}) -> the native wandb integration;
 - seed, metadata as they are (a missing seed is drawn and kept); suffix -> the job's name and
   the fine-tuned model's name;
+- method.reinforcement.tools (agent RFT) with grpo_service.tool_implementations -> tools,
+  max_episode_steps -> episode.max_turns (app.fine_tuning.tools);
 - grpo_service (the SDK's extra_body) -> the native sections it names. An explicit OpenAI
   hyperparameter and the extension may not both set one native field; "auto" yields to it.
 """
@@ -37,6 +39,7 @@ from app.core.errors import ApiError, InvalidRequest
 from app.core.field_paths import field_path
 from app.datasets import repository as files_repo
 from app.fine_tuning.schemas import FineTuningJobCreate, GrpoExtension
+from app.fine_tuning.tools import add_agents
 from trainer.spec import MAX_SEED, EvalSpec, GRPOSpec, JobSpec
 
 # The native defaults "auto" starts from (declared by the spec itself).
@@ -292,6 +295,7 @@ def translate(
         sources[f"integrations[{i}]"] = f"integrations[{i}].wandb"
     if ext is not None:
         _add_extension(ext, request, native=native, dataset=dataset, sources=sources)
+    add_agents(request, native=native, sources=sources)
     resolved = {
         "batch_size": batch,
         "compute_multiplier": multiplier,

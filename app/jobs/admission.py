@@ -16,6 +16,9 @@ on the worker.
 Devices: a job's `resources.devices` at most `GRPO_MAX_DEVICES_PER_JOB` (and no more than its
 project may hold at once, `GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT`).
 
+Tool and environment endpoints: an http tool or environment names one of the operator's
+(`GRPO_TOOL_ENDPOINTS`, app.core.tool_endpoints).
+
 Experiment trackers: a job's `integrations` may export only to the operator's MLflow tracking
 servers (`GRPO_MLFLOW_TRACKING_URIS`) and to W&B only when `GRPO_WANDB_MODE` allows it.
 """
@@ -28,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import InvalidRequest
 from app.core.settings import Settings
+from app.core.tool_endpoints import build_tool_endpoint_settings
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import repository as jobs_repo
 from trainer.judge import build_judge_settings
@@ -54,6 +58,7 @@ def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Sessio
     _admit_limits(spec, settings)
     _admit_devices(spec, settings)
     _admit_judges(spec)
+    _admit_agent_endpoints(spec)
     _admit_integrations(spec, settings)
     _admit_init_from(getattr(spec, "init_from", None), project_id=project_id, session=session)
 
@@ -109,6 +114,27 @@ def admit_judge(grader: GraderSpecBase, *, path: str) -> None:
             raise InvalidRequest(
                 f"judge endpoint {endpoint!r} is not one of this service's ({names})",
                 param=f"{where}.endpoint",
+            )
+
+
+# ---- tool and environment endpoints ---------------------------------------------------------
+
+
+def _admit_agent_endpoints(spec: JobSpec) -> None:
+    """An http tool or http environment names an endpoint of the operator's
+    (GRPO_TOOL_ENDPOINTS, which the API and the workers share): an unknown name is a 422 naming
+    the field now, rather than a job that fails on a worker."""
+    named = getattr(spec, "agent_endpoints", ())
+    if not named:
+        return
+    known = set(build_tool_endpoint_settings().endpoints)
+    for where, endpoint in named:
+        if endpoint not in known:
+            names = ", ".join(sorted(known)) or "none are configured"
+            raise InvalidRequest(
+                f"tool endpoint {endpoint!r} is not one of this service's ({names}; "
+                "GRPO_TOOL_ENDPOINTS)",
+                param=where,
             )
 
 

@@ -24,8 +24,9 @@ Uses: ``trainer.spec`` (``ToolSpec``, ``EpisodeSpec``), ``trainer.rollout.base``
 ``trainer.seeding``. The update side needs nothing from here: ``Completion.loss_mask`` reaches
 the loss through ``trainer.update.phases.pack_groups`` / ``trainer.update.step.pack_batch``.
 
-Filled in by the worker (not here): :class:`HttpTools` (the operator's tool endpoints) and an
-http :class:`Environment` (POST reset/step with an episode id).
+Filled in by the worker (not here; ``worker.agents``): :class:`HttpTools` (the operator's tool
+endpoints, ``GRPO_TOOL_ENDPOINTS``) and an http :class:`Environment` (POST reset/step with an
+episode id), which it passes to ``train()``.
 """
 
 from trainer.agents.chat import ChatFormat, chat_format, default_tool_prompt
@@ -34,7 +35,7 @@ from trainer.agents.environment import Environment, EnvStep, SandboxEnvironment
 from trainer.agents.episode import END_REASONS, EndReason, Episode, Segment, token_delta
 from trainer.agents.parsing import ParsedTurn, ToolCall, parse_hermes, parser_family
 from trainer.agents.samples import episode_metrics, episode_samples, transcript
-from trainer.agents.tools import HttpTools, Toolbox, ToolResult
+from trainer.agents.tools import HttpTools, Toolbox, ToolResult, ToolRunner
 
 __all__ = [
     "END_REASONS",

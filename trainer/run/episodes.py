@@ -18,8 +18,9 @@
 - The step's metrics gain :func:`~trainer.agents.episode_metrics` (``episode/*``, ``tools/*``).
 
 What this trainer does not run yet is refused by :func:`agent_refusal` (``train()`` fails the
-job with that reason): http tools and http environments without the worker's endpoints, and
-jobs of several devices.
+job with that reason): http tools and http environments when ``train()`` was given no client
+of the operator's endpoints (the worker gives them: ``worker.agents``), and jobs of several
+devices.
 """
 
 from __future__ import annotations

@@ -15,7 +15,14 @@ from __future__ import annotations
 from pydantic import Field, ValidationInfo, field_validator
 
 from trainer.spec.adaptation import LoraSpec
-from trainer.spec.agents import MAX_TOOLS, EnvironmentSpec, EpisodeSpec, ToolSpec
+from trainer.spec.agents import (
+    MAX_TOOLS,
+    EnvironmentSpec,
+    EpisodeSpec,
+    HttpEnvironment,
+    HttpToolImplementation,
+    ToolSpec,
+)
 from trainer.spec.base import MAX_SEED, MAX_STEPS, StrictModel
 from trainer.spec.checkpoint import CheckpointSpec
 from trainer.spec.dataset import DatasetSpec
@@ -221,6 +228,19 @@ class JobSpec(StrictModel):
     def is_agentic(self) -> bool:
         """Whether completions are multi-turn episodes (tools or an environment)."""
         return bool(self.tools) or self.environment is not None
+
+    @property
+    def agent_endpoints(self) -> list[tuple[str, str]]:
+        """The operator endpoints its http tools and http environment name, each with the
+        field that names it (``tools[0].implementation.endpoint``, ``environment.endpoint``)."""
+        out = [
+            (f"tools[{i}].implementation.endpoint", impl.endpoint)
+            for i, t in enumerate(self.tools)
+            if isinstance(impl := t.implementation, HttpToolImplementation)
+        ]
+        if isinstance(self.environment, HttpEnvironment):
+            out.append(("environment.endpoint", self.environment.endpoint))
+        return out
 
     @field_validator("metadata")
     @classmethod
