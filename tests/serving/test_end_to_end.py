@@ -6,7 +6,7 @@ engines, and the unchanged `openai` SDK as the client.
   temperature=0)` answers with the text the downloaded checkpoint gives in transformers with
   greedy decoding.
 - A checkpoint of a job that is still running answers under its `ft:...:ckpt-step-N` name.
-- Streaming yields several chunks whose text is the non-streamed answer.
+- Streaming yields several chunks whose text is the non-streamed answer; `grpo chat` prints it.
 - `models.list()` shows the project's models and not another project's, whose names are 404.
 - The job page's chat panel (headless Chromium) streams an answer from the job's checkpoint.
 
@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.core.settings import Settings, build_settings
 from grpo_cli.client import Client
+from tests.cli.helpers import cli
 from tests.conftest import REDIS_URL, new_project_key, tiny_spec, wait_until
 from tests.dashboard.conftest import browser_page  # noqa: F401  (fixture used below)
 from tests.live_server import Server, serve
@@ -181,6 +182,15 @@ def test_trained_models_answer_through_the_openai_sdk(
     pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     assert len([p for p in pieces if p]) > 1 and "".join(pieces) == full_text
     assert all(c.model == full_name for c in chunks)
+
+    # ---- `grpo chat` streams the same answer to the terminal; --json gives it whole
+    base = ("--api-url", server.url, "--api-key", key, "--temperature", "0")
+    said = cli("chat", full_name, QUESTION[0]["content"], "--max-tokens", str(MAX_TOKENS), *base)
+    assert said.code == 0 and said.out == full_text + "\n", said
+    said = cli(
+        "chat", lora_name, QUESTION[0]["content"], "--max-tokens", str(MAX_TOKENS), "--json", *base
+    )
+    assert said.code == 0 and said.json() == {"model": lora_name, "reply": lora_text}, said
 
     # ---- a checkpoint of a job still running
     _wait_status(server, key, running_job, "running")
