@@ -59,6 +59,7 @@ def stream_reply(
     the server's Retry-After, for up to ``retry_for`` seconds; a refusal after it, or a 4xx,
     is raised."""
     deadline = time.monotonic() + retry_for
+    announced = False  # the first refusal is said; the retries after it are quiet
     while True:
         pieces: list[str] = []
         try:
@@ -71,7 +72,13 @@ def stream_reply(
             wait = getattr(exc, "retry_after", None) or 2.0
             if pieces or not is_transient(exc) or time.monotonic() + wait > deadline:
                 raise
-            print(f"{model}: {exc}; asking again in {wait:.0f} s", file=sys.stderr, flush=True)
+            if not announced:
+                print(
+                    f"{model}: {exc}; waiting (up to {retry_for:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                announced = True
             sleep(wait)
 
 
