@@ -32,7 +32,13 @@ from fastapi.responses import JSONResponse
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.settings import Settings
 from app.inference import servers_repository as servers_repo
-from app.inference.protocol import HEARTBEAT_S, Busy, EnsureRequest, EnsureResponse
+from app.inference.protocol import (
+    HEARTBEAT_S,
+    TOKEN_HEADER,
+    Busy,
+    EnsureRequest,
+    EnsureResponse,
+)
 from tests.conftest import free_port, wait_until
 
 
@@ -46,7 +52,7 @@ class ControlDouble:
     busy: Busy | None = None
     hold: threading.Event | None = None
     received: list[EnsureRequest] = field(default_factory=list)
-    authorizations: list[str | None] = field(default_factory=list)
+    tokens: list[str | None] = field(default_factory=list)  # the X-Inference-Token of each
     url: str = ""
 
     def app(self) -> FastAPI:
@@ -55,7 +61,7 @@ class ControlDouble:
         @app.post("/engines/ensure")
         async def ensure(request: Request) -> JSONResponse:
             self.received.append(EnsureRequest.model_validate_json(await request.body()))
-            self.authorizations.append(request.headers.get("authorization"))
+            self.tokens.append(request.headers.get(TOKEN_HEADER))
             first = len(self.received) == 1
             while first and self.hold is not None and not self.hold.is_set():
                 await asyncio.sleep(0.05)

@@ -135,7 +135,7 @@ def test_chat_and_completions_answer_through_the_sdk(gateway: Gateway) -> None:
     assert gateway.control.received[-1] == EnsureRequest(
         base_model=BASE, full=WeightsRef(job_id=job_id, folder="checkpoint-000001")
     )
-    assert gateway.control.authorizations[-1] == f"Bearer {TOKEN}"
+    assert gateway.control.tokens[-1] == TOKEN  # the operator's secret, in X-Inference-Token
 
 
 def test_a_stream_yields_chunks_then_done_under_the_clients_name(gateway: Gateway) -> None:
