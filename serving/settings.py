@@ -9,7 +9,7 @@ import os
 import socket
 from functools import cached_property
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.inference.protocol import ANY_BASE
@@ -60,6 +60,13 @@ class InferenceSettings(BaseSettings):
         default=",".join(PACKAGED_MODELS),
         description="Base models served here, separated by commas: packaged names, Hub ids in "
         f"the host's cache, folders under the model roots; `{ANY_BASE}`: any of them.",
+    )
+    preload: str = Field(
+        default="",
+        max_length=4000,
+        description="Base models whose engines start with the process, separated by commas "
+        "(each one of `bases`): their first request, and the first of a LoRA job of theirs, "
+        "finds the engine up instead of waiting for its start. Default: none.",
     )
     memory_budget_bytes: int = Field(
         default=8 * GIB, gt=0, description="Memory all engines together may hold (estimated)."
@@ -122,9 +129,20 @@ class InferenceSettings(BaseSettings):
         parse_devices(value)
         return value
 
+    @model_validator(mode="after")
+    def _preload_served(self) -> InferenceSettings:
+        strangers = [b for b in self.preload_list if not self.serves_base(b)]
+        if strangers:
+            raise ValueError(f"preload names bases not in `bases`: {', '.join(strangers)}")
+        return self
+
     @cached_property
     def base_list(self) -> list[str]:
         return [b.strip() for b in self.bases.split(",") if b.strip()]
+
+    @cached_property
+    def preload_list(self) -> list[str]:
+        return [b.strip() for b in self.preload.split(",") if b.strip()]
 
     def serves_base(self, model: str) -> bool:
         return ANY_BASE in self.base_list or model in self.base_list

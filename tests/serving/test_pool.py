@@ -17,6 +17,7 @@ from serving import pool as pool_module
 from serving.engine import EngineFailed, EngineSpec
 from serving.metrics import EngineLoad
 from serving.pool import EnginePool, EnsureError
+from serving.process import preload_base
 from serving.settings import build_inference_settings
 
 T = TypeVar("T")
@@ -237,3 +238,25 @@ def test_an_adapter_of_a_job_started_from_a_checkpoint_loads_into_that_checkpoin
         assert engine.adapters == ["job_a/checkpoint-000001"]
 
     run(scenario)
+
+
+def test_a_preloaded_base_is_up_before_its_first_adapter_is_asked_for(
+    make_pool: Callable[..., EnginePool],
+) -> None:
+    """`preload` (what the demo sets): the process starts the base's engine itself, so a LoRA
+    job's first request loads its adapter into a running engine instead of answering 503."""
+    async def scenario() -> None:
+        pool = make_pool(preload="tiny")
+        await asyncio.wait_for(preload_base(pool, "tiny", poll_s=0.01), timeout=5)
+        assert [(e.key, e.status) for e in (await pool.state()).engines] == [("tiny", "ready")]
+        first = await pool.ensure(adapter("job_a"))
+        assert isinstance(first, EnsureResponse), first
+        assert first.served_model == "job_a/checkpoint-000001" and not first.warm
+
+    run(scenario)
+
+
+def test_preload_names_only_bases_served_here() -> None:
+    with pytest.raises(ValueError, match="preload names bases not in `bases`: other"):
+        build_inference_settings(bases="tiny", preload="tiny, other")
+    assert build_inference_settings(bases="tiny", preload="tiny").preload_list == ["tiny"]

@@ -126,12 +126,16 @@ def test_a_client_disconnect_drops_the_running_requests_to_zero(
         lines = stream.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert json.loads(first[len("data: ") :])["choices"]
-        wait_until(
-            lambda: inference.engines()[TINY]["running_requests"] == 1,
-            30,
-            "the engine to report the streamed request running",
-            interval=0.1,
-        )
+        seen_running: list[int] = []
+
+        def running() -> bool:
+            seen_running.append(inference.engines()[TINY]["running_requests"])
+            return seen_running[-1] >= 1
+
+        try:
+            wait_until(running, 30, "the engine to report the streamed request", interval=0.1)
+        except AssertionError as exc:  # say what the engine reported instead
+            raise AssertionError(f"{exc}; running requests seen: {seen_running[-20:]}") from exc
     # Leaving the block closed the connection mid-stream.
     wait_until(
         lambda: inference.engines()[TINY]["running_requests"] == 0,
