@@ -245,6 +245,7 @@ def test_a_preloaded_base_is_up_before_its_first_adapter_is_asked_for(
 ) -> None:
     """`preload` (what the demo sets): the process starts the base's engine itself, so a LoRA
     job's first request loads its adapter into a running engine instead of answering 503."""
+
     async def scenario() -> None:
         pool = make_pool(preload="tiny")
         await asyncio.wait_for(preload_base(pool, "tiny", poll_s=0.01), timeout=5)
