@@ -18,7 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class WorkerProcess:
-    def __init__(self, settings: Settings, log_path: Path, **env: str) -> None:
+    """`grpo worker` (``python -m grpo_cli worker``, or ``module``'s own `worker` command) with
+    the test's settings and ``env``."""
+
+    def __init__(
+        self, settings: Settings, log_path: Path, *, module: str = "grpo_cli", **env: str
+    ) -> None:
         self.log_path = log_path
         environment = os.environ.copy()
         environment.update(
@@ -33,7 +38,7 @@ class WorkerProcess:
         )
         self._log = open(log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grpo_cli", "worker"],
+            [sys.executable, "-m", module, "worker"],
             cwd=ROOT,
             env=environment,
             stdout=self._log,
@@ -62,8 +67,9 @@ class WorkerProcess:
 def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(settings: Settings, **env: str) -> WorkerProcess:
-        worker = WorkerProcess(settings, tmp_path / f"worker-{len(started)}.log", **env)
+    def start(settings: Settings, *, module: str = "grpo_cli", **env: str) -> WorkerProcess:
+        log = tmp_path / f"worker-{len(started)}.log"
+        worker = WorkerProcess(settings, log, module=module, **env)
         started.append(worker)
         return worker
 

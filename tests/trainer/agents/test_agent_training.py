@@ -4,20 +4,25 @@ the step's metrics, and hostile tools that only give error results."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import yaml
 from transformers import PreTrainedTokenizerBase
 
-from tests.trainer.agents.conftest import ScriptedEngine
+from tests.agent_jobs import (
+    CALCULATOR,
+    HOSTILE,
+    TRANSCRIPT_GRADER,
+    ScriptedEngine,
+    agent_job,
+    scripted_reply,
+)
 from tests.trainer.conftest import tiny_llama
 from trainer.checkpoint.store import latest_checkpoint
 from trainer.errors import TrainerError
@@ -27,92 +32,6 @@ from trainer.run.loop import train
 from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
-
-
-def tool(name: str, source: str, **properties: str) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": f"The {name} tool.",
-            "parameters": {
-                "type": "object",
-                "properties": {k: {"type": v} for k, v in properties.items()},
-            },
-        },
-        "implementation": {"type": "python", "source": source},
-    }
-
-
-CALCULATOR = tool("multiply", "def multiply(a, b):\n    return a * b\n", a="integer", b="integer")
-HOSTILE = [
-    tool("peek", "def peek():\n    return open('/etc/shadow').read()\n"),
-    tool(
-        "dial",
-        "import socket\n\ndef dial():\n"
-        "    return str(socket.create_connection(('1.1.1.1', 80), timeout=1))\n",
-    ),
-    tool("spin", "def spin():\n    while True:\n        pass\n"),
-    tool("flood", "def flood():\n    print('x' * 100_000_000)\n    return 'x' * 100_000_000\n"),
-]
-# Two turns: the first answer is questioned, the second ends the episode; reward 1 when the
-# episode's last answer is the row's answer.
-TWO_TURNS = """
-class Environment:
-    def reset(self, item):
-        self.answer = str(item["answer"])
-        self.turns = 0
-        return []
-
-    def step(self, messages):
-        self.turns += 1
-        if self.turns < 2:
-            return {"messages": [{"role": "user", "content": "Are you sure?"}], "reward": 0.0}
-        right = self.answer in messages[-1]["content"]
-        return {"messages": [], "reward": 1.0 if right else 0.0, "done": True}
-"""
-# Full marks when the final answer is the row's and the transcript shows a multiply call.
-TRANSCRIPT_GRADER = """
-def grade(sample, item):
-    calls = [c["name"] for c in sample["tool_calls"]]
-    roles = [m["role"] for m in sample["messages"]]
-    assert "assistant" in roles
-    used = 1.0 if "multiply" in calls else 0.5
-    return used if str(item["answer"]) in sample["output_text"] else 0.0
-"""
-HAS_MESSAGES = """
-def grade(sample, item):
-    roles = [m["role"] for m in sample["messages"]]
-    return 1.0 if roles.count("assistant") >= 1 and isinstance(sample["tool_calls"], list) else 0.0
-"""
-
-
-def agent_job(**fields: Any) -> dict[str, Any]:
-    rows = [{"prompt": f"What is {a} times {b}?", "answer": str(a * b)} for a, b in
-            [(12, 34), (23, 45), (31, 27), (19, 41)]]  # fmt: skip
-    job: dict[str, Any] = {
-        "name": "tiny-agents",
-        "model": "tiny-random-llama",
-        "seed": 0,
-        "dataset": {"rows": rows, "use_chat_template": True},
-        "graders": [{"type": "python", "name": "transcript", "source": HAS_MESSAGES}],
-        "tools": [CALCULATOR],
-        "environment": {"type": "python", "source": TWO_TURNS, "weight": 0.5},
-        "episode": {"max_turns": 4, "max_episode_tokens": 1024, "tool_timeout_s": 2.0},
-        "grpo": {
-            "steps": 2,
-            "prompts_per_step": 2,
-            "group_size": 2,
-            "learning_rate": 0.001,
-            "max_new_tokens": 8,
-            "max_prompt_tokens": 1024,
-            "micro_batch_size": 4,
-        },
-        "rollout": {"engine": "transformers", "dtype": "float32"},
-        "checkpoint_interval": 0,
-    }
-    job.update(fields)
-    return job
 
 
 @pytest.fixture(autouse=True)
@@ -153,23 +72,6 @@ class Recorder(Callbacks):
 
     def on_samples(self, step: int, samples: list[RolloutSample]) -> None:
         self.samples.extend(samples)
-
-
-def scripted_reply(prompt: str) -> str:
-    """Call every tool once, then answer with the multiply result; asked again, answer again."""
-    if "<tool_call>" not in prompt.split("Available tools:")[-1]:
-        a, b = re.findall(r"What is (\d+) times (\d+)", prompt)[-1]
-        calls = [f'{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}']
-        calls += [f'{{"name": "{name}", "arguments": {{}}}}' for name in
-                  ("peek", "dial", "spin", "flood")]  # fmt: skip
-        return "\n".join(f"<tool_call>{c}</tool_call>" for c in calls)
-    # The multiply result: the first tool turn after the calls (a tool turn, or a user turn).
-    product = re.findall(r"(?:<\|im_start\|>tool\n|Tool result \(multiply\):\n)(\d+)", prompt)
-    wrong = next(ANSWERS) % 3 == 2
-    return f"The answer is {'unknown' if wrong or not product else product[0]}."
-
-
-ANSWERS = itertools.count()
 
 
 def test_episodes_train_with_tools_an_environment_and_hostile_tools(

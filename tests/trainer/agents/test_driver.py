@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from tests.trainer.agents.conftest import SMOL_END, ScriptedEngine
+from tests.agent_jobs import SMOL_END, ScriptedEngine
 from trainer.agents import (
     EnvStep,
     ToolCall,
