@@ -4,14 +4,15 @@
 // `event` messages update the status and the log, and what the stream does not carry (ETA,
 // checkpoints, rollouts) is fetched when it says something happened. Only while the stream is
 // down does the page poll (api.js follow()). The page's parts, and how each is drawn, are in
-// job_parts.js; this module loads their data.
+// job_parts.js and rollouts.js; this module loads their data.
 
 import { AuthError, POLL_MS, api, follow, qs, setConn } from "/dashboard/api.js";
 import { chatPart } from "/dashboard/chat.js";
 import { TERMINAL, h } from "/dashboard/dom.js";
 import {
-  chartsPart, checkpointsPart, eventsPart, headerPart, progressPart, rolloutsPart, specPart,
+  chartsPart, checkpointsPart, eventsPart, headerPart, progressPart, specPart,
 } from "/dashboard/job_parts.js";
+import { rolloutsPart } from "/dashboard/rollouts.js";
 
 const MAX_CACHED_POINTS = 6000; // per series; past this the job page keeps every other point
 

@@ -1,7 +1,7 @@
 // The parts of the job page (job.js puts them together and feeds them): the header with the
-// job's actions, the progress card, the metric charts, the rollouts, the events, the checkpoints
-// and the spec. Each builds its elements once and returns them (`el`) with what the page calls
-// to update them; `st` is the page's state, shared with them.
+// job's actions, the progress card, the metric charts, the events, the checkpoints and the spec
+// (the rollout viewer is rollouts.js). Each builds its elements once and returns them (`el`)
+// with what the page calls to update them; `st` is the page's state, shared with them.
 
 import { AuthError, api, qs } from "/dashboard/api.js";
 import { StepChart, alignSeries, fmtNum } from "/dashboard/charts.js";
@@ -135,71 +135,6 @@ export function chartsPart(st) {
   }
 
   return { el, draw, stop: () => resize.disconnect() };
-}
-
-/** The rollouts of one step, group by group: the latest step's while "follow latest" is on
- * (`st.follow`), else the step picked. `load(step, signal)` shows a step's. */
-export function rolloutsPart(id, st) {
-  const samples = h("div", { id: "samples" });
-  const stepInput = h("input", { type: "number", id: "sample-step", min: 1, value: "", onchange: () => {
-    st.follow = false; followBox.checked = false; load(Number(stepInput.value));
-  } });
-  const followBox = h("input", { type: "checkbox", id: "sample-follow", checked: true, onchange: () => {
-    st.follow = followBox.checked;
-    if (st.follow && st.job) load(st.job.progress.step);
-  } });
-  const stepBy = (d) => () => {
-    st.follow = false; followBox.checked = false;
-    load(Math.max(1, (st.sampleStep || 1) + d));
-  };
-  const el = h("section", { class: "card", id: "rollouts" },
-    h("div", { class: "section-head" }, h("h3", {}, "Rollouts"),
-      h("span", { class: "spacer" }),
-      h("button", { type: "button", onclick: stepBy(-1), title: "Previous step" }, "◀"),
-      h("label", {}, "Step ", stepInput),
-      h("button", { type: "button", onclick: stepBy(1), title: "Next step" }, "▶"),
-      h("label", {}, followBox, " follow latest")),
-    samples);
-
-  async function load(step, signal) {
-    if (!step) {
-      samples.replaceChildren(h("p", { class: "muted" }, "No steps finished yet."));
-      return;
-    }
-    st.sampleStep = step;
-    stepInput.value = String(step);
-    stepInput.max = String(st.job?.progress.step || step);
-    const body = await api(`/v1/jobs/${encodeURIComponent(id)}/samples?${qs({ step, limit: 1 })}`, { signal });
-    if (st.sampleStep !== step) return; // a newer selection won the race
-    const found = body.data[0];
-    if (!found) {
-      samples.replaceChildren(h("p", { class: "muted" }, `No samples recorded for step ${step}.`));
-      return;
-    }
-    samples.replaceChildren(...found.groups.map((g, gi) => renderGroup(g, gi, found)));
-  }
-
-  return { el, load };
-}
-
-function renderGroup(group, gi, found) {
-  const graders = Object.keys(group.completions[0]?.rewards || {});
-  return h("div", { class: "group" },
-    h("div", { class: "group-head" }, h("span", { class: "tag" }, `group ${gi + 1}`),
-      h("span", { class: "muted small" }, ` step ${found.step} · attempt ${found.attempt} · answer `),
-      h("code", {}, group.answer ?? "–")),
-    h("pre", { class: "prompt" }, group.prompt),
-    h("table", { class: "completions" },
-      h("thead", {}, h("tr", {}, ["#", "Reward", ...graders, "Advantage", "Tokens", "Finish", "Completion"]
-        .map((t) => h("th", {}, t)))),
-      h("tbody", {}, group.completions.map((c, i) => h("tr", {},
-        h("td", { class: "num" }, i + 1),
-        h("td", { class: "num strong" }, fmtNum(c.reward)),
-        graders.map((g) => h("td", { class: "num" }, fmtNum(c.rewards[g]))),
-        h("td", { class: `num ${c.advantage > 0 ? "pos" : c.advantage < 0 ? "neg" : ""}` }, fmtNum(c.advantage)),
-        h("td", { class: "num" }, c.num_tokens),
-        h("td", { class: "small" }, c.finish_reason),
-        h("td", {}, h("pre", { class: "completion" }, c.text)))))));
 }
 
 /** The job's events, newest first: `add(event)` from the stream, `load(signal)` what came

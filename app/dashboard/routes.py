@@ -33,6 +33,7 @@ ASSETS: dict[str, tuple[str, str]] = {
     "dom.js": ("dom.js", "text/javascript"),
     "job.js": ("job.js", "text/javascript"),
     "job_parts.js": ("job_parts.js", "text/javascript"),
+    "rollouts.js": ("rollouts.js", "text/javascript"),
     "chat.js": ("chat.js", "text/javascript"),
     "spec.js": ("spec.js", "text/javascript"),
     "charts.js": ("charts.js", "text/javascript"),

@@ -34,13 +34,59 @@ class MetricSeries(BaseModel):
     )
 
 
+class SampleToolCall(BaseModel):
+    name: str
+    arguments: str = Field(description="The call's arguments as JSON text, cut as said below.")
+    arguments_cut: int = Field(description="Characters of the arguments left out (0: whole).")
+
+
+class SampleTurn(BaseModel):
+    source: Literal["model", "tool", "environment"] = Field(
+        description="`model`: an assistant turn; `tool`: a tool call's result; `environment`: "
+        "a message of the environment (its reset or a step)."
+    )
+    role: str = Field(description="The chat role the turn had in the conversation.")
+    content: str = Field(
+        description="A model turn's text without its tool calls (as written when a call in it "
+        "could not be read), a tool's result, or the environment's message."
+    )
+    content_cut: int = Field(description="Characters of the content left out (0: whole).")
+    name: str | None = Field(default=None, description="The tool a result is from.")
+    tool_calls: list[SampleToolCall] = Field(
+        default_factory=list, description="A model turn's well-formed tool calls."
+    )
+    malformed: list[str] = Field(
+        default_factory=list, description="Why calls of a model turn could not be read."
+    )
+    error: str | None = Field(default=None, description="Why a tool call failed.")
+
+
+class SampleTranscript(BaseModel):
+    end_reason: str | None = Field(
+        description="What ended the episode (done, max_turns, max_tool_calls, "
+        "max_episode_tokens, truncated, malformed_call, error, template_drift)."
+    )
+    turns: list[SampleTurn] = Field(
+        description="The turns after the row's own conversation (the group's prompt), in "
+        "order. Bounded by the trainer: at most 16 turns, a content or a call's arguments cut "
+        "at 1,000 characters, names, errors and reasons at 200, and 4,000 characters for the "
+        "whole transcript, after which the rest of the turns are left out."
+    )
+    turns_left_out: int = Field(description="Turns of the episode not in `turns`.")
+
+
 class SampleCompletion(BaseModel):
-    text: str
+    text: str = Field(description="The completion; for an agent episode, its final answer.")
     reward: float
     rewards: dict[str, float]
     advantage: float
     num_tokens: int
     finish_reason: str
+    transcript: SampleTranscript | None = Field(
+        default=None,
+        description="An agent episode's turns (tool calls, tool results, environment "
+        "messages) and its end reason; null for a single completion.",
+    )
 
 
 class SampleGroup(BaseModel):

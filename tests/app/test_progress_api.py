@@ -1,4 +1,5 @@
-"""Metrics, samples, checkpoints and the SSE stream, fed by the worker's real database callbacks."""
+"""Metrics, samples (an agent episode's with its transcript), checkpoints and the SSE stream, fed
+by the worker's real database callbacks."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.jobs import transitions
 from app.jobs.transitions import JobStatus
+from app.progress import repository as progress_repo
 from tests.conftest import Api, tiny_spec
+from trainer.agents.episode import Episode
+from trainer.agents.samples import sample_transcript
 from trainer.run.callbacks import CompletionSample, RolloutSample, RunInfo
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
@@ -99,6 +104,74 @@ def test_samples_and_checkpoints(api: Api, tmp_path: Path) -> None:
     assert len(samples["data"][0]["groups"]) == 3
     checkpoints = api.client.get(f"/v1/jobs/{job_id}/checkpoints", headers=api.headers).json()
     assert [c["step"] for c in checkpoints["data"]] == [1]
+
+
+def test_agent_samples_return_each_episode_transcript(api: Api) -> None:
+    job_id, callbacks, ctx = running_job(api)
+    episode = Episode.start(0, {}, [{"role": "user", "content": "What is 12*34?"}], [1, 2])
+    episode.log += [
+        {"source": "environment", "role": "user", "content": "Use the tool."},
+        {
+            "source": "model",
+            "role": "assistant",
+            "content": "Computing.",
+            "tool_calls": [{"name": "multiply", "arguments": {"a": 12, "b": 34}}],
+            "malformed": [],
+        },
+        {"source": "tool", "role": "tool", "name": "multiply", "content": "408", "error": None},
+        {"source": "model", "role": "assistant", "content": "408", "tool_calls": []},
+    ]
+    episode.end("done")
+    transcript = sample_transcript(episode)
+    agent = RolloutSample(
+        prompt="What is 12*34?",
+        answer="408",
+        completions=[CompletionSample("408", 1.0, {"m": 1.0}, 0.5, 9, "stop", transcript)],
+    )
+    single = RolloutSample("2+2?", "4", [CompletionSample("4", 1.0, {"m": 1.0}, 0.0, 2, "stop")])
+    callbacks.on_samples(1, [agent, single])
+    with session_scope(ctx.sessions) as session:  # a row stored before transcripts existed
+        old = {"text": "4", "reward": 1.0, "rewards": {}, "advantage": 0.0, "num_tokens": 2,
+               "finish_reason": "stop"}  # fmt: skip
+        progress_repo.add_samples_once(
+            session,
+            job_id=job_id,
+            step=2,
+            attempt=1,
+            data=[{"prompt": "p", "answer": None, "completions": [old]}],
+            now=utcnow(),
+        )
+    body = api.client.get(f"/v1/jobs/{job_id}/samples", headers=api.headers).json()
+    (first, second) = body["data"]
+    agent_out, single_out = first["groups"]
+    none = {"name": None, "error": None, "tool_calls": [], "malformed": [], "content_cut": 0}
+    assert agent_out["completions"][0]["transcript"] == {
+        "end_reason": "done",
+        "turns": [
+            {**none, "source": "environment", "role": "user", "content": "Use the tool."},
+            {
+                **none,
+                "source": "model",
+                "role": "assistant",
+                "content": "Computing.",
+                "tool_calls": [
+                    {"name": "multiply", "arguments": '{"a": 12, "b": 34}', "arguments_cut": 0}
+                ],
+            },
+            {**none, "source": "tool", "role": "tool", "name": "multiply", "content": "408"},
+            {**none, "source": "model", "role": "assistant", "content": "408"},
+        ],
+        "turns_left_out": 0,
+    }
+    assert single_out["completions"][0]["transcript"] is None
+    assert second["groups"][0]["completions"][0]["transcript"] is None
+    # The published schema describes the transcript's turns.
+    schemas = api.client.get("/openapi.json").json()["components"]["schemas"]
+    turn = schemas["SampleTurn"]["properties"]
+    assert turn["source"]["enum"] == ["model", "tool", "environment"]
+    assert schemas["SampleTranscript"]["properties"]["turns"]["items"] == {
+        "$ref": "#/components/schemas/SampleTurn"
+    }
 
 
 def read_sse(

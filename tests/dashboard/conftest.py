@@ -1,6 +1,6 @@
 """Dashboard fixtures: a real API server (uvicorn in a thread) on the session's Postgres + Redis,
-and headless Chromium driven by the Python playwright package (the system browser, never a
-downloaded build)."""
+headless Chromium driven by the Python playwright package (the system browser, never a
+downloaded build), and a writer of a job's progress as the worker writes it."""
 
 from __future__ import annotations
 
@@ -8,10 +8,17 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from app.core.clock import utcnow
+from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.job_status import JobStatus
 from app.core.settings import Settings, build_settings
+from app.jobs import repository as jobs_repo
+from app.jobs import transitions
+from app.progress import repository as progress_repo
 from tests.conftest import REDIS_URL, new_project_key
 from tests.live_server import serve
 from tests.worker.conftest import start_worker  # noqa: F401  (fixture used by the tests here)
@@ -75,3 +82,73 @@ def browser_page() -> Iterator[object]:
         finally:
             context.close()
             browser.close()
+
+
+TIMEOUT_MS = 30_000
+# Every CSP violation the page meets is recorded where the test can read it.
+RECORD_CSP = """
+window.__csp = [];
+document.addEventListener("securitypolicyviolation",
+  (e) => window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`));
+"""
+
+
+class JobWriter:
+    """Writes a job's progress the way the worker's callbacks do."""
+
+    def __init__(self, served: Served, job_id: str) -> None:
+        self.job_id = job_id
+        self.engine = make_engine(served.settings.resolved_database_url)
+        self.sessions = make_session_factory(self.engine)
+
+    def checkpoint(self, step: int) -> None:
+        """A checkpoint saved after the step: its row and its event (no step moves)."""
+        with session_scope(self.sessions) as session:
+            progress_repo.add_checkpoint_once(
+                session,
+                job_id=self.job_id,
+                step=step,
+                attempt=0,
+                path=Path(f"/nonexistent/checkpoint-{step:06d}"),
+                now=utcnow(),
+            )
+            transitions.add_event(session, self.job_id, "checkpoint", f"checkpoint {step} saved")
+
+    def samples(self, step: int, groups: list[dict[str, Any]]) -> None:
+        """The step's rollout samples, as the worker's on_samples stores them."""
+        with session_scope(self.sessions) as session:
+            progress_repo.add_samples_once(
+                session, job_id=self.job_id, step=step, attempt=0, data=groups, now=utcnow()
+            )
+
+    def status(self, target: JobStatus) -> None:
+        with session_scope(self.sessions) as session:
+            transitions.transition(session, self.job_id, target, attempt=None)
+
+    def step(self, step: int) -> None:
+        """One finished step: the job row's progress (fenced by the attempt, as the worker's
+        update is) and the step's metrics, in one transaction."""
+        values = {"reward/mean": step / 10, "kl": 0.01 * step, "entropy": 1.0}
+        now = utcnow()
+        with session_scope(self.sessions) as session:
+            progress = {"current_step": step, "last_metrics": values, "heartbeat_at": now}
+            assert jobs_repo.update_progress(
+                session, job_id=self.job_id, attempt=0, values={**progress, "updated_at": now}
+            )
+            progress_repo.add_metrics_once(
+                session, job_id=self.job_id, step=step, attempt=0, values=values, now=now
+            )
+
+
+@pytest.fixture
+def page(browser_page: Any) -> Iterator[Any]:
+    from playwright.sync_api import expect
+
+    browser_page.set_default_timeout(TIMEOUT_MS)
+    expect.set_options(timeout=TIMEOUT_MS)
+    browser_page.add_init_script(RECORD_CSP)
+    errors: list[str] = []
+    browser_page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield browser_page
+    assert not errors, errors
+    assert browser_page.evaluate("window.__csp") == []

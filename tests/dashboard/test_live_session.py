@@ -5,90 +5,23 @@ no web storage while the session cookie is HttpOnly, and nothing the page does t
 Content-Security-Policy.
 
 The job's progress is written as a worker writes it (a status transition, then one metrics row
-per step through the same repository) so the test controls when each step appears."""
+per step through the same repository: conftest.JobWriter) so the test controls when each step
+appears."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from app.core.clock import utcnow
-from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.job_status import JobStatus
-from app.jobs import repository as jobs_repo
-from app.jobs import transitions
-from app.progress import repository as progress_repo
 from tests.conftest import tiny_spec
-from tests.dashboard.conftest import Served
+from tests.dashboard.conftest import JobWriter, Served
 
 pytestmark = pytest.mark.browser
-
-TIMEOUT_MS = 30_000
-# Every CSP violation the page meets is recorded where the test can read it.
-RECORD_CSP = """
-window.__csp = [];
-document.addEventListener("securitypolicyviolation",
-  (e) => window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`));
-"""
-
-
-class JobWriter:
-    """Writes a job's progress the way the worker's callbacks do."""
-
-    def __init__(self, served: Served, job_id: str) -> None:
-        self.job_id = job_id
-        self.engine = make_engine(served.settings.resolved_database_url)
-        self.sessions = make_session_factory(self.engine)
-
-    def checkpoint(self, step: int) -> None:
-        """A checkpoint saved after the step: its row and its event (no step moves)."""
-        with session_scope(self.sessions) as session:
-            progress_repo.add_checkpoint_once(
-                session,
-                job_id=self.job_id,
-                step=step,
-                attempt=0,
-                path=Path(f"/nonexistent/checkpoint-{step:06d}"),
-                now=utcnow(),
-            )
-            transitions.add_event(session, self.job_id, "checkpoint", f"checkpoint {step} saved")
-
-    def status(self, target: JobStatus) -> None:
-        with session_scope(self.sessions) as session:
-            transitions.transition(session, self.job_id, target, attempt=None)
-
-    def step(self, step: int) -> None:
-        """One finished step: the job row's progress (fenced by the attempt, as the worker's
-        update is) and the step's metrics, in one transaction."""
-        values = {"reward/mean": step / 10, "kl": 0.01 * step, "entropy": 1.0}
-        now = utcnow()
-        with session_scope(self.sessions) as session:
-            progress = {"current_step": step, "last_metrics": values, "heartbeat_at": now}
-            assert jobs_repo.update_progress(
-                session, job_id=self.job_id, attempt=0, values={**progress, "updated_at": now}
-            )
-            progress_repo.add_metrics_once(
-                session, job_id=self.job_id, step=step, attempt=0, values=values, now=now
-            )
-
-
-@pytest.fixture
-def page(browser_page: Any) -> Iterator[Any]:
-    from playwright.sync_api import expect
-
-    browser_page.set_default_timeout(TIMEOUT_MS)
-    expect.set_options(timeout=TIMEOUT_MS)
-    browser_page.add_init_script(RECORD_CSP)
-    errors: list[str] = []
-    browser_page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield browser_page
-    assert not errors, errors
-    assert browser_page.evaluate("window.__csp") == []
 
 
 @pytest.fixture

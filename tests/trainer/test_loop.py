@@ -428,6 +428,7 @@ def test_should_stop_stops_after_the_step_with_a_checkpoint(tmp_path: Path) -> N
             for c in group.completions:
                 assert c.reward == c.rewards["has_seven"] == float("7" in c.text)
                 assert 1 <= c.num_tokens <= 8 and c.finish_reason in {"stop", "length"}
+                assert c.transcript is None  # a single completion has no episode turns
 
 
 def test_dynamic_sampling_without_signal_skips_the_update(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ Owns (token ids and messages, no tensor math):
 - ``tools``: python tools in the grader sandbox, http tools through :class:`HttpTools`;
 - ``environment``: the :class:`Environment` protocol (reset/step, batched), python classes in
   the sandbox (:class:`SandboxEnvironment`);
-- ``samples``: episodes as training samples (``Completion.loss_mask``), grader transcripts and
-  the ``episode/*``/``tools/*`` metrics.
+- ``samples``: episodes as training samples (``Completion.loss_mask``), grader transcripts, the
+  rollout viewer's bounded transcript and the ``episode/*``/``tools/*`` metrics.
 
 Uses: ``trainer.spec`` (``ToolSpec``, ``EpisodeSpec``), ``trainer.rollout.base``
 (``RolloutEngine``, ``Completion``), ``trainer.sandbox`` (``SandboxPool`` in call mode) and
@@ -34,7 +34,12 @@ from trainer.agents.driver import TurnSettings, run_episodes, start_episodes
 from trainer.agents.environment import Environment, EnvStep, SandboxEnvironment
 from trainer.agents.episode import END_REASONS, EndReason, Episode, Segment, token_delta
 from trainer.agents.parsing import ParsedTurn, ToolCall, parse_hermes, parser_family
-from trainer.agents.samples import episode_metrics, episode_samples, transcript
+from trainer.agents.samples import (
+    episode_metrics,
+    episode_samples,
+    sample_transcript,
+    transcript,
+)
 from trainer.agents.tools import HttpTools, Toolbox, ToolResult, ToolRunner
 
 __all__ = [
@@ -60,6 +65,7 @@ __all__ = [
     "parse_hermes",
     "parser_family",
     "run_episodes",
+    "sample_transcript",
     "start_episodes",
     "token_delta",
     "transcript",

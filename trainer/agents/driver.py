@@ -66,10 +66,20 @@ def start_episodes(
     for i, (conversation, item, reset) in enumerate(zip(conversations, items, resets, strict=True)):
         messages = fmt.initial([*conversation, *reset.messages])
         episode = Episode.start(i, item, messages, fmt.render(messages), episode_id=ids[i])
+        episode.log.extend(_environment_entry(m) for m in reset.messages)
         if reset.error is not None:
             episode.end("error")
         episodes.append(episode)
     return episodes
+
+
+def _environment_entry(message: Mapping[str, Any]) -> dict[str, Any]:
+    """An environment's message as an :attr:`Episode.log` entry."""
+    return {
+        "source": "environment",
+        "role": str(message.get("role", "")),
+        "content": str(message.get("content", "")),
+    }
 
 
 def _sample_turn(
@@ -104,6 +114,16 @@ def _read_turn(
     episode.messages.append(message)
     parsed = fmt.parse(message["content"])
     episode.last_text = parsed.content
+    episode.log.append(
+        {
+            "source": "model",
+            "role": "assistant",
+            # A turn with a call that could not be read is shown as written.
+            "content": message["content"] if parsed.malformed else parsed.content,
+            "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
+            "malformed": list(parsed.malformed),
+        }
+    )
     episode.malformed += len(parsed.malformed)
     budgets = settings.budgets
     if completion.finish_reason == "length":
@@ -133,7 +153,17 @@ def _run_tools(
         episode.tool_calls.append(
             {"name": call.name, "arguments": call.arguments, "result": result.content}
         )
-        episode.messages.append(fmt.tool_message(call.name, result.content))
+        message = fmt.tool_message(call.name, result.content)
+        episode.messages.append(message)
+        episode.log.append(
+            {
+                "source": "tool",
+                "role": message["role"],
+                "name": call.name,
+                "content": result.content,
+                "error": result.error,
+            }
+        )
 
 
 def _step_environment(
@@ -158,6 +188,7 @@ def _step_environment(
             episode.end("max_turns")
         else:
             episode.messages.extend(step.messages)
+            episode.log.extend(_environment_entry(m) for m in step.messages)
 
 
 def run_episodes(

@@ -102,6 +102,12 @@ class Episode:
     dropped: bool = False  # not trained (template drift with "drop")
     last_text: str = ""  # the last assistant turn's content, tool calls removed
     episode_id: str = ""  # what the environment knows it by
+    # What happened after the row's own conversation, one entry per message, written by the
+    # driver: ``source`` ("model", "tool" or "environment"), ``role`` and ``content``; a model
+    # turn adds ``tool_calls`` (name, arguments) and ``malformed`` (reasons), a tool result its
+    # ``name`` and ``error``. The rollout viewer's transcript is built from it
+    # (:func:`trainer.agents.samples.sample_transcript`).
+    log: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def start(

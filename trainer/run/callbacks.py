@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
@@ -45,6 +45,10 @@ class CompletionSample:
     advantage: float  # 0.0 for a group dropped by dynamic sampling
     num_tokens: int
     finish_reason: str  # "stop" (eos) or "length" (hit max_new_tokens)
+    # An agent episode's turns (model turns with their tool calls, tool results, environment
+    # messages) and why it ended, bounded: JSON of trainer.agents.sample_transcript, where the
+    # bounds are. None for a single completion.
+    transcript: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

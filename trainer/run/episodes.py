@@ -12,6 +12,8 @@
   reward still counts in its group's baseline, it moves no weight.
 - Graders grade the episode's final answer as ``sample.output_text`` with the transcript as
   ``sample.messages`` and ``sample.tool_calls`` (:class:`~trainer.spec.templates.EpisodeAnswer`).
+- The rollout viewer's samples carry each episode's turns, bounded
+  (:func:`~trainer.agents.sample_transcript`, ``CompletionSample.transcript``).
 - The environment's reward (the sum of its steps' rewards; 0 when it gave none) is a reward
   component named ``environment``, weighted by ``environment.weight`` and added to the graders'
   total like a grader's (metric ``reward/environment/mean``).
@@ -45,6 +47,7 @@ from trainer.agents import (
     episode_metrics,
     episode_samples,
     run_episodes,
+    sample_transcript,
     start_episodes,
 )
 from trainer.data.dataset import Example
@@ -229,6 +232,7 @@ class AgentRollout:
             completions=[[s[1] for s in samples[i : i + g]] for i in range(0, len(samples), g)],
             prompts=[[s[0] for s in samples[i : i + g]] for i in range(0, len(samples), g)],
             texts=[EpisodeAnswer(e.last_text, e.messages, e.tool_calls) for e in episodes],
+            transcripts=[sample_transcript(e) for e in episodes],
             metrics=[(len(episodes), metrics)],
         )
         if self.config.environment is not None:

@@ -189,7 +189,8 @@ def build_samples(
     limit: int,
 ) -> list[RolloutSample]:
     """The first ``limit`` groups of the step; ``advantages`` maps a position in ``col.kept`` to
-    its group's advantages (dropped groups get 0). ``prompts``/``answers`` are by training row."""
+    its group's advantages (dropped groups get 0). ``prompts``/``answers`` are by training row.
+    An agent episode's sample carries its group's transcript of it (already bounded)."""
     kept_pos = {id(g): i for i, g in enumerate(col.kept)}
     out = []
     for group in col.groups[:limit]:
@@ -202,6 +203,7 @@ def build_samples(
                 advantage=float(adv[j]),
                 num_tokens=len(c.token_ids),
                 finish_reason=c.finish_reason,
+                transcript=None if group.transcripts is None else group.transcripts[j],
             )
             for j, c in enumerate(group.completions)
         ]

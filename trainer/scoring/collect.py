@@ -47,6 +47,9 @@ class Group:
     zero_std: bool  # all rewards equal: no learning signal
     # [G] each completion's own prompt (agent episodes); None: ``prompt_ids`` for all
     prompts: list[list[int]] | None = None
+    # [G] each episode's transcript for the rollout viewer (Rolled.transcripts); None: single
+    # completions
+    transcripts: list[dict[str, Any]] | None = None
 
     def prompt_of(self, j: int) -> list[int]:
         """Completion ``j``'s prompt ids."""
@@ -248,6 +251,9 @@ def _sample_share(
                 per_grader={name: s[i * g : (i + 1) * g] for name, s in per_grader.items()},
                 zero_std=bool(zero[i]),
                 prompts=None if rolled.prompts is None else rolled.prompts[i],
+                transcripts=None
+                if rolled.transcripts is None
+                else rolled.transcripts[i * g : (i + 1) * g],
             )
         )
     return report

@@ -4,15 +4,15 @@
 prompt. An agent job's rollout (``trainer.run.episodes``) runs multi-turn episodes instead and
 fills the optional parts of :class:`Rolled`: a prompt per sample (an episode's sample starts
 from its own first prompt), what graders read of each sample (its final answer with the
-transcript), extra reward components (the environment's reward, weighted like a grader) and the
-step's episode metrics.
+transcript), what the rollout viewer shows of it (its turns, bounded), extra reward components
+(the environment's reward, weighted like a grader) and the step's episode metrics.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from trainer.data.dataset import Example
 from trainer.rollout.base import Completion, RolloutEngine
@@ -30,6 +30,9 @@ class Rolled:
     prompts: list[list[list[int]]] | None = None
     # [N*G] what graders grade of each sample (None: the completions' text)
     texts: list[str] | None = None
+    # [N*G] what the rollout viewer shows of each episode (None: single completions; JSON of
+    # trainer.agents.sample_transcript, bounded)
+    transcripts: list[dict[str, Any]] | None = None
     # component name -> (weight, [N*G] unweighted values), added to the total reward
     extra_rewards: dict[str, tuple[float, list[float]]] = field(default_factory=dict)
     # (episodes, their mean metrics) of this batch of rows; summed by count over a step

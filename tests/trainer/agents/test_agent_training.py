@@ -107,6 +107,24 @@ def test_episodes_train_with_tools_an_environment_and_hostile_tools(
     assert any(m["update/skipped"] == 0.0 for m in recorder.steps)  # episodes were trained
     assert 0.0 < metrics["episode/masked_token_frac"] < 1.0
     assert recorder.samples and recorder.samples[0].completions[0].text.startswith("The answer")
+    # Each episode's sample carries its turns for the rollout viewer: the calls with their
+    # arguments, one result per call (the hostile ones failed), the answers and the question.
+    first = recorder.samples[0]
+    a, b = (int(n) for n in re.findall(r"What is (\d+) times (\d+)", first.prompt)[-1])
+    for sample in first.completions:
+        transcript = sample.transcript
+        assert transcript is not None and transcript["end_reason"] == "done"
+        turns = transcript["turns"]
+        assert [t["source"] for t in turns] == ["model", *["tool"] * 5, "model", "environment",
+                                                "model"]  # fmt: skip
+        calls = turns[0]["tool_calls"]
+        assert [c["name"] for c in calls] == ["multiply", "peek", "dial", "spin", "flood"]
+        assert json.loads(calls[0]["arguments"]) == {"a": a, "b": b}
+        assert [t["name"] for t in turns[1:6]] == [c["name"] for c in calls]
+        assert turns[1]["content"] == str(a * b) and turns[1]["error"] is None
+        assert all(t["error"] for t in turns[2:6])  # the hostile tools: error results
+        assert turns[7]["content"] == "Are you sure?"
+        assert turns[8]["content"] == sample.text and transcript["turns_left_out"] == 0
 
 
 def test_what_is_not_wired_is_still_refused(tmp_path: Path) -> None:
