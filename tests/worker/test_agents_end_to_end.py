@@ -59,7 +59,7 @@ REASONS = {
     "peek": "FileNotFoundError: [Errno 2] No such file or directory: '/etc/shadow'",
     "dial": "OSError: [Errno 101] Network is unreachable",
     "spin": "the call ran out of time",
-    "flood": "OSError: the grader printed more than 1048576 characters",
+    "flood": "OSError: the sandboxed code printed more than 1048576 characters",
 }
 
 
@@ -265,5 +265,10 @@ def test_hostile_tools_score_zero_with_their_reasons_and_the_job_finishes(
             **dict.fromkeys(REASONS, 0.0),
             "environment": 1.0 if answered(completion) == completion["answer"] else 0.0,
         }
+    # Each episode's transcript shows every hostile call as a failed tool turn with its reason,
+    # the calculator's as a result.
+    for completion in completions:
+        tool_turns = [t for t in completion["transcript"]["turns"] if t["source"] == "tool"]
+        assert {t["name"]: t["error"] for t in tool_turns} == {"multiply": None, **REASONS}
     # The 100 MB the flood tool printed reached no log.
     assert worker.log_path.stat().st_size < 1 << 20

@@ -26,8 +26,9 @@ MAX_PRINTED_CHARS = 1 << 20
 
 
 class _Discard(io.TextIOBase):
-    """Where the grader's prints go: nowhere; past MAX_PRINTED_CHARS in one call it raises, so
-    a grader that floods its output fails instead of running on."""
+    """Where the sandboxed code's prints go (a grader's, a tool's, an environment's): nowhere;
+    past MAX_PRINTED_CHARS in one call it raises, so code that floods its output fails instead
+    of running on."""
 
     def __init__(self) -> None:
         self.written = 0
@@ -35,7 +36,7 @@ class _Discard(io.TextIOBase):
     def write(self, text: str) -> int:
         self.written += len(text)
         if self.written > MAX_PRINTED_CHARS:
-            raise OSError(f"the grader printed more than {MAX_PRINTED_CHARS} characters")
+            raise OSError(f"the sandboxed code printed more than {MAX_PRINTED_CHARS} characters")
         return len(text)
 
 
