@@ -59,6 +59,7 @@ serve: setup-run  ## the API with an embedded worker on the embedded default
 bench: setup  ## benchmarks; results in bench/results and BENCHMARKS.md
 	[ -x .venv-trl/bin/python ] || { python3 -m venv .venv-trl && .venv-trl/bin/pip install --quiet "torch==2.13.0" trl psutil && .venv-trl/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec || true; }
 	$(PY) -m bench.rollout_throughput
+	$(PY) -m bench.agent_rollouts
 	$(PY) -m bench.step_vs_trl
 	$(PY) -m bench.metrics_read
 
