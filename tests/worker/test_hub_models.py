@@ -116,6 +116,8 @@ def test_a_hub_model_the_operator_does_not_allow_fails_before_it_is_looked_up(
     assert run_job(allowed, job_id, train=fake_trainer(1)) == "succeeded"
 
 
+# One store: it is not what this tests (test_round_trip runs jobs on both).
+@pytest.mark.parametrize("backend", ["postgres"])
 @pytest.mark.model
 def test_a_hub_model_trains_through_the_real_trainer(
     ctx: WorkerContext, hub: Path, tmp_path: Path

@@ -54,6 +54,8 @@ def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait()
 
 
+# One store: it is not what this tests (test_round_trip runs jobs on both).
+@pytest.mark.parametrize("backend", ["postgres"])
 def test_the_server_holds_every_steps_metrics_the_spec_and_the_final_checkpoint(
     settings: Settings, tmp_path: Path, mlflow_url: str
 ) -> None:
@@ -100,6 +102,8 @@ def test_the_server_holds_every_steps_metrics_the_spec_and_the_final_checkpoint(
     assert events(ctx, job_id, "export_failed") == []
 
 
+# One store: it is not what this tests (test_round_trip runs jobs on both).
+@pytest.mark.parametrize("backend", ["postgres"])
 def test_a_resumed_job_continues_its_run_and_exports_no_step_twice(
     settings: Settings, tmp_path: Path, mlflow_url: str
 ) -> None:
