@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,42 @@ def test_recipes_validate(name: str) -> None:
         assert spec.model == "smollm2-135m-instruct"
         assert spec.dataset.generator is not None and spec.dataset.generator.max_operand == 9
         assert {g.type for g in spec.graders} == {"numeric_match", "regex"}
+
+
+def test_the_calculator_recipes_differ_only_in_the_tool() -> None:
+    tool = load_recipe(RECIPES / "smollm2-calculator-tool.yaml")
+    notool = load_recipe(RECIPES / "smollm2-calculator-notool.yaml")
+    assert tool.warnings() == [] and notool.warnings() == []
+    assert tool.is_agentic and not notool.is_agentic
+    assert [t.function.name for t in tool.tools] == ["calculator"] and not notool.tools
+    # The same job otherwise: the demonstration answers the same question, with or without the
+    # calculator call.
+    other = {"name", "tools", "episode", "dataset"}
+    assert tool.model_dump(exclude=other) == notool.model_dump(exclude=other)
+    assert tool.dataset.model_dump(exclude={"few_shot"}) == notool.dataset.model_dump(
+        exclude={"few_shot"}
+    )
+    assert tool.dataset.few_shot[0] == notool.dataset.few_shot[0]
+    assert tool.dataset.few_shot[-1] == notool.dataset.few_shot[-1]
+    assert "<tool_call>" in tool.dataset.few_shot[1].content
+    for row in tool.dataset.all_rows():
+        a, b = str(row.prompt).removeprefix("What is ").split("?")[0].split("*")
+        assert 10 <= int(a) <= 999 and 10 <= int(b) <= 999 and row.answer == str(int(a) * int(b))
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_the_calculator_recipes_tool_evaluates_arithmetic_only() -> None:
+    from trainer.agents import Toolbox, ToolCall
+
+    box = Toolbox(load_recipe(RECIPES / "smollm2-calculator-tool.yaml").tools, timeout_s=5.0)
+    try:
+        expressions = ["877*831", "(2+3)*4", "-7/2", 12, "__import__('os')", "2**99"]
+        results = box.run([ToolCall("calculator", {"expression": e}) for e in expressions])
+    finally:
+        box.close()
+    assert [r.content for r in results[:4]] == ["728787", "20", "-3.5", "12"]
+    assert all(r.error is None for r in results[:4])
+    assert all(r.error and "only numbers" in r.error for r in results[4:])
 
 
 def test_smollm2_recipe_graders_on_typical_answers() -> None:

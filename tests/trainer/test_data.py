@@ -10,7 +10,9 @@ from trainer.data.dataset import (
     PromptSampler,
     PromptsTooLong,
     SamplerState,
+    conversation,
     dataset_rows,
+    encode_prompt,
     encode_prompts,
     fit_prompts,
     format_prompt,
@@ -46,6 +48,24 @@ def test_generator_is_seeded_and_correct() -> None:
         a, b = row.prompt.removeprefix("What is ").split("?")[0].split("+")
         assert 2 <= int(a) <= 5 and 2 <= int(b) <= 5
         assert row.answer == str(int(a) + int(b))
+
+
+def test_generator_multiplies_two_and_three_digit_numbers() -> None:
+    gen = {"type": "arithmetic", "operation": "multiply", "count": 40, "seed": 5}
+    gen |= {"min_operand": 10, "max_operand": 999}
+    rows = dataset_rows(DatasetSpec.model_validate({"generator": gen}))
+    for row in rows:
+        a, b = str(row.prompt).removeprefix("What is ").split("?")[0].split("*")
+        assert 10 <= int(a) <= 999 and 10 <= int(b) <= 999
+        assert row.answer == str(int(a) * int(b))
+    # A template of the job's own is kept; the answer still follows the operation.
+    own = {**gen, "count": 1, "template": "Compute {a} times {b}."}
+    (row,) = dataset_rows(DatasetSpec.model_validate({"generator": own}))
+    x, y = str(row.prompt).removeprefix("Compute ").rstrip(".").split(" times ")
+    assert row.answer == str(int(x) * int(y))
+    # Addition stays the default, with its own template.
+    added = dataset_rows(DatasetSpec.model_validate({"generator": {"type": "arithmetic"}}))
+    assert all("+" in str(row.prompt) for row in added)
 
 
 def test_generator_template_keeps_other_braces() -> None:
@@ -199,6 +219,34 @@ def test_a_conversation_row_is_formatted_with_its_own_system_turn() -> None:
     assert format_prompt(tokenizer, own, system_prompt=None, use_chat_template=False) == (
         "row sys\n\nhi"
     )
+
+
+def test_few_shot_turns_come_after_the_system_turn_and_before_the_row() -> None:
+    few_shot = [{"role": "user", "content": "2*3?"}, {"role": "assistant", "content": "6"}]
+    own = [{"role": "system", "content": "row sys"}, {"role": "user", "content": "hi"}]
+    assert conversation("hi", system_prompt="sys", few_shot=few_shot) == [
+        {"role": "system", "content": "sys"},
+        *few_shot,
+        {"role": "user", "content": "hi"},
+    ]
+    assert conversation(own, system_prompt="sys", few_shot=few_shot) == [own[0], *few_shot, own[1]]
+    assert conversation("hi", system_prompt=None, few_shot=few_shot) == [
+        *few_shot,
+        {"role": "user", "content": "hi"},
+    ]
+    spec = DatasetSpec.model_validate(
+        {"rows": [{"prompt": "hi"}], "system_prompt": "sys", "few_shot": few_shot}
+    )
+    (example,) = dataset_rows(spec)
+    tokenizer = build_tiny_tokenizer()
+    text = tokenizer.decode(encode_prompt(tokenizer, example, spec))
+    assert text.index("sys") < text.index("2*3?") < text.index("6") < text.index("hi")
+    for bad, why in (
+        ([{"role": "user", "content": "2*3?"}], "end with an assistant turn"),
+        ([{"role": "system", "content": "x"}, *few_shot], "user and assistant turns"),
+    ):
+        with pytest.raises(ValidationError, match=why):
+            DatasetSpec.model_validate({"rows": [{"prompt": "hi"}], "few_shot": bad})
 
 
 def test_rows_validate_their_shape_and_their_extra_fields() -> None:

@@ -31,6 +31,7 @@ __all__ = [
     "PromptsTooLong",
     "RunPrompts",
     "SamplerState",
+    "conversation",
     "dataset_rows",
     "encode_prompt",
     "encode_prompts",
@@ -101,24 +102,39 @@ def split_holdout(rows: Sequence[Example], holdout: int) -> tuple[list[Example],
     return list(rows[:cut]), list(rows[cut:])
 
 
+def conversation(
+    prompt: str | Sequence[Mapping[str, str]],
+    *,
+    system_prompt: str | None,
+    few_shot: Sequence[Mapping[str, str]] = (),
+) -> list[dict[str, str]]:
+    """The messages a prompt (or a conversation ending with a user turn) is sent as: the
+    system turn (the conversation's own, else ``system_prompt``), then the ``few_shot`` example
+    turns, then the rest of the conversation."""
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = [dict(m) for m in prompt]
+    system = messages[:1] if messages[0]["role"] == "system" else []
+    if not system and system_prompt:
+        system = [{"role": "system", "content": system_prompt}]
+    rest = messages[1:] if messages[0]["role"] == "system" else messages
+    return [*system, *(dict(m) for m in few_shot), *rest]
+
+
 def format_prompt(
     tokenizer: PreTrainedTokenizerBase,
     prompt: str | Sequence[Mapping[str, str]],
     *,
     system_prompt: str | None,
     use_chat_template: bool,
+    few_shot: Sequence[Mapping[str, str]] = (),
 ) -> str:
     """The text the model sees for a prompt, or a conversation (``[{role, content}, ...]``
-    ending with a user turn). With the chat template: the messages (``system_prompt`` first,
-    unless the conversation has its own system turn) and the assistant generation prompt;
-    otherwise (or if the tokenizer has no template) the texts, the system prompt first, each
-    followed by a blank line."""
-    if isinstance(prompt, str):
-        messages = [{"role": "user", "content": prompt}]
-    else:
-        messages = [dict(m) for m in prompt]
-    if system_prompt and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system_prompt})
+    ending with a user turn). With the chat template: the messages of :func:`conversation`
+    and the assistant generation prompt; otherwise (or if the tokenizer has no template) their
+    texts, each followed by a blank line."""
+    messages = conversation(prompt, system_prompt=system_prompt, few_shot=few_shot)
     if use_chat_template and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if not isinstance(text, str):
@@ -138,6 +154,7 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Example, spec: Datase
         prompt,
         system_prompt=spec.system_prompt,
         use_chat_template=spec.use_chat_template,
+        few_shot=[m.model_dump() for m in spec.few_shot],
     )
     # A chat template writes its own special tokens (BOS included) into the text.
     return list(tokenizer(text, add_special_tokens=not chat)["input_ids"])

@@ -51,12 +51,14 @@ from trainer.agents import (
     start_episodes,
 )
 from trainer.data.dataset import Example
+from trainer.data.dataset import conversation as row_conversation
 from trainer.errors import TrainerError
 from trainer.rollout.base import Completion, FinishReason, RolloutEngine
 from trainer.rollout.stop_tokens import stop_token_ids
 from trainer.run.setup import Given, RunSetup
 from trainer.scoring.sampling import Rolled
 from trainer.spec import (
+    DatasetSpec,
     GRPOSpec,
     HttpEnvironment,
     HttpToolImplementation,
@@ -123,15 +125,14 @@ def agent_rollout(config: JobSpec, setup: RunSetup, given: Given) -> AgentRollou
     )
 
 
-def conversation(example: Example, system_prompt: str | None) -> list[dict[str, Any]]:
+def conversation(example: Example, dataset: DatasetSpec) -> list[dict[str, Any]]:
     """The row's conversation as its prompt was formatted (``trainer.data.dataset``)."""
-    if example.messages is not None:
-        messages = [dict(m) for m in example.messages]
-    else:
-        messages = [{"role": "user", "content": example.prompt or ""}]
-    if system_prompt and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system_prompt})
-    return messages
+    prompt = example.messages if example.messages is not None else (example.prompt or "")
+    few_shot = [m.model_dump() for m in dataset.few_shot]
+    return [
+        dict(m)
+        for m in row_conversation(prompt, system_prompt=dataset.system_prompt, few_shot=few_shot)
+    ]
 
 
 def training_sample(episode: Episode) -> tuple[list[int], Completion, int]:
@@ -204,11 +205,10 @@ class AgentRollout:
         seed: int,
         greedy: bool = False,
     ) -> Rolled:
-        system = self.config.dataset.system_prompt
         rows = [e for e in examples for _ in range(group_size)]
         episodes = start_episodes(
             self.fmt,
-            [conversation(e, system) for e in rows],
+            [conversation(e, self.config.dataset) for e in rows],
             [e.grading_item for e in rows],
             self.environment,
             id_prefix=f"b{next(self._batches)}",

@@ -158,18 +158,31 @@ class PromptRow(StrictModel):
         return self.messages[-1].content
 
 
+_ARITHMETIC_TEMPLATES = {
+    "add": "What is {a}+{b}? Answer with a number.",
+    "multiply": "What is {a}*{b}? Answer with a number.",
+}
+
+
 class ArithmeticGenerator(StrictModel):
-    """A synthetic addition task, useful for smoke tests and recipes ("What is 3+4?" -> "7")."""
+    """A synthetic arithmetic task, useful for smoke tests and recipes: addition ("What is
+    3+4?" -> "7") or multiplication ("What is 12*345?" -> "4140")."""
 
     type: Literal["arithmetic"] = Field(description="Generator kind.")
+    operation: Literal["add", "multiply"] = Field(
+        default="add", description="The answer is a+b (add) or a*b (multiply)."
+    )
     count: int = Field(default=256, ge=1, le=MAX_INLINE_ROWS, description="Rows to generate.")
     min_operand: int = Field(default=0, ge=0, le=10**6, description="Smallest operand.")
     max_operand: int = Field(default=9, ge=0, le=10**6, description="Largest operand.")
     template: str = Field(
-        default="What is {a}+{b}? Answer with a number.",
+        default=_ARITHMETIC_TEMPLATES["add"],
         min_length=1,
         max_length=500,
-        description="Prompt template with {a} and {b} placeholders.",
+        description=(
+            "Prompt template with {a} and {b} placeholders (default: 'What is {a}+{b}? Answer "
+            "with a number.', with * for multiply)."
+        ),
     )
     seed: int = Field(
         default=0,
@@ -177,6 +190,16 @@ class ArithmeticGenerator(StrictModel):
         le=MAX_SEED,
         description="Seed of the generator (independent of the run seed).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _operation_template(cls, data: Any) -> Any:
+        # A multiply generator without a template of its own asks for products, not sums.
+        if isinstance(data, dict) and "template" not in data:
+            operation = data.get("operation", "add")
+            if operation in _ARITHMETIC_TEMPLATES:
+                return {**data, "template": _ARITHMETIC_TEMPLATES[operation]}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ArithmeticGenerator:
@@ -195,7 +218,8 @@ class ArithmeticGenerator(StrictModel):
             b = rng.randint(self.min_operand, self.max_operand)
             # replace, not str.format: other braces in a user template must stay literal.
             prompt = self.template.replace("{a}", str(a)).replace("{b}", str(b))
-            out.append(PromptRow(prompt=prompt, answer=str(a + b)))
+            answer = a * b if self.operation == "multiply" else a + b
+            out.append(PromptRow(prompt=prompt, answer=str(answer)))
         return out
 
 
@@ -290,6 +314,15 @@ class DatasetSpec(StrictModel):
         max_length=MAX_TEXT_CHARS,
         description="System message prepended to prompts (rows with their own system turn keep it).",
     )
+    few_shot: list[ChatMessage] = Field(
+        default_factory=list,
+        max_length=MAX_MESSAGES,
+        description=(
+            "Example turns (user and assistant, ending with an assistant turn) put before every "
+            "row's conversation, after the system prompt: a worked example the model reads, "
+            "e.g. one tool call and its answer. They are prompt tokens, never trained."
+        ),
+    )
     use_chat_template: bool = Field(
         default=True, description="Format prompts with the tokenizer's chat template."
     )
@@ -317,6 +350,10 @@ class DatasetSpec(StrictModel):
             )
         if self.rows is not None and len(self.rows) == 0:
             raise ValueError("dataset.rows must not be empty")
+        if any(m.role == "system" for m in self.few_shot):
+            raise ValueError("dataset.few_shot has user and assistant turns (see system_prompt)")
+        if self.few_shot and self.few_shot[-1].role != "assistant":
+            raise ValueError("dataset.few_shot must end with an assistant turn")
         size = self.known_row_count()
         if size is not None and self.holdout >= size:
             raise ValueError(f"dataset.holdout ({self.holdout}) leaves no rows to train on")

@@ -16,6 +16,9 @@ from trainer.agents import (
     token_delta,
 )
 from trainer.agents.chat import TOOL_RESULT_PREFIX
+from trainer.data.dataset import Example
+from trainer.run.episodes import conversation
+from trainer.spec import DatasetSpec
 
 TOOLS = [
     {
@@ -66,6 +69,25 @@ def test_smollm2_gets_the_default_tool_prompt_in_its_system_turn(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]
     )
     assert len(own) == 2 and own[0]["content"].endswith("\n\nBe brief.")
+
+
+def test_an_episode_starts_from_the_tool_prompt_then_the_few_shot_demonstration(
+    smol: PreTrainedTokenizerBase,
+) -> None:
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    few_shot = [
+        {"role": "user", "content": "What is 2*3?"},
+        {"role": "assistant", "content": call},
+        {"role": "user", "content": "Tool result (multiply):\n6"},
+        {"role": "assistant", "content": "6"},
+    ]
+    dataset = DatasetSpec.model_validate(
+        {"rows": [{"prompt": "What is 12*34?"}], "system_prompt": "Be brief.", "few_shot": few_shot}
+    )
+    fmt = chat_format(smol, TOOLS)
+    messages = fmt.initial(conversation(Example("What is 12*34?", None), dataset))
+    assert messages[0]["role"] == "system" and messages[0]["content"].endswith("\n\nBe brief.")
+    assert messages[1:] == [*few_shot, {"role": "user", "content": "What is 12*34?"}]
 
 
 def test_a_template_that_renders_tools_gets_them_through_tools(
