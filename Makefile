@@ -32,7 +32,7 @@ test: setup services  ## set up, then run the default test suite (what CI runs):
 	echo "fast tier: exit $$fast; processes, models and browser: exit $$heavy"; \
 	[ $$fast -eq 0 ] && [ $$heavy -eq 0 ]
 
-test-fast: setup services  ## the fast tier (about 3 minutes on 2 cores): API, DB, CLI, trainer math; no workers, models or browser
+test-fast: setup services  ## the fast tier (about 6 minutes on 2 cores): API, DB, CLI, trainer math; no workers, models or browser
 	$(PY) -m pytest -m "$(FAST)" -q -n $(XDIST) --durations=5
 
 test-slow: setup services  ## the long real-model runs (SmolLM2 on CPU)
