@@ -38,8 +38,12 @@ def test_a_gather_out_of_order_fails_with_the_named_error_within_the_timeout() -
     assert proc.returncode != 0
     assert "no error" not in output
     # Rank 0 names itself and the phase; rank 1 ends the same way or is stopped by gloo's own
-    # check of the mismatched sizes, whichever comes first.
-    assert "DistributedTimeout rank=0 phase=sync" in output, output[-3000:]
+    # check of the mismatched sizes, whichever comes first. Seen once under load: gloo's abort
+    # of rank 1 came first and torchrun stopped rank 0 before its 5 s timeout; the run still
+    # ended with a named error, not a hang.
+    named = "DistributedTimeout rank=0 phase=sync" in output
+    gloo_mismatch = "Is there a distributed collective mismatch" in output
+    assert named or gloo_mismatch, output[-3000:]
     assert elapsed < 90  # the 5 s timeout, start-up and teardown: not a hang
 
 
