@@ -110,7 +110,8 @@ def main() -> int:
     # threads, and spinning OpenMP threads cost 5-10x when the worker, its vLLM engine and the
     # inference process compete for the cores (recipes/tiny-smoke.yaml).
     env.setdefault("OMP_NUM_THREADS", "1")
-    if "lora" in spec:  # its answer comes from the base model's engine: start it now
+    lora = "lora" in spec
+    if lora:  # its answer comes from the base model's engine: start it now
         env.setdefault("GRPO_INFERENCE_PRELOAD", spec["model"])
     url = f"http://127.0.0.1:{args.port}"
     print(f"starting grpo serve on {url} (data in {data_dir})", flush=True)
@@ -122,7 +123,7 @@ def main() -> int:
         with Client(url, api_key(data_dir)) as client:
             job = client.create_job(spec)
             total = job["progress"]["total_steps"]
-            kind = "LoRA" if "lora" in spec else "full fine-tune"
+            kind = "LoRA" if lora else "full fine-tune"
             print(
                 f"submitted {job['id']}: {spec.get('name')} ({kind}) on {job['model']}, "
                 f"{total} steps",
@@ -149,7 +150,7 @@ def main() -> int:
                 # The API names the folder only; this local service keeps it in its data folder.
                 store = Path(env.get("GRPO_CHECKPOINT_DIR") or data_dir / "checkpoints")
                 folder = store / job["id"] / checkpoints[-1]["path"]
-                what = "PEFT adapters" if "lora" in spec else "a Hugging Face model"
+                what = "PEFT adapters" if lora else "a Hugging Face model"
                 print(f"final checkpoint ({what} folder): {folder}")
             if final["status"] != "succeeded":
                 return 1

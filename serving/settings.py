@@ -138,11 +138,11 @@ class InferenceSettings(BaseSettings):
 
     @cached_property
     def base_list(self) -> list[str]:
-        return [b.strip() for b in self.bases.split(",") if b.strip()]
+        return _names(self.bases)
 
     @cached_property
     def preload_list(self) -> list[str]:
-        return [b.strip() for b in self.preload.split(",") if b.strip()]
+        return _names(self.preload)
 
     def serves_base(self, model: str) -> bool:
         return ANY_BASE in self.base_list or model in self.base_list
@@ -170,6 +170,11 @@ class InferenceSettings(BaseSettings):
     @property
     def control_url(self) -> str:
         return f"http://{self.advertised_host}:{self.port}"
+
+
+def _names(listed: str) -> list[str]:
+    """The names in a comma-separated setting, blanks dropped."""
+    return [name.strip() for name in listed.split(",") if name.strip()]
 
 
 def build_inference_settings(**overrides: object) -> InferenceSettings:

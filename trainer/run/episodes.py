@@ -129,10 +129,8 @@ def conversation(example: Example, dataset: DatasetSpec) -> list[dict[str, Any]]
     """The row's conversation as its prompt was formatted (``trainer.data.dataset``)."""
     prompt = example.messages if example.messages is not None else (example.prompt or "")
     few_shot = [m.model_dump() for m in dataset.few_shot]
-    return [
-        dict(m)
-        for m in row_conversation(prompt, system_prompt=dataset.system_prompt, few_shot=few_shot)
-    ]
+    # A fresh list of fresh dicts: each episode appends to and edits its own conversation.
+    return row_conversation(prompt, system_prompt=dataset.system_prompt, few_shot=few_shot)
 
 
 def training_sample(episode: Episode) -> tuple[list[int], Completion, int]:
