@@ -25,6 +25,7 @@ from trainer.run.callbacks import Callbacks, RolloutSample, RunInfo
 from trainer.run.loop import train
 from trainer.spec import JobSpec
 from trainer.update import losses
+from trainer.update.phases import Advantages
 
 CATALOG = {
     "reward/mean", "reward/std", "reward/has_seven/mean", "frac_zero_std_groups",
@@ -468,6 +469,41 @@ def test_dynamic_sampling_without_signal_skips_the_update(tmp_path: Path) -> Non
     assert all(len(s) == 2 for s in rec.samples.values())
 
 
+def test_dynamic_sampling_keeps_the_kl_acting_on_the_groups_it_drops(tmp_path: Path) -> None:
+    """Step 1's rewards differ within every group and it trains; from step 2 on every group is
+    flat, so dynamic sampling leaves the task's update nothing. The KL in the reward still acts
+    on every sampled completion (its expected pull is then the one without dynamic sampling,
+    tests/trainer/update/test_kl_exact.py), so step 2 updates, pulling back toward the
+    reference. Before, the dropped groups took the KL with them and step 2 was skipped."""
+    spec = tiny_spec(
+        steps=2,
+        grpo={
+            "prompts_per_step": 2,
+            "group_size": 4,
+            "max_new_tokens": 4,
+            "dynamic_sampling": {"enabled": True, "max_rounds": 1},
+            "kl": {"beta": 0.5, "placement": "reward", "estimator": "k1"},
+            "learning_rate": 1e-2,
+        },
+    )
+    rec = Recorder()
+
+    def alternating_then_flat(texts: list[str], items: list[Any]) -> list[float]:
+        if rec.metrics:  # step 1 is over
+            return [1.0] * len(texts)
+        return [float(i % 2) for i in range(len(texts))]
+
+    train(spec, rec, output_dir=tmp_path, reward_fn=alternating_then_flat)
+    first, second = rec.metrics[1], rec.metrics[2]
+    assert first["dynamic_sampling/kept_groups"] == 2 and first["update/skipped"] == 0.0
+    assert "dynamic_sampling/kl_only_groups" not in first  # nothing dropped
+    assert second["dynamic_sampling/kept_groups"] == 0
+    assert second["dynamic_sampling/dropped_groups"] == 2
+    assert second["dynamic_sampling/kl_only_groups"] == 2
+    assert second["update/skipped"] == 0.0 and second["grad_norm"] > 0
+    assert second["kl/reward_penalty"] != 0.0  # step 1 moved the policy off the reference
+
+
 class _SyncCounter(RecordingEngine):
     """Counts weight syncs and snapshots the policy's weights before each rollout, by step."""
 
@@ -554,14 +590,14 @@ def test_momentum_does_not_carry_a_step_without_signal(
     import trainer.run.loop as loop_module
 
     calls = {"n": 0}
-    real = loop_module.compute_advantages
+    real = loop_module.split_advantages
 
-    def second_step_flat(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def second_step_flat(*args: Any, **kwargs: Any) -> Advantages:
         calls["n"] += 1
         adv = real(*args, **kwargs)
-        return torch.zeros_like(adv) if calls["n"] == 2 else adv
+        return Advantages(torch.zeros_like(adv.total), None) if calls["n"] == 2 else adv
 
-    monkeypatch.setattr(loop_module, "compute_advantages", second_step_flat)
+    monkeypatch.setattr(loop_module, "split_advantages", second_step_flat)
     spec = tiny_spec(steps=3, grpo={"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8})
     rec = Recorder()
     engines = _counting(monkeypatch, rec)

@@ -34,10 +34,7 @@ from trainer.run.checkpoints import RunCheckpoints
 from trainer.run.engine_sync import sleep_engine, wake_engine
 from trainer.run.episodes import agent_rollout, refuse_unrunnable
 from trainer.run.evaluation import evaluate_run
-from trainer.run.metrics import (
-    build_samples,
-    rollout_metrics,
-)
+from trainer.run.metrics import build_samples, rollout_metrics, sampling_report
 from trainer.run.rank_batch import (
     gather_rows,
     rank_batch,
@@ -53,19 +50,20 @@ from trainer.run.setup import (
     prepare_run,
     start_run_engine,
 )
-from trainer.scoring.collect import Collected, collect_groups
+from trainer.scoring.collect import Collected, Group, collect_groups
 from trainer.scoring.rewards import RewardFn, Scorer
 from trainer.scoring.sampling import Rollout, SingleTurn, merge_metrics
 from trainer.spec import JobSpec
 from trainer.update.passes import UpdateInputs, run_updates
 from trainer.update.phases import (
     advantages_by_group,
-    compute_advantages,
     has_signal,
+    kl_only_groups,
     needs_old_logprobs,
     reward_kl_penalty,
     score_logprobs,
     shaped_rewards,
+    split_advantages,
 )
 
 __all__ = ["NonFiniteLossError", "TrainResult", "TrainerError", "train"]
@@ -245,34 +243,13 @@ class _Run:
         )
         metrics = rollout_metrics(col, [*s.scorer.names, *self.rollout.extra_names])
         metrics.update(merge_metrics(col.rollout_metrics))
-        for name, message in col.grader_messages.items():
-            self.cb.on_event(
-                "grader",
-                f"step {step}: grader {name} failed on {col.grader_errors.get(name, 0)} "
-                f"samples (scored 0); first error: {message}",
-                level="warning",
-                data={"grader": name, "errors": col.grader_errors.get(name, 0), "first": message},
-            )
-        if spec.dynamic_sampling.enabled:
-            # Only dynamic sampling drops groups; frac_zero_std_groups covers the rest.
-            dropped = col.num_zero_std
-            surplus = len(col.groups) - len(col.kept) - dropped
-            metrics["dynamic_sampling/rounds"] = float(col.rounds)
-            metrics["dynamic_sampling/kept_groups"] = float(len(col.kept))
-            metrics["dynamic_sampling/dropped_groups"] = float(dropped)
-            if dropped:
-                self.cb.on_event(
-                    "dynamic_sampling",
-                    f"step {step}: dropped {dropped} of {len(col.groups)} groups with equal "
-                    f"rewards ({col.rounds} sampling rounds, {len(col.kept)} groups trained on, "
-                    f"{surplus} more left out)",
-                    data={"rounds": col.rounds, "dropped": dropped, "surplus": surplus},
-                )
+        kl_only = kl_only_groups(col, spec)
+        metrics.update(sampling_report(col, kl_only, spec, step, self.cb.on_event))
         lr = float(s.optimizer.param_groups[0]["lr"])
         advantages: dict[int, list[float]] = {}
         trained = False
-        if col.kept:
-            advantages, trained = self._train_on(col, step, metrics)
+        if col.kept or kl_only:
+            advantages, trained = self._train_on(col, kl_only, step, metrics)
         metrics["update/skipped"] = 0.0 if trained else 1.0
         if trained:
             with warnings.catch_warnings():
@@ -283,7 +260,7 @@ class _Run:
                     "ignore", message=r"Detected call of `lr_scheduler\.step\(\)`"
                 )
                 s.scheduler.step()
-        elif not col.kept:
+        elif not (col.kept or kl_only):
             # No batch, no update: the schedule waits for the next step that trains.
             self.cb.on_event("no_signal", f"step {step}: no group to train on; update skipped")
         metrics["lr"] = lr
@@ -306,32 +283,34 @@ class _Run:
         return clean, col.stop_requested
 
     def _train_on(
-        self, col: Collected, step: int, metrics: dict[str, float]
+        self, col: Collected, kl_only: list[Group], step: int, metrics: dict[str, float]
     ) -> tuple[dict[int, list[float]], bool]:
-        """The update phases (``trainer.update.phases``) on the kept groups, in order; fills
-        ``metrics`` and returns the advantages by group position in ``col.kept`` and whether
-        an update ran (False when the batch has no signal: every advantage 0 and no loss-side
-        term, see :func:`trainer.update.phases.has_signal`). On several ranks each trains its
-        share of the batch (:mod:`trainer.run.rank_batch`)."""
+        """The update phases (``trainer.update.phases``) on the kept groups, in order, with
+        the ``kl_only`` groups in the KL terms only; fills ``metrics`` and returns the
+        advantages by group position in ``col.kept`` and whether an update ran (False when the
+        batch has no signal: every advantage 0 and no loss-side term, see
+        :func:`trainer.update.phases.has_signal`). On several ranks each trains its share of
+        the batch (:mod:`trainer.run.rank_batch`)."""
         s = self.setup
         spec = self.spec
         assert self.engine is not None
         clock = time.perf_counter()
-        rb = rank_batch(col.kept, spec, s.device, s.world, s.shares)
+        rb = rank_batch(col.kept, spec, s.device, s.world, s.shares, kl_only)
         if rb.left_out:
             metrics["data/uneven_groups_left_out"] = float(rb.left_out)
-        if not rb.kept:  # fewer kept groups than devices: nothing every rank can share
+        if not (rb.kept or rb.kl_only):  # fewer groups than devices: nothing to share
             metrics["time/update"] = 0.0
             return {}, False
         shaped = shaped_rewards(rb.kept, rb.whole, spec)
         metrics["time/reward"] += time.perf_counter() - clock
+        rows = rb.whole.size
 
         # Without KL in the reward the advantages come from the rewards alone: a batch without
         # signal is known before the engine sleeps or any scoring pass runs.
-        adv = None if spec.kl.in_reward else compute_advantages(shaped, None, spec)
-        if adv is not None and not has_signal(adv, spec):
+        adv = None if spec.kl.in_reward else split_advantages(shaped, None, spec, rows=rows)
+        if adv is not None and not has_signal(adv.total, spec):
             metrics["time/logprobs"] = 0.0
-            return self._no_update(adv, len(rb.kept), metrics, engine_level=None)
+            return self._no_update(adv.total, len(rb.kept), metrics, engine_level=None)
 
         # The update needs the device memory the engine's KV cache holds (GPU sleep mode).
         level = self._engine_sleeps()
@@ -350,11 +329,11 @@ class _Run:
         if adv is None:
             penalty = reward_kl_penalty(scored, rb.batch, spec)
             if penalty is not None:
-                penalty = gather_rows(s.world, penalty, "reward")
+                penalty = gather_rows(s.world, rb, penalty, "reward")
                 metrics["kl/reward_penalty"] = float(penalty.mean())
-            adv = compute_advantages(shaped, penalty, spec)
-            if not has_signal(adv, spec):
-                return self._no_update(adv, len(rb.kept), metrics, engine_level=level)
+            adv = split_advantages(shaped, penalty, spec, rows=rows)
+            if not has_signal(adv.total, spec):
+                return self._no_update(adv.total, len(rb.kept), metrics, engine_level=level)
 
         clock = time.perf_counter()
         stats, pre = run_updates(
@@ -362,7 +341,8 @@ class _Run:
                 model=s.model,
                 optimizer=s.optimizer,
                 batch=rb.batch,
-                advantages=rb.mine(adv),
+                advantages=rb.mine(adv.total),
+                kl_advantages=None if adv.kl is None else rb.mine(adv.kl),
                 old_logprobs=scored.old,
                 ref_logprobs=scored.ref,
                 pad_id=s.pad_id,
@@ -383,8 +363,11 @@ class _Run:
         if applied and s.mirror is not None:
             s.mirror.mark_stale()
         metrics["time/weight_sync"] = self._wake_engine(applied or level == 2)
-        metrics.update(rank_update_metrics(s.world, rb, stats, adv, scored, pre, spec))
-        return advantages_by_group(adv, len(rb.kept), spec.group_size), True
+        task_rows = len(rb.kept) * spec.group_size
+        metrics.update(
+            rank_update_metrics(s.world, rb, stats, adv.total[:task_rows], scored, pre, spec)
+        )
+        return advantages_by_group(adv.total, len(rb.kept), spec.group_size), True
 
     def _no_update(
         self, adv: Tensor, groups: int, metrics: dict[str, float], *, engine_level: int | None

@@ -39,7 +39,7 @@ are left out of the step's metrics rather than sent as NaN.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -48,7 +48,7 @@ from trainer.data.dataset import Example
 from trainer.graders import Item
 from trainer.rollout.base import RolloutEngine
 from trainer.run.callbacks import CompletionSample, RolloutSample
-from trainer.scoring.collect import Collected
+from trainer.scoring.collect import Collected, Group
 from trainer.scoring.rewards import Scorer
 from trainer.scoring.sampling import Rollout
 from trainer.spec import GRPOSpec, KLEstimatorName
@@ -64,6 +64,7 @@ __all__ = [
     "eval_accuracy",
     "evaluate",
     "rollout_metrics",
+    "sampling_report",
     "token_metrics",
     "update_metrics",
     "update_step_metrics",
@@ -95,6 +96,51 @@ def rollout_metrics(col: Collected, grader_names: list[str]) -> dict[str, float]
         metrics[f"reward/{name}/errors"] = float(col.grader_errors.get(name, 0))
     metrics["reward/errors"] = float(sum(col.grader_errors.values()))
     metrics["reward/timeouts"] = float(sum(col.grader_timeouts.values()))
+    return metrics
+
+
+def sampling_report(
+    col: Collected,
+    kl_only: Sequence[Group],
+    spec: GRPOSpec,
+    step: int,
+    on_event: Callable[..., None],
+) -> dict[str, float]:
+    """What the step's sampling left to say: a warning event per grader that failed (with its
+    first error), and with dynamic sampling its metrics (``dynamic_sampling/rounds``,
+    ``kept_groups``, ``dropped_groups``, and ``kl_only_groups``: the groups left out of the
+    task's update that the KL still acts on, ``trainer.update.phases.kl_only_groups``) and an
+    event when it dropped groups."""
+    for name, message in col.grader_messages.items():
+        errors = col.grader_errors.get(name, 0)
+        on_event(
+            "grader",
+            f"step {step}: grader {name} failed on {errors} samples (scored 0); "
+            f"first error: {message}",
+            level="warning",
+            data={"grader": name, "errors": errors, "first": message},
+        )
+    if not spec.dynamic_sampling.enabled:
+        return {}
+    # Only dynamic sampling drops groups; frac_zero_std_groups covers the rest.
+    dropped = col.num_zero_std
+    surplus = len(col.groups) - len(col.kept) - dropped
+    metrics = {
+        "dynamic_sampling/rounds": float(col.rounds),
+        "dynamic_sampling/kept_groups": float(len(col.kept)),
+        "dynamic_sampling/dropped_groups": float(dropped),
+    }
+    if kl_only:
+        metrics["dynamic_sampling/kl_only_groups"] = float(len(kl_only))
+    if dropped:
+        kl_note = f", the KL acting on {len(kl_only)} of them" if kl_only else ""
+        on_event(
+            "dynamic_sampling",
+            f"step {step}: dropped {dropped} of {len(col.groups)} groups with equal "
+            f"rewards ({col.rounds} sampling rounds, {len(col.kept)} groups trained on, "
+            f"{surplus} more left out{kl_note})",
+            data={"rounds": col.rounds, "dropped": dropped, "surplus": surplus},
+        )
     return metrics
 
 

@@ -13,7 +13,7 @@ log-probabilities, is gathered.
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -41,28 +41,48 @@ __all__ = [
 class RankBatch:
     kept: list[Group]  # the groups the step trains on, every rank's, in order
     left_out: int  # kept groups cut so that the devices share them evenly
-    whole: Batch  # all of ``kept``, packed (rewards and advantages are computed on it)
+    whole: Batch  # ``kept`` then ``kl_only``, packed (advantages are computed on it)
     batch: Batch  # this rank's rows of it (``whole`` itself on a single rank)
-    rows: slice  # where this rank's rows sit in ``whole``
+    rows: Tensor  # where this rank's rows sit in ``whole`` ([B_rank] indices, in its order)
+    kl_only: list[Group] = field(default_factory=list)  # groups only the KL acts on
 
     def mine(self, values: Tensor) -> Tensor:
         """This rank's entries of a whole-batch vector ([B_whole] -> [B_rank])."""
-        return values[self.rows]
+        return values[self.rows.to(values.device)]
 
 
 def rank_batch(
-    kept: list[Group], spec: GRPOSpec, device: torch.device, world: World, shares: int
+    kept: list[Group],
+    spec: GRPOSpec,
+    device: torch.device,
+    world: World,
+    shares: int,
+    kl_only: list[Group] | None = None,
 ) -> RankBatch:
-    usable = len(kept) - len(kept) % shares
-    groups = kept[:usable]
-    whole = pack_groups(groups, spec, device)
+    """The step's batch: the ``kept`` groups (the task's update) followed by the ``kl_only``
+    groups (``trainer.update.phases.kl_only_groups``), each list cut to a multiple of
+    ``shares``; on several ranks each rank packs its share of each list."""
+    groups = kept[: len(kept) - len(kept) % shares]
+    extra = (kl_only or [])[: len(kl_only or []) - len(kl_only or []) % shares]
+    whole = pack_groups([*groups, *extra], spec, device, task_groups=len(groups))
     if not world.distributed:
-        return RankBatch(groups, len(kept) - usable, whole, whole, slice(0, whole.size))
-    share = world.share(len(groups))
+        every = torch.arange(whole.size)
+        return RankBatch(groups, len(kept) - len(groups), whole, whole, every, extra)
     g = spec.group_size
-    rows = slice(share.start * g, share.stop * g)
-    batch = pack_groups(groups[share.start : share.stop], spec, device)
-    return RankBatch(groups, len(kept) - usable, whole, batch, rows)
+    mine_kept, mine_extra = world.share(len(groups)), world.share(len(extra))
+    rows = torch.cat(
+        [
+            torch.arange(mine_kept.start * g, mine_kept.stop * g),
+            torch.arange((len(groups) + mine_extra.start) * g, (len(groups) + mine_extra.stop) * g),
+        ]
+    )
+    batch = pack_groups(
+        [*groups[mine_kept.start : mine_kept.stop], *extra[mine_extra.start : mine_extra.stop]],
+        spec,
+        device,
+        task_groups=mine_kept.stop - mine_kept.start,
+    )
+    return RankBatch(groups, len(kept) - len(groups), whole, batch, rows, extra)
 
 
 def trained_tokens(whole: Batch, spec: GRPOSpec) -> float:
@@ -72,13 +92,16 @@ def trained_tokens(whole: Batch, spec: GRPOSpec) -> float:
     return float(spec.num_iterations * lengths)
 
 
-def gather_rows(world: World, mine: Tensor, phase: str) -> Tensor:
-    """Every rank's ``mine`` ([B_rank], the same length on every rank) concatenated in rank
-    order: the whole batch's [B_whole]."""
+def gather_rows(world: World, rb: RankBatch, mine: Tensor, phase: str) -> Tensor:
+    """Every rank's ``mine`` ([B_rank], the same length on every rank) put where its rows sit
+    in the whole batch: [B_whole]."""
     if not world.distributed:
         return mine
-    parts = world.gather_objects(mine.detach().cpu(), phase)
-    return torch.cat(parts).to(mine.device)
+    parts = world.gather_objects((rb.rows, mine.detach().cpu()), phase)
+    whole = torch.zeros(rb.whole.size, dtype=mine.dtype)
+    for rows, values in parts:
+        whole[rows] = values
+    return whole.to(mine.device)
 
 
 def rank_update_metrics(

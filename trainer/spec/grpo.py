@@ -281,6 +281,14 @@ class GRPOSpec(StrictModel):
         return self.prompts_per_step * self.group_size
 
     @property
+    def kl_normaliser_rows(self) -> int:
+        """The rows an update's KL terms are divided by (times ``max_new_tokens``): the
+        nominal rows of one optimizer update (``mini_batch_size``, else
+        ``completions_per_step``), a constant, never the rows a step happened to keep
+        (``trainer.update.losses.kl_aggregate``)."""
+        return self.mini_batch_size or self.completions_per_step
+
+    @property
     def sampled_completions_per_step(self) -> int:
         """The most completions one step samples and grades: ``completions_per_step``, plus,
         when dynamic sampling may sample again, ``max_rounds - 1`` rounds of at most

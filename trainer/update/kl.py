@@ -32,10 +32,11 @@ tests/trainer/test_kl_sequence.py the relative error to ``grad KL_seq`` is 0.3 t
 ``E[sum_t grad log pi_t * sum_{s>=t} k1_s]`` (terms with ``s < t`` have zero expectation),
 which is ``grad KL_seq`` on-policy; like k2 it is biased off-policy (``num_iterations > 1``).
 
-Placement: in the loss the caller adds ``beta * aggregate(per_token_kl(...))`` (aggregated as
-the policy loss is, so its gradient is the table's times the aggregation's per-token weight);
-in the reward the loop subtracts :func:`kl_reward_penalty`, centred, from the advantages
-(``trainer.update.phases.compute_advantages``).
+Placement: in the loss the caller adds ``beta * kl_aggregate(per_token_kl(...))``
+(``trainer.update.losses.kl_aggregate``: a constant normaliser whatever the policy loss's
+aggregation, so its expected gradient is the table's divided by ``max_new_tokens``); in the
+reward the loop subtracts :func:`kl_reward_penalty`, centred, from the advantages
+(``trainer.update.phases.split_advantages``) and the update aggregates that part the same way.
 
 In the reward the penalty acts through the policy-gradient term, ``E[penalty * grad log pi]``.
 With ``penalty = sum_t k1_t = log pi(y) - log ref(y)`` that is exactly ``grad KL_seq``

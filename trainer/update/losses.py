@@ -4,6 +4,11 @@ Shapes: B sequences (completions) by T completion positions; ``mask`` [B, T] is 
 completion tokens and 0 on padding or on tokens removed from the loss (bool or 0/1 float, e.g.
 the token mask times the per-sequence truncation mask from :mod:`trainer.update.shaping`).
 
+The KL terms (the loss-side KL and the reward-side penalty's part of the advantages) are
+aggregated apart from the policy's task term, with the constant normaliser of
+:func:`kl_aggregate`, so that their expected gradient is exactly the estimator's under every
+aggregation.
+
 Adding an aggregation: one function here, an entry in :data:`LOSS_AGGREGATIONS`, and its name in
 ``trainer.spec.LossAggregation`` (the spec declares the names; a test checks they match).
 """
@@ -38,6 +43,11 @@ class SurrogateResult(NamedTuple):
     the clip fractions, so that a dropped token never goes unreported."""
     dual_clipped: Tensor
     """Bool: the dual-clip cap binds (``A < 0`` and ``ratio > clip_ratio_c``; no gradient)."""
+    factor: Tensor
+    """The ratio term each token's loss selected, with its gradient: ``per_token_loss = -A *
+    factor`` (the ratio where the unclipped term is taken, the clip bound or the dual-clip
+    cap, constants, where a bound binds). :func:`surrogate_part` prices a part of ``A`` with
+    it, under the clip decisions the whole ``A`` made."""
 
 
 def clipped_surrogate(
@@ -89,11 +99,17 @@ def clipped_surrogate(
     unclipped = ratio * adv
     clipped = ratio.clamp(low, high) * adv
     per_token_loss = -torch.minimum(unclipped, clipped)
+    # -min(r A, c A) = -A min(r, c) for A > 0 and -A max(r, c) for A < 0: the factor taken.
+    clipped_ratio = ratio.clamp(low, high)
+    factor = torch.where(
+        adv > 0, torch.minimum(ratio, clipped_ratio), torch.maximum(ratio, clipped_ratio)
+    )
     dual_clipped = torch.zeros_like(ratio, dtype=torch.bool)
     if clip_ratio_c is not None:
         cap = -clip_ratio_c * adv  # positive where A < 0
         dual_clipped = ((adv < 0) & (per_token_loss > cap)).detach()
         per_token_loss = torch.where(dual_clipped, cap.expand_as(per_token_loss), per_token_loss)
+        factor = torch.where(dual_clipped, torch.full_like(factor, clip_ratio_c), factor)
     with torch.no_grad():
         # The clipped term is selected (and the gradient vanishes) exactly in these cases.
         clipped_low = (ratio < low) & (adv < 0)
@@ -105,8 +121,22 @@ def clipped_surrogate(
             | ((raw_log_ratio < -max_log_ratio) & (adv > 0))
         ) & ~dual_clipped
     return SurrogateResult(
-        per_token_loss, clipped_low, clipped_high, ratio.detach(), clamped, dual_clipped
+        per_token_loss, clipped_low, clipped_high, ratio.detach(), clamped, dual_clipped, factor
     )
+
+
+def surrogate_part(surrogate: SurrogateResult, advantages: Tensor) -> Tensor:
+    """The per-token loss [B, T] of a part of the advantages (``advantages`` [B] or [B, T])
+    under the clip decisions :func:`clipped_surrogate` made for the whole: ``-A_part * factor``.
+
+    The parts of a split advantage (the task's and the reward-side KL penalty's) sum to
+    ``per_token_loss`` and can each be aggregated with a normaliser of its own
+    (:func:`kl_aggregate` for the KL part), while the trust region stays the whole update's.
+    """
+    adv = advantages.detach().to(surrogate.factor.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1)
+    return -adv * surrogate.factor
 
 
 def _masked(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -253,6 +283,32 @@ def aggregate(
         max_completion_len=max_completion_len,
         total_tokens=total_tokens,
         total_sequences=total_sequences,
+    )
+
+
+def kl_aggregate(values: Tensor, mask: Tensor, *, max_completion_len: int, rows: float) -> Tensor:
+    """The KL part of the loss: ``sum_i sum_t x_it / (rows * max_completion_len)`` over the
+    sampled tokens ``mask`` [B, T] of ``values`` [B, T] -> scalar, WHATEVER aggregation the
+    policy's task part uses.
+
+    Why a constant normaliser: the estimators' stated gradients (``trainer.update.kl``, and the
+    reward-side penalty's ``beta * grad KL_seq``) hold for ``E[sum_t grad x_t]`` per sampled
+    completion. A weight per token that depends on the samples (``1 / tokens of the batch``
+    for ``token_mean``, ``1 / |o_i|`` for ``seq_mean_token_mean``) multiplies each completion's
+    term by a random factor correlated with it, and the expectation is no longer a multiple of
+    that gradient (4-24% off on a 2-token enumeration). Dividing by ``rows`` (the step's
+    nominal rows, not the rows that happened to be kept) times ``max_completion_len`` keeps it
+    exactly ``grad / max_completion_len`` per completion (tests/trainer/update/test_kl_exact.py).
+    Micro-batches pass the same ``rows``, so their results sum to the whole batch's.
+    """
+    if rows <= 0:
+        raise ValueError(f"rows must be positive, got {rows}")
+    return aggregate(
+        values,
+        mask,
+        "seq_mean_token_sum_norm",
+        max_completion_len=max_completion_len,
+        total_sequences=rows,
     )
 
 

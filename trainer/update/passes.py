@@ -123,6 +123,9 @@ class UpdateInputs:
     step: int
     seed: int
     collect_pre_update: bool = False
+    # [B] the reward-side KL penalty's part of ``advantages`` (None: no KL in the reward);
+    # aggregated apart from the task's part (see _micro_losses).
+    kl_advantages: Tensor | None = None
     # The job's ranks: the batch is this rank's share, and the token counts, losses and clip
     # counts are summed over the ranks (FSDP sums the gradients).
     world: World = field(default_factory=World)
@@ -151,10 +154,10 @@ def _micro_step(
 ) -> _MicroResult:
     """Forward and backward of one micro-batch; gradients accumulate into the model.
 
-    ``totals`` are the GLOBAL (tokens, sequences) counts of the minibatch, so that the
-    micro-batch losses sum to the loss of the whole minibatch.
+    ``totals`` are the GLOBAL (tokens, sequences) counts of the minibatch's task rows, so that
+    the micro-batch losses sum to the loss of the whole minibatch.
     """
-    batch, old_logprobs, ref_logprobs = inputs.batch, inputs.old_logprobs, inputs.ref_logprobs
+    batch, old_logprobs = inputs.batch, inputs.old_logprobs
     device = batch.mask.device
     ids, att, p_width, t_width = micro_inputs(batch, rows, inputs.pad_id, device)
     # Autocast covers the forward pass only; backward runs each op in its forward's dtype.
@@ -162,54 +165,24 @@ def _micro_step(
         lp, ent = completion_logprobs(
             inputs.model, ids, att, p_width, temperature=spec.temperature, with_entropy=with_entropy
         )
-    lp = lp.float()
+    lp = lp if lp.dtype == torch.float64 else lp.float()  # float64 stays (exact tests)
     index = torch.tensor(rows, device=device)
-    loss_mask = batch.loss_mask[index, :t_width]
-    old = lp.detach() if old_logprobs is None else old_logprobs[index, :t_width]
-    adv = inputs.advantages[index]
+    old = lp.detach() if old_logprobs is None else old_logprobs[index, :t_width].to(lp.dtype)
     surrogate = losses.clipped_surrogate(
-        lp, old, adv, spec.eps_low, spec.eps_high, clip_ratio_c=spec.clip_ratio_c
+        lp,
+        old,
+        inputs.advantages[index],
+        spec.eps_low,
+        spec.eps_high,
+        clip_ratio_c=spec.clip_ratio_c,
     )
-
-    per_token_policy = surrogate.per_token_loss
-    correction = spec.sampler_correction
-    if batch.engine_logprobs is not None and correction.mode != "none":
-        # The engine sampled, the trainer scores: weight by pi_old / pi_sampler (capped).
-        weights = correction_weights(
-            old, batch.engine_logprobs[index, :t_width], loss_mask, correction.mode, correction.cap
-        ).weights
-        per_token_policy = per_token_policy * weights
-
-    def agg(values: Tensor) -> Tensor:
-        return losses.aggregate(
-            values,
-            loss_mask,
-            spec.loss_aggregation,
-            max_completion_len=spec.max_new_tokens,
-            total_tokens=totals[0],
-            total_sequences=totals[1],
-        )
-
-    policy = agg(per_token_policy)
-    loss = policy
-    kl_value = 0.0
-    kl_spec = spec.kl
-    if kl_spec.in_loss and ref_logprobs is not None:
-        per_token = kl_math.per_token_kl(
-            kl_spec.estimator,
-            lp,
-            ref_logprobs[index, :t_width],
-            None if old_logprobs is None else old,
-            mask=loss_mask,
-        )
-        kl_term = kl_spec.beta * agg(per_token)
-        loss = loss + kl_term
-        kl_value = float(kl_term.detach())
+    parts = _micro_losses(inputs, index, t_width, lp, old, surrogate, spec=spec, totals=totals)
+    loss = parts.policy if parts.kl is None else parts.policy + parts.kl
     (loss * backward_scale(inputs.model, inputs.world.size)).backward()
-    valid = loss_mask > 0
+    valid = batch.loss_mask[index, :t_width] > 0
     return _MicroResult(
-        policy=float(policy.detach()),
-        kl=kl_value,
+        policy=float(parts.policy.detach()),
+        kl=0.0 if parts.kl is None else float(parts.kl.detach()),
         clipped_low=float((surrogate.clipped_low & valid).sum()),
         clipped_high=float((surrogate.clipped_high & valid).sum()),
         clipped_dual=float((surrogate.dual_clipped & valid).sum()),
@@ -218,6 +191,76 @@ def _micro_step(
         logprobs=lp.detach(),
         entropy=None if ent is None else ent.float(),
     )
+
+
+@dataclass
+class _Losses:
+    policy: Tensor  # scalar: the task's part (the job's aggregation) + the reward KL's part
+    kl: Tensor | None  # scalar: beta * the loss-side KL (None: not in the loss)
+
+
+def _micro_losses(
+    inputs: UpdateInputs,
+    index: Tensor,
+    t_width: int,
+    lp: Tensor,
+    old: Tensor,
+    surrogate: losses.SurrogateResult,
+    *,
+    spec: GRPOSpec,
+    totals: tuple[float, float],
+) -> _Losses:
+    """A micro-batch's loss terms from its logprobs ``lp`` [b, t] and surrogate.
+
+    The task's part is aggregated as the job says (``loss_aggregation``, over the task rows'
+    ``loss_mask``). The KL parts (the reward-side penalty's share of the advantages, priced
+    under the whole advantage's clip decisions, and the loss-side KL) are aggregated over every
+    sampled token with the constant normaliser of ``losses.kl_aggregate``: any other weight
+    per token depends on the samples and biases their expected gradient."""
+    batch = inputs.batch
+    loss_mask = batch.loss_mask[index, :t_width]
+    kl_mask = batch.mask[index, :t_width]
+    weights = None
+    correction = spec.sampler_correction
+    if batch.engine_logprobs is not None and correction.mode != "none":
+        # The engine sampled, the trainer scores: weight by pi_old / pi_sampler (capped). Over
+        # the sampled tokens: the task's mask differs only on rows it leaves out whole.
+        engine = batch.engine_logprobs[index, :t_width].to(lp.dtype)
+        weights = correction_weights(old, engine, kl_mask, correction.mode, correction.cap).weights
+
+    def weighted(values: Tensor) -> Tensor:
+        return values if weights is None else values * weights
+
+    def kl_agg(values: Tensor) -> Tensor:
+        return losses.kl_aggregate(
+            values, kl_mask, max_completion_len=spec.max_new_tokens, rows=spec.kl_normaliser_rows
+        )
+
+    task_part = surrogate.per_token_loss
+    kl_adv = inputs.kl_advantages
+    if kl_adv is not None:
+        task_part = losses.surrogate_part(surrogate, inputs.advantages[index] - kl_adv[index])
+    policy = losses.aggregate(
+        weighted(task_part),
+        loss_mask,
+        spec.loss_aggregation,
+        max_completion_len=spec.max_new_tokens,
+        total_tokens=totals[0],
+        total_sequences=totals[1],
+    )
+    if kl_adv is not None:
+        policy = policy + kl_agg(weighted(losses.surrogate_part(surrogate, kl_adv[index])))
+    kl_term = None
+    if spec.kl.in_loss and inputs.ref_logprobs is not None:
+        per_token = kl_math.per_token_kl(
+            spec.kl.estimator,
+            lp,
+            inputs.ref_logprobs[index, :t_width].to(lp.dtype),
+            None if inputs.old_logprobs is None else old,
+            mask=kl_mask,
+        )
+        kl_term = spec.kl.beta * kl_agg(per_token)
+    return _Losses(policy=policy, kl=kl_term)
 
 
 class _Pre:

@@ -43,3 +43,24 @@ def truncation_loss_mask(truncated: Tensor, enabled: bool) -> Tensor:
     if not enabled:
         return torch.ones(truncated.shape, dtype=dtype, device=truncated.device)
     return (~truncated.bool()).to(dtype)
+
+
+def longest_turns(mask: Tensor) -> Tensor:
+    """The model's own tokens of each row's longest turn: [B, T] 0/1 mask -> [B] float.
+
+    A turn is a run of consecutive sampled tokens (mask 1); an agent episode's tool results and
+    environment messages (mask 0) separate its turns, and padding ends the row. A single-turn
+    completion's longest turn is its length. Overlong shaping reads this: ``max_new_tokens`` is
+    a budget per turn, so injected tokens must not count against it (counting them made a
+    2-turn episode of two short answers score the full penalty while a direct answer of the
+    same words scored 0).
+    """
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
+    ones = (mask != 0).to(torch.float64)
+    count = ones.cumsum(dim=1)
+    # At every 0 the run restarts: the count reached there is the offset of the next run.
+    offset = torch.where(ones == 0, count, torch.zeros_like(count)).cummax(dim=1).values
+    runs = count - offset
+    dtype = mask.dtype if mask.is_floating_point() else torch.get_default_dtype()
+    return runs.amax(dim=1).to(dtype) if mask.shape[1] else torch.zeros(mask.shape[0], dtype=dtype)

@@ -172,8 +172,14 @@ def forward_logprobs(
     """No-grad logprobs (and entropies) of every sampled token: ([B, T], [B, T] or None);
     the decoder runs in ``dtype`` (``trainer.models.precision``), the head in float32."""
     device = batch.mask.device
-    lp_all = torch.zeros(batch.size, batch.width, device=device)
-    ent_all = torch.zeros(batch.size, batch.width, device=device) if with_entropy else None
+    # float32 (the head's output under any training dtype); a float64 model's stay float64.
+    out_dtype = torch.float64 if _parameter_dtype(model) == torch.float64 else torch.float32
+    lp_all = torch.zeros(batch.size, batch.width, device=device, dtype=out_dtype)
+    ent_all = (
+        torch.zeros(batch.size, batch.width, device=device, dtype=out_dtype)
+        if with_entropy
+        else None
+    )
     was_training = model.training
     model.eval()
     try:
@@ -186,11 +192,17 @@ def forward_logprobs(
                     lp, ent = completion_logprobs(
                         model, ids, att, p_width, temperature=temperature, with_entropy=with_entropy
                     )
-                lp_all[rows, :t_width] = lp.float()
+                lp_all[rows, :t_width] = lp.to(out_dtype)
                 if ent_all is not None and ent is not None:
-                    ent_all[rows, :t_width] = ent.float()
+                    ent_all[rows, :t_width] = ent.to(out_dtype)
                 del lp, ent
                 release_free_memory()
     finally:
         model.train(was_training)
     return lp_all, ent_all
+
+
+def _parameter_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's first parameter (None: it has none)."""
+    first = next(iter(model.parameters()), None)
+    return None if first is None else first.dtype
