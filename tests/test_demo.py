@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -15,9 +17,19 @@ from tests.conftest import free_port
 pytestmark = [pytest.mark.process, pytest.mark.model]
 
 ROOT = Path(__file__).resolve().parents[1]
+# One answer line of the demo: `  before  MODEL: "ANSWER"  GRADER REWARD ...  (SECONDS s)`, the
+# answer a JSON string.
+ANSWER = re.compile(r'^  (before|after) +(\S+): ("(?:[^"\\]|\\.)*")  (.*)  \([\d.]+ s\)$', re.M)
 
 
-def test_demo_streams_live_metrics_and_succeeds(tmp_path: Path) -> None:
+class Answer(NamedTuple):
+    label: str
+    model: str
+    text: str
+    scores: dict[str, str]
+
+
+def test_demo_trains_streams_and_answers_before_and_after_training(tmp_path: Path) -> None:
     port = free_port()
     out = subprocess.run(
         [
@@ -43,9 +55,24 @@ def test_demo_streams_live_metrics_and_succeeds(tmp_path: Path) -> None:
     assert "(LoRA) on tiny-random-llama" in text
     checkpoint = re.search(r"final checkpoint \(PEFT adapters folder\): (\S+)", text)
     assert checkpoint and (Path(checkpoint.group(1)) / "adapter_config.json").is_file()
-    # The streamed answer, between the question and its timing (the server's access log lines,
-    # which share the demo's output, aside).
-    asked = re.search(r"asking (\S+): 'pick a digit'\n(.*?)\(answered [\d.]+ s after", text, re.S)
-    assert asked and asked.group(1) == finished.group(1), text[-3000:]
-    reply = [line for line in asked.group(2).splitlines() if not line.lstrip().startswith("INFO:")]
-    assert "".join(reply).strip(), text[-3000:]
+    # The same held-out prompt answered by the base model, then by the model the job trained,
+    # each answer a JSON string scored by the job's grader.
+    prompt = re.search(
+        r"^the same prompt before and after training \(held out of training\): (.+)$", text, re.M
+    )
+    assert prompt and json.loads(prompt.group(1)) == "lucky number?", text[-3000:]
+    answers = [
+        Answer(label, model, json.loads(quoted), dict(re.findall(r"(\S+) ([\d.]+)", scores)))
+        for label, model, quoted, scores in ANSWER.findall(text)
+    ]
+    assert [(a.label, a.model) for a in answers] == [
+        ("before", "tiny-random-llama"),
+        ("after", finished.group(1)),
+    ], text[-3000:]
+    for found in answers:
+        assert found.text.strip(), found
+        assert list(found.scores) == ["has_seven"] and 0 <= float(found.scores["has_seven"]) <= 1
+    # What the job changed: the trained model's answer scores higher than the base model's (the
+    # base model's greedy answer to this prompt has no 7; the job's held-out accuracy reaches 1).
+    before, after = answers
+    assert float(after.scores["has_seven"]) > float(before.scores["has_seven"]), answers

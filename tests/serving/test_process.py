@@ -5,15 +5,20 @@ reloaded, a disconnect, a full checkpoint's engine and the memory budget, then S
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import wait_until
+from tests.processes import descendants
 from tests.serving.conftest import TINY, InferenceProcess, answers, complete
 
 pytestmark = [pytest.mark.process, pytest.mark.model]
@@ -93,8 +98,8 @@ def test_an_evicted_adapter_is_loaded_again_on_its_next_ensure(inference: Infere
     assert inference.engines()[TINY]["adapters"] == [LORA_NAMES[2], LORA_NAMES[0]]
 
 
-def _counter(base_url: str, name: str, label: str = "") -> float:
-    """The sum of a vLLM counter's series (those whose labels hold ``label``)."""
+def _metric(base_url: str, name: str, label: str = "") -> float:
+    """The sum of a vLLM metric's series (those whose labels hold ``label``)."""
     page = httpx.get(f"{base_url}/metrics", timeout=10).text
     pattern = rf"^{re.escape(name)}\{{([^}}]*)\}} (\S+)$"
     return sum(
@@ -102,19 +107,58 @@ def _counter(base_url: str, name: str, label: str = "") -> float:
     )
 
 
-def _abandon_midway(base_url: str, body: dict[str, object]) -> bool:
-    """Open a streamed request, read a few chunks, and close the connection while the engine
-    has not finished it. False when it had finished by then (under heavy load the engine can
-    generate a whole request while the starved API server holds back its chunks)."""
-    finished_before = _counter(base_url, "vllm:request_success_total")
+def _model_runner(inference_pid: int) -> int:
+    """The pid of the one vLLM model-runner process (``VLLM::Worker``) below the inference
+    process: the process that computes every step, its engine-core process only schedules."""
+    runners = []
+    for pid in descendants(inference_pid):
+        with contextlib.suppress(OSError):  # it ended while we looked
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"VLLM::Worker"):
+                runners.append(pid)
+    assert len(runners) == 1, runners
+    return runners[0]
+
+
+class _Held:
+    """A vLLM model runner stopped (SIGSTOP) but for the short pulses the test gives it, so the
+    engine generates only a token or so at a time. Unheld, the tiny model's engine generates a
+    1000-token request in about a second while its OpenMP threads, pinned to their cores,
+    starve everything there, its own API server included: on a quiet machine the whole request
+    was done before the client read its first chunk. Held, the client surely leaves first. This
+    process (and the threads it starts) keeps off the runner's cores meanwhile, so the runner's
+    spinning threads cannot stretch a pulse."""
+
+    PULSE_S = 0.0005
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.affinity = os.sched_getaffinity(0)
+
+    def __enter__(self) -> _Held:
+        elsewhere = self.affinity - os.sched_getaffinity(self.pid)
+        if elsewhere:
+            os.sched_setaffinity(0, elsewhere)
+        os.kill(self.pid, signal.SIGSTOP)
+        return self
+
+    def pulse(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+        time.sleep(self.PULSE_S)
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def __exit__(self, *_: object) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+        os.sched_setaffinity(0, self.affinity)
+
+
+def _read_then_leave(url: str, body: dict[str, object], chunks: list[dict[str, object]]) -> None:
+    """A client of a streamed request that reads three chunks into ``chunks`` and leaves."""
     with (
         httpx.Client(timeout=60) as client,
-        client.stream("POST", f"{base_url}/v1/completions", json=body) as stream,
+        client.stream("POST", url, json=body) as stream,
     ):
-        chunks = (line for line in stream.iter_lines() if line.startswith("data: "))
-        for _ in range(3):
-            assert json.loads(next(chunks)[len("data: ") :])["choices"]
-        return _counter(base_url, "vllm:request_success_total") == finished_before
+        lines = (line for line in stream.iter_lines() if line.startswith("data: "))
+        chunks.extend(json.loads(next(lines)[len("data: ") :]) for _ in range(3))
 
 
 def test_a_client_disconnect_drops_the_running_requests_to_zero(
@@ -123,7 +167,7 @@ def test_a_client_disconnect_drops_the_running_requests_to_zero(
     """A streamed request the client abandons stops in the engine (the gateway relies on it):
     it leaves the running requests, and it never generates its whole length."""
     base_url = seen["base_url"]
-    max_tokens = 1000
+    max_tokens = 1000  # the tiny model's context is 1024
     body = {
         "model": TINY,
         "prompt": "1+1=",
@@ -132,25 +176,44 @@ def test_a_client_disconnect_drops_the_running_requests_to_zero(
         "temperature": 1.0,
         "stream": True,
     }
-    for _attempt in range(5):  # a request that finished before the disconnect shows nothing
-        generated_before = _counter(base_url, "vllm:generation_tokens_total")
-        full_length_before = _counter(base_url, "vllm:request_success_total", 'reason="length"')
-        if _abandon_midway(base_url, body):
-            break
-    else:  # seen once in CI under load: the engine outran its own API server every time
-        pytest.skip("five streamed requests finished before the client read three chunks")
+    generated_before = _metric(base_url, "vllm:generation_tokens_total")
+    finished_before = _metric(base_url, "vllm:request_success_total")
+    full_length_before = _metric(base_url, "vllm:request_success_total", 'reason="length"')
+    chunks: list[dict[str, object]] = []
+    client = threading.Thread(
+        target=_read_then_leave, args=(f"{base_url}/v1/completions", body, chunks)
+    )
+    with _Held(_model_runner(inference.proc.pid)) as engine:
+
+        def client_left() -> bool:
+            engine.pulse()
+            client.join(0.02)
+            return not client.is_alive()
+
+        client.start()
+        wait_until(client_left, 120, "the client to read three chunks and leave", interval=0)
+        assert len(chunks) == 3 and all(chunk["choices"] for chunk in chunks), chunks
+        assert _metric(base_url, "vllm:request_success_total") == finished_before, (
+            "the request ended before the client left"
+        )
+
+        def dropped() -> bool:  # the engine needs to run to see the abort
+            engine.pulse()
+            return _metric(base_url, "vllm:num_requests_running") == 0
+
+        wait_until(dropped, 120, "the engine to drop the abandoned request", interval=0)
     # The engine settles: nothing running, and its generated-token count no longer moving (an
     # engine that ignored the disconnect keeps generating until the whole length is done).
-    generated = [_counter(base_url, "vllm:generation_tokens_total")]
+    generated = [_metric(base_url, "vllm:generation_tokens_total")]
 
     def settled() -> bool:
-        generated.append(_counter(base_url, "vllm:generation_tokens_total"))
+        generated.append(_metric(base_url, "vllm:generation_tokens_total"))
         idle = inference.engines()[TINY]["running_requests"] == 0
         return idle and generated[-1] == generated[-2]
 
     wait_until(settled, 60, "the engine to stop generating after the disconnect", interval=1.0)
     assert generated[-1] - generated_before < max_tokens
-    assert _counter(base_url, "vllm:request_success_total", 'reason="length"') == full_length_before
+    assert _metric(base_url, "vllm:request_success_total", 'reason="length"') == full_length_before
 
 
 def test_a_full_checkpoint_engine_starts_and_the_budget_evicts_the_idle_engine(
