@@ -1,4 +1,5 @@
-"""`grpo chat MODEL [PROMPT]`: talk to a model the project may use (a base model, a fine-tuned
+"""`grpo chat MODEL [PROMPT]`: talk to a model the project may use (a packaged base model, one
+the inference tier serves by name (GRPO_INFERENCE_BASES: a Hub id, a model folder), a fine-tuned
 ``ft:`` name, a checkpoint ``ft:...:ckpt-step-N``, or ``job_...[@N]``) through the API's
 OpenAI-compatible ``/v1/chat/completions``, the reply streamed to the terminal as it is
 generated.

@@ -8,6 +8,7 @@ planted in a job's folder cannot make this process read, or serve, weights from 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -57,3 +58,30 @@ def checkpoint_folder(store: Path, ref: WeightsRef, *, marker: str) -> Path:
 def weight_bytes(folder: Path) -> int:
     """The bytes of the safetensors weights in a model folder (what an engine loads)."""
     return sum(p.stat().st_size for p in folder.glob("*.safetensors") if p.is_file())
+
+
+def adapter_rank(folder: Path) -> int | None:
+    """The largest LoRA rank of the peft adapters in ``folder`` (``r``, or a larger one of its
+    ``rank_pattern``), None when its adapter_config.json does not say."""
+    try:
+        config = json.loads((folder / ADAPTER_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    pattern = config.get("rank_pattern")
+    ranks = [config.get("r"), *(pattern.values() if isinstance(pattern, dict) else ())]
+    numbers = [r for r in ranks if isinstance(r, int) and not isinstance(r, bool)]
+    return max(numbers) if numbers else None
+
+
+def rank_refusal(folder: Path, max_rank: int) -> str | None:
+    """Why no engine of this tier can ever load the adapters in ``folder`` (vLLM refuses a rank
+    past ``--max-lora-rank``), or None."""
+    rank = adapter_rank(folder)
+    if rank is None or rank <= max_rank:
+        return None
+    return (
+        f"its LoRA rank is {rank}, larger than the {max_rank} the inference tier serves "
+        "(GRPO_INFERENCE_MAX_LORA_RANK)"
+    )

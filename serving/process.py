@@ -20,7 +20,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from app.core.settings import Settings
-from app.inference.protocol import HEARTBEAT_S, Busy, EnsureRequest
+from app.inference.engine_identity import EngineEnsureRequest
+from app.inference.protocol import HEARTBEAT_S, Busy
 from serving.control import create_control_app
 from serving.devices import sharing_refusal
 from serving.pool import EnginePool, EnsureError
@@ -39,7 +40,7 @@ async def _heartbeat(pool: EnginePool, registration: Registration) -> None:
 async def preload_base(pool: EnginePool, base: str, poll_s: float = 1.0) -> None:
     """Ensure ``base`` every ``poll_s`` until its engine is up (the first ensures may only
     resolve the model; one that finds the budget held waits like a request would)."""
-    request = EnsureRequest(base_model=base)
+    request = EngineEnsureRequest(base_model=base)
     try:
         while isinstance(answer := await pool.ensure(request), Busy):
             await asyncio.sleep(poll_s)

@@ -3,33 +3,48 @@ names built once into the model cache, Hub ids in the host's Hugging Face cache,
 the operator's model roots), run in a short-lived subprocess: the resolution imports torch and
 transformers (and may build a packaged model), and the control process stays without them.
 
-``python -m serving.resolve '{"model": ..., "roots": [...], "forbidden": [...]}'`` prints
-``{"folder": ...}`` or ``{"error": ...}``."""
+``python -m serving.resolve '{"model": ..., "revision": ..., "roots": [...], "forbidden":
+[...]}'`` prints ``{"folder": ...}`` or ``{"error": ...}``. A Hub id resolves at ``revision``
+(a job's ``model_revision``; None: main), as the worker resolved it for training."""
 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from app.core.settings import Settings
 from trainer.spec import is_hub_repo_id
+
+log = logging.getLogger(__name__)
+
+
+class BaseAt(NamedTuple):
+    """A base model at a Hub revision (None: the default, main)."""
+
+    model: str
+    revision: str | None
 
 
 class BaseModelUnavailable(Exception):
     """The base model cannot be served here; the message names no server path."""
 
 
-def resolve_base(model: str, settings: Settings, *, timeout_s: float) -> Path:
-    """The folder of base model ``model`` under the service's rules (the worker's: model roots,
-    Hub allow-list, never the data folder or the checkpoint store)."""
+def resolve_base(
+    model: str, settings: Settings, *, revision: str | None = None, timeout_s: float
+) -> Path:
+    """The folder of base model ``model`` (at Hub ``revision``) under the service's rules (the
+    worker's: model roots, Hub allow-list, never the data folder or the checkpoint store)."""
     if is_hub_repo_id(model):
         refusal = settings.hub_model_refusal(model)
         if refusal is not None:
             raise BaseModelUnavailable(refusal)
     request = {
         "model": model,
+        "revision": revision,
         "roots": settings.model_root_list,
         "forbidden": [str(settings.data_dir), str(settings.resolved_checkpoint_dir)],
     }
@@ -50,8 +65,12 @@ def resolve_base(model: str, settings: Settings, *, timeout_s: float) -> Path:
         answer = {}
     if "folder" in answer:
         return Path(answer["folder"])
-    why = answer.get("error") or f"the resolver exited with {out.returncode}: {out.stderr[-500:]}"
-    raise BaseModelUnavailable(f"base model {model}: {why}")
+    why = answer.get("error")
+    if not why:  # a crash: its output (which may name server paths) goes to this log only
+        log.error("inference: resolving %s failed: %s", model, out.stderr[-2000:])
+        why = f"the resolver failed (exit {out.returncode}); the inference log says why"
+    at = f" (revision {revision})" if revision else ""
+    raise BaseModelUnavailable(f"base model {model}{at}: {why}")
 
 
 def main(argv: list[str]) -> int:
@@ -62,6 +81,7 @@ def main(argv: list[str]) -> int:
     try:
         folder = resolve_model(
             request["model"],
+            revision=request.get("revision"),
             allowed_roots=[Path(root) for root in request["roots"]],
             forbidden=[Path(folder) for folder in request["forbidden"]],
         )

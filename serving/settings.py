@@ -88,9 +88,10 @@ class InferenceSettings(BaseSettings):
     )
     dtype: str | None = Field(
         default=None,
-        description="vLLM --dtype of every engine. Default: float32 on CPU (vLLM's auto casts "
-        "float32 weights to bfloat16, which is slow on CPUs without avx512_bf16 and answers "
-        "differently from the checkpoint loaded in transformers), else auto.",
+        description="vLLM --dtype of every engine, whatever the job. Default: each engine runs "
+        "in the dtype its job's rollouts ran in (rollout.dtype; a bare base model in the "
+        "trainer's default, float32), so the served model answers as the trained one did. "
+        "vLLM's auto would cast float32 weights to bfloat16 on a GPU.",
     )
     engine_memory_share: float = Field(
         default=0.1,
@@ -155,11 +156,10 @@ class InferenceSettings(BaseSettings):
     def training_devices(self) -> DeviceSet:
         return parse_devices(self.worker_devices)
 
-    @property
-    def resolved_dtype(self) -> str:
-        if self.dtype:
-            return self.dtype
-        return "float32" if self.engine_devices.kind == "cpu" else "auto"
+    def engine_dtype(self, job_dtype: str) -> str:
+        """The --dtype of an engine for weights whose job rolled out in ``job_dtype``: the
+        operator's ``dtype`` when set, else the job's."""
+        return self.dtype or job_dtype
 
     @property
     def advertised_host(self) -> str:

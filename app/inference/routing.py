@@ -1,10 +1,13 @@
 """Which inference process serves a request, and making its weights ready there.
 
 1. `plan`: the model name resolves for the project (app.inference.service.resolve_model, 404
-   `model_not_found` otherwise) into the :class:`~app.inference.protocol.EnsureRequest` an
-   inference process needs: the base model alone; a full fine-tune's checkpoint (`full`); or
-   LoRA adapters (`adapter`) over the base model, or over the full checkpoint the LoRA job
-   started from (`base_weights`, looked up in the project's kept checkpoints);
+   `model_not_found` otherwise) into the
+   :class:`~app.inference.protocol.EnsureRequest` an inference process needs: the base model
+   alone; a full fine-tune's checkpoint (`full`); or LoRA adapters (`adapter`) over the base
+   model, or over the full checkpoint the LoRA job started from (`base_weights`, looked up in
+   the project's kept checkpoints); and the
+   :class:`~app.inference.engine_identity.EngineOptions` the engine runs them with: the base
+   model at the job's `model_revision`, in the job's rollout dtype;
 2. the fresh registered processes serving that base (`bases` holding it, or "*") are ordered:
    first those whose state shows the weights warm (the adapter loaded, the full checkpoint's
    engine up; then, for an adapter, its engine up), then the least loaded (running requests);
@@ -12,7 +15,10 @@
 3. `ensure_ready` asks them in that order, `POST {control_url}/engines/ensure`: the first
    answer wins; a 503 Busy is passed to the client (503 with the process's Retry-After, which
    the openai SDK honours) unless the process is draining; a process that cannot be reached or
-   fails is skipped; when none is left, 503 `inference_unavailable`.
+   fails is skipped; when none is left, 422 `model_not_servable` (400 on these OpenAI paths)
+   with the reason if one said it can never serve the weights (a LoRA rank past its
+   GRPO_INFERENCE_MAX_LORA_RANK, an engine larger than its memory budget), else 503
+   `inference_unavailable`. No message names an inference host or process.
 
 A process's state names a checkpoint as it likes; the gateway takes an engine key or adapter
 name that holds both the job id and the checkpoint folder as naming that checkpoint (job ids are
@@ -29,10 +35,12 @@ import httpx
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.core.errors import InferenceUnavailable, ModelNotFound
+from app.core.errors import InferenceUnavailable, InvalidRequest, ModelNotFound
 from app.core.models import InferenceServer
 from app.inference import servers_repository as servers_repo
 from app.inference import service as models
+from app.inference.chat_as_trained import TrainedPrompt
+from app.inference.engine_identity import EngineOptions, engine_key
 from app.inference.protocol import (
     ANY_BASE,
     ENSURE_PATH,
@@ -54,6 +62,13 @@ ENGINE_WARM = 1  # an adapter's engine is up (loading the adapter takes a moment
 COLD = 0
 
 
+class ModelNotServable(InvalidRequest):
+    """The inference processes serving the model's base say they can never serve these
+    weights: a final refusal with their reason, not a 503 a retry would repeat forever."""
+
+    code = "model_not_servable"
+
+
 @dataclass(frozen=True)
 class Candidate:
     server_id: str
@@ -66,7 +81,17 @@ class Candidate:
 class Plan:
     model: str  # the name the client gave, shown back in every answer
     ensure: EnsureRequest
+    options: EngineOptions
     candidates: list[Candidate]
+    # A fine-tuned model's prompt settings, which a chat request is written with
+    # (app.inference.chat_as_trained); None for a base model.
+    prompt: TrainedPrompt | None = None
+
+
+def engine_options(model: models.ResolvedModel) -> EngineOptions:
+    """How the engine must run `model`'s weights: as the job's rollouts ran them (a bare base
+    model as a job's first rollouts would)."""
+    return EngineOptions(revision=model.revision, dtype=model.dtype)
 
 
 def ensure_request(
@@ -111,18 +136,25 @@ def _state(server: InferenceServer) -> ServerState | None:
         return None
 
 
-def _engine_holds(engine: EngineState, ensure: EnsureRequest) -> bool:
+def _engine_holds(engine: EngineState, ensure: EnsureRequest, options: EngineOptions) -> bool:
     """Whether `engine` is the one the request's weights run in (adapters aside)."""
     under = ensure.full or ensure.base_weights
-    return _names(engine.key, under) if under is not None else engine.key == ensure.base_model
+    if under is not None:
+        return _names(engine.key, under)
+    base = engine_key(ensure.base_model, revision=options.revision, dtype=options.dtype)
+    return engine.key == base
 
 
-def warmth(state: ServerState | None, ensure: EnsureRequest) -> int:
+def warmth(
+    state: ServerState | None, ensure: EnsureRequest, options: EngineOptions | None = None
+) -> int:
     if state is None:
         return COLD
     best = COLD
     for engine in state.engines:
-        if engine.status != "ready" or not _engine_holds(engine, ensure):
+        if engine.status != "ready" or not _engine_holds(
+            engine, ensure, options or EngineOptions()
+        ):
             continue
         if ensure.adapter is None:
             return WEIGHTS_WARM
@@ -132,7 +164,11 @@ def warmth(state: ServerState | None, ensure: EnsureRequest) -> int:
     return best
 
 
-def choose(servers: Sequence[InferenceServer], ensure: EnsureRequest) -> list[Candidate]:
+def choose(
+    servers: Sequence[InferenceServer],
+    ensure: EnsureRequest,
+    options: EngineOptions | None = None,
+) -> list[Candidate]:
     """The servers serving `ensure`'s base, in the order to ask them: warmest, then least
     loaded, then the registry's order (oldest start first)."""
     found = []
@@ -142,7 +178,7 @@ def choose(servers: Sequence[InferenceServer], ensure: EnsureRequest) -> list[Ca
             continue
         state = _state(server)
         load = sum(e.running_requests for e in state.engines) if state else 0
-        found.append(Candidate(server.id, server.control_url, warmth(state, ensure), load))
+        found.append(Candidate(server.id, server.control_url, warmth(state, ensure, options), load))
     indexed = sorted(enumerate(found), key=lambda p: (-p[1].warmth, p[1].load, p[0]))
     return [candidate for _, candidate in indexed]
 
@@ -152,7 +188,8 @@ def plan(session: Session, *, project_id: str, name: str, no_server_retry_after:
     `no_inference_server`)."""
     model = models.resolve_model(session, project_id=project_id, name=name)
     ensure = ensure_request(session, project_id=project_id, model=model)
-    candidates = choose(servers_repo.fresh_servers(session), ensure)
+    options = engine_options(model)
+    candidates = choose(servers_repo.fresh_servers(session), ensure, options)
     if not candidates:
         raise InferenceUnavailable(
             f"no inference process serves the base model {ensure.base_model[:200]!r} now "
@@ -160,7 +197,9 @@ def plan(session: Session, *, project_id: str, name: str, no_server_retry_after:
             retry_after=no_server_retry_after,
             code="no_inference_server",
         )
-    return Plan(model=name, ensure=ensure, candidates=candidates)
+    return Plan(
+        model=name, ensure=ensure, options=options, candidates=candidates, prompt=model.prompt
+    )
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
@@ -188,12 +227,26 @@ def _retry_after(response: httpx.Response, busy: Busy | None, default: int) -> i
     return max(1, busy.retry_after_s) if busy is not None else default
 
 
+def _refusal(response: httpx.Response) -> str | None:
+    """The reason of a process's 422 (weights it can never serve), or None for any other
+    answer."""
+    if response.status_code != 422:
+        return None
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail)[:500] if detail else "the inference tier cannot serve these weights"
+
+
 async def ensure_ready(
     client: httpx.AsyncClient, plan: Plan, *, token: str | None, timeout_s: float, retry_after: int
 ) -> EnsureResponse:
-    """Ask the candidates in order until one has the weights ready (see the module doc)."""
-    payload = plan.ensure.model_dump(mode="json")
+    """Ask the candidates in order until one has the weights ready (see the module doc). The
+    processes are named in this log only, never to the client."""
+    payload = {**plan.ensure.model_dump(mode="json"), **plan.options.model_dump(mode="json")}
     failures: list[str] = []
+    refusal: str | None = None
     for candidate in plan.candidates:
         url = candidate.control_url.rstrip("/") + ENSURE_PATH
         try:
@@ -202,13 +255,13 @@ async def ensure_ready(
             )
         except httpx.HTTPError as exc:
             log.warning("inference server %s unreachable: %r", candidate.server_id, exc)
-            failures.append(f"{candidate.server_id}: unreachable")
+            failures.append("unreachable")
             continue
         if response.status_code == 200:
             try:
                 return EnsureResponse.model_validate_json(response.content)
             except ValidationError:
-                failures.append(f"{candidate.server_id}: unreadable answer")
+                failures.append("an unreadable answer")
                 continue
         if response.status_code == 503:
             busy = _busy(response)
@@ -226,9 +279,14 @@ async def ensure_ready(
             response.status_code,
             response.text[:500],
         )
-        failures.append(f"{candidate.server_id}: {response.status_code}")
+        refusal = refusal or _refusal(response)
+        failures.append(str(response.status_code))
+    if refusal is not None:  # no process can, and one said it never will: final
+        raise ModelNotServable(
+            f"The model {plan.model[:200]!r} cannot be served: {refusal}", param="model"
+        )
     raise InferenceUnavailable(
-        f"no inference process could make the model ready ({'; '.join(failures)[:500]}); "
+        f"no inference process could make the model ready ({', '.join(failures)[:300]}); "
         "retry later",
         retry_after=retry_after,
         code="inference_unavailable",

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.core.clock import as_utc, utcnow
 from app.core.models import InferenceServer
-from app.inference.protocol import FRESH_S
+from app.inference.protocol import ANY_BASE, FRESH_S
 
 
 def register(
@@ -51,6 +51,13 @@ def fresh_servers(session: Session, *, fresh_s: float = FRESH_S) -> list[Inferen
     ).all()
     # SQLite hands back naive datetimes: compare in UTC (the filter above already did).
     return [r for r in rows if (as_utc(r.heartbeat_at) or since) >= since]
+
+
+def served_base_names(session: Session) -> list[str]:
+    """The base models the fresh servers name in their ``bases`` (GRPO_INFERENCE_BASES), sorted;
+    ``*`` (any model) names none."""
+    names = {str(b) for server in fresh_servers(session) for b in (server.bases or [])}
+    return sorted(names - {ANY_BASE})
 
 
 def remove_stale(session: Session, *, older_than_s: float) -> int:

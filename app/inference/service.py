@@ -1,7 +1,9 @@
 """The model catalogue and the resolution of a model name to what would serve it.
 
 Names (docs/openai-compat.md, "Models"):
-- a packaged base model (`trainer.spec.PACKAGED_MODELS`), owned by "system";
+- a packaged base model (`trainer.spec.PACKAGED_MODELS`), or a base model an inference process
+  serves by name (its GRPO_INFERENCE_BASES: a Hub id, a folder under GRPO_MODEL_ROOTS), owned
+  by "system";
 - `ft:<model>:<suffix>:<job id>` (app.fine_tuning.names): the job's final weights, its newest
   kept checkpoint; only once the job has succeeded;
 - `ft:<model>:<suffix>:<job id>:ckpt-step-<N>`: the kept checkpoint of step N, usable while the
@@ -14,10 +16,11 @@ else is one 404, `model_not_found` (param `model`): an unknown name, another pro
 deleted job, a job that has not succeeded (for its final weights), a checkpoint its retention
 pruned. The same answer whether or not the name exists elsewhere, so no name is an oracle.
 
-The catalogue lists the base models, then the project's jobs holding kept checkpoints, newest
-first, `limit` jobs a page (cursor `after`, a job id): each job's `ft:` name once it succeeded,
-then its newest `CHECKPOINTS_PER_JOB` checkpoints. Older checkpoints are not listed but still
-resolve (GET /v1/fine_tuning/jobs/{id}/checkpoints pages through all of them)."""
+The catalogue lists the base models (the packaged ones, then the served ones), then the
+project's jobs holding kept checkpoints, newest first, `limit` jobs a page (cursor `after`, a
+job id): each job's `ft:` name once it succeeded, then its newest `CHECKPOINTS_PER_JOB`
+checkpoints. Older checkpoints are not listed but still resolve (GET
+/v1/fine_tuning/jobs/{id}/checkpoints pages through all of them)."""
 
 from __future__ import annotations
 
@@ -40,6 +43,9 @@ from app.fine_tuning.names import (
     fine_tuned_model_name,
     read_fine_tuned_name,
 )
+from app.inference import servers_repository as servers_repo
+from app.inference.chat_as_trained import TrainedPrompt
+from app.inference.engine_identity import DEFAULT_DTYPE, EngineDtype
 from app.inference.schemas import ModelInfo, ModelKind, ModelOut
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import repository as jobs_repo
@@ -72,6 +78,12 @@ class ResolvedModel:
     # A LoRA job started from a full checkpoint (`init_from`): its adapters sit on those
     # weights, not on `base_model`'s.
     base_checkpoint: NamedWeights | None = None
+    # How the job's rollouts read the model, which its engine must repeat: the base model's
+    # Hub revision (the spec's model_revision) and the rollout dtype.
+    revision: str | None = None
+    dtype: EngineDtype = DEFAULT_DTYPE
+    # What the job's rollouts put around a conversation (app.inference.chat_as_trained).
+    prompt: TrainedPrompt | None = None
 
 
 def not_found(name: str) -> ModelNotFound:
@@ -86,10 +98,12 @@ def resolve_model(session: Session, *, project_id: str, name: str) -> ResolvedMo
     if name in PACKAGED_MODELS:
         return _base(session, project_id=project_id, name=name)
     named = read_fine_tuned_name(name) or _read_native_name(name)
-    if named is None:
-        raise not_found(name)
-    job = jobs_repo.get_for_project(session, project_id=project_id, job_id=named.job_id)
-    if job is None:
+    job = None
+    if named is not None:
+        job = jobs_repo.get_for_project(session, project_id=project_id, job_id=named.job_id)
+    if named is None or job is None:
+        if name in servers_repo.served_base_names(session):
+            return _base(session, project_id=project_id, name=name)
         raise not_found(name)
     if named.step is None:
         own = fine_tuned_model_name(job)
@@ -139,6 +153,7 @@ def _fine_tuned(job: Job, checkpoint: Checkpoint, *, name: str, final: bool) -> 
     spec = job.spec or {}
     lora = bool(spec.get("lora"))
     init_from = spec.get("init_from") or None
+    rollout = spec.get("rollout") or {}
     return ResolvedModel(
         name=name,
         kind="lora" if lora else "full",
@@ -152,6 +167,9 @@ def _fine_tuned(job: Job, checkpoint: Checkpoint, *, name: str, final: bool) -> 
         base_checkpoint=NamedWeights(str(init_from["job_id"]), int(init_from["step"]))
         if lora and init_from
         else None,
+        revision=spec.get("model_revision") or None,
+        dtype=rollout.get("dtype") or DEFAULT_DTYPE,
+        prompt=TrainedPrompt.of_spec(spec),
     )
 
 
@@ -163,14 +181,15 @@ class CataloguePage:
 
 
 def catalogue(session: Session, *, project_id: str, after: str | None, limit: int) -> CataloguePage:
-    """The base models (on the first page), then `limit` of the project's jobs holding kept
-    checkpoints, newest first: each one's `ft:` name once it succeeded, then its newest
+    """The base models (on the first page: the packaged ones, then those the inference
+    processes serve by name), then `limit` of the project's jobs holding kept checkpoints,
+    newest first: each one's `ft:` name once it succeeded, then its newest
     `CHECKPOINTS_PER_JOB` checkpoints, newest first."""
-    models = (
-        [_base(session, project_id=project_id, name=name) for name in PACKAGED_MODELS]
-        if after is None
-        else []
-    )
+    models = []
+    if after is None:
+        served = [b for b in servers_repo.served_base_names(session) if b not in PACKAGED_MODELS]
+        bases = [*PACKAGED_MODELS, *served]
+        models = [_base(session, project_id=project_id, name=name) for name in bases]
     jobs, has_more = jobs_repo.list_page(
         session,
         project_id=project_id,

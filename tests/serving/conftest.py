@@ -98,8 +98,18 @@ class InferenceProcess:
         return self.proc.returncode
 
 
-def start_inference(tmp: Path, database_url: str, store: Path, **settings: str) -> InferenceProcess:
-    """`grpo inference` on a free port; returns once /health answers."""
+def start_inference(
+    tmp: Path,
+    database_url: str,
+    store: Path,
+    *,
+    bases: str = TINY,
+    env_extra: dict[str, str] | None = None,
+    **settings: str,
+) -> InferenceProcess:
+    """`grpo inference` serving ``bases`` on a free port; returns once /health answers.
+    ``settings`` are its GRPO_INFERENCE_* settings, ``env_extra`` any other variables (the
+    service's GRPO_MODEL_ROOTS, a Hugging Face cache)."""
     port = free_port()
     server_id = f"test-{secrets.token_hex(4)}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_")}
@@ -118,10 +128,11 @@ def start_inference(tmp: Path, database_url: str, store: Path, **settings: str) 
         GRPO_INFERENCE_ENGINE_START_TIMEOUT_S=str(ENGINE_START_S),
     )
     env.update({f"GRPO_INFERENCE_{k.upper()}": v for k, v in settings.items()})  # overrides
+    env.update(env_extra or {})
     log_path = tmp / "inference.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "grpo_cli", "inference", "--port", str(port), "--bases", TINY],
+            [sys.executable, "-m", "grpo_cli", "inference", "--port", str(port), "--bases", bases],
             cwd=ROOT,
             env=env,
             stdout=log,

@@ -7,11 +7,11 @@ from typing import Any, cast
 
 from fastapi.testclient import TestClient
 
+from app.inference.engine_identity import EngineEnsureRequest
 from app.inference.protocol import (
     ENSURE_PATH,
     TOKEN_HEADER,
     Busy,
-    EnsureRequest,
     EnsureResponse,
     ServerState,
 )
@@ -24,9 +24,9 @@ class StandInPool:
     def __init__(self, answer: EnsureResponse | Busy | EnsureError, token: str | None) -> None:
         self.settings = build_inference_settings(token=token)
         self.answer = answer
-        self.asked: list[EnsureRequest] = []
+        self.asked: list[EngineEnsureRequest] = []
 
-    async def ensure(self, request: EnsureRequest) -> EnsureResponse | Busy:
+    async def ensure(self, request: EngineEnsureRequest) -> EnsureResponse | Busy:
         self.asked.append(request)
         if isinstance(self.answer, EnsureError):
             raise self.answer
@@ -51,7 +51,15 @@ def test_ready_weights_answer_200_with_the_server_and_name() -> None:
     client, pool = _client(ready)
     response = client.post(ENSURE_PATH, json=BASE)
     assert response.status_code == 200 and EnsureResponse(**response.json()) == ready
-    assert pool.asked == [EnsureRequest(**BASE)]
+    assert pool.asked == [EngineEnsureRequest(**BASE)]  # the trainer's default dtype, main
+
+
+def test_the_jobs_revision_and_rollout_dtype_reach_the_pool() -> None:
+    ready = EnsureResponse(base_url="http://127.0.0.1:9", served_model="m", warm=True)
+    client, pool = _client(ready)
+    body = {**BASE, "revision": "v2", "dtype": "bfloat16"}
+    assert client.post(ENSURE_PATH, json=body).status_code == 200
+    assert (pool.asked[0].revision, pool.asked[0].dtype) == ("v2", "bfloat16")
 
 
 def test_busy_is_a_503_with_retry_after() -> None:

@@ -1,10 +1,13 @@
 """The pool's decisions with stand-in engines (no processes): Busy while starting, eviction
 within the budget, Busy memory_budget when the engines in use hold it, a failed start told once,
-a dead engine started again, adapters evicted and reloaded."""
+a dead engine started again, adapters evicted and reloaded; each job's engine in its rollout
+dtype and at its base model's revision (the command line built as a CUDA host would run it),
+adapters past the tier's rank refused."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -12,13 +15,16 @@ from typing import Any, ClassVar, TypeVar
 import pytest
 
 from app.core.settings import build_settings
-from app.inference.protocol import Busy, EnsureRequest, EnsureResponse
+from app.inference.engine_identity import EngineEnsureRequest
+from app.inference.protocol import Busy, EnsureResponse
 from serving import pool as pool_module
-from serving.engine import EngineFailed, EngineSpec
+from serving.engine import EngineFailed, EngineSpec, server_command
 from serving.metrics import EngineLoad
 from serving.pool import EnginePool, EnsureError
 from serving.process import preload_base
+from serving.resolve import resolve_base
 from serving.settings import build_inference_settings
+from tests.hub_cache import add_snapshot
 
 T = TypeVar("T")
 WEIGHTS = 1000
@@ -70,7 +76,7 @@ def make_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
     base = tmp_path / "base"
     base.mkdir()
     (base / "model.safetensors").write_bytes(b"w" * WEIGHTS)
-    monkeypatch.setattr(pool_module, "resolve_base", lambda model, settings, timeout_s: base)
+    monkeypatch.setattr(pool_module, "resolve_base", lambda model, settings, **_: base)
     store = tmp_path / "data" / "checkpoints"
     for job in ("job_f1", "job_f2", "job_f3"):
         folder = store / job / "checkpoint-000001"
@@ -97,17 +103,23 @@ def make_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
     return make
 
 
-def full(job: str) -> EnsureRequest:
-    return EnsureRequest(base_model="tiny", full={"job_id": job, "folder": "checkpoint-000001"})
+def full(job: str) -> EngineEnsureRequest:
+    return EngineEnsureRequest(
+        base_model="tiny", full={"job_id": job, "folder": "checkpoint-000001"}
+    )
 
 
-def adapter(job: str) -> EnsureRequest:
-    return EnsureRequest(base_model="tiny", adapter={"job_id": job, "folder": "checkpoint-000001"})
+def adapter(job: str) -> EngineEnsureRequest:
+    return EngineEnsureRequest(
+        base_model="tiny", adapter={"job_id": job, "folder": "checkpoint-000001"}
+    )
 
 
-async def until_ready(pool: EnginePool, request: EnsureRequest) -> EnsureResponse:
+async def until_ready(
+    pool: EnginePool, request: EngineEnsureRequest, tries: int = 500
+) -> EnsureResponse:
     """Ensure until an answer other than Busy engine_starting (the start runs as a task)."""
-    for _ in range(500):  # the start's steps run in threads: poll, for at most ~5 s
+    for _ in range(tries):  # the start's steps run in threads: poll, 10 ms apart
         answer = await pool.ensure(request)
         if isinstance(answer, EnsureResponse):
             return answer
@@ -125,9 +137,9 @@ def test_a_base_is_busy_while_resolving_and_starting_then_ready(
 ) -> None:
     async def scenario() -> None:
         pool = make_pool()
-        first = await pool.ensure(EnsureRequest(base_model="tiny"))
+        first = await pool.ensure(EngineEnsureRequest(base_model="tiny"))
         assert isinstance(first, Busy) and first.reason == "engine_starting"
-        ready = await until_ready(pool, EnsureRequest(base_model="tiny"))
+        ready = await until_ready(pool, EngineEnsureRequest(base_model="tiny"))
         assert ready.served_model == "tiny" and ready.warm
         state = await pool.state()
         assert [e.key for e in state.engines] == ["tiny"] and state.memory_used_bytes == ENGINE
@@ -226,7 +238,7 @@ def test_an_adapter_of_a_job_started_from_a_checkpoint_loads_into_that_checkpoin
 ) -> None:
     async def scenario() -> None:
         pool = make_pool()
-        request = EnsureRequest(
+        request = EngineEnsureRequest(
             base_model="tiny",
             base_weights={"job_id": "job_f1", "folder": "checkpoint-000001"},
             adapter={"job_id": "job_a", "folder": "checkpoint-000001"},
@@ -261,3 +273,99 @@ def test_preload_names_only_bases_served_here() -> None:
     with pytest.raises(ValueError, match="preload names bases not in `bases`: other"):
         build_inference_settings(bases="tiny", preload="tiny, other")
     assert build_inference_settings(bases="tiny", preload="tiny").preload_list == ["tiny"]
+
+
+# ---------------------------------------------------------------- issue 32: served as trained
+
+
+def _option(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_on_a_gpu_each_job_is_served_in_its_rollout_dtype_unless_the_operator_says(
+    make_pool: Callable[..., EnginePool],
+) -> None:
+    """vLLM's `--dtype auto` would serve a float32 checkpoint in bfloat16 on a GPU while the
+    job's rollouts ran in float32: each engine runs in its job's rollout dtype (jobs of two
+    dtypes get two engines); GRPO_INFERENCE_DTYPE overrides it. The command line is what a
+    CUDA host would run (built here, on a CPU)."""
+
+    async def scenario(**settings: Any) -> dict[str, list[str]]:
+        StandInEngine.instances = []
+        pool = make_pool(devices="cuda:0", worker_devices="none", **settings)
+        await until_ready(pool, adapter("job_a"))  # a job of the default rollout dtype
+        bf16 = EngineEnsureRequest(
+            base_model="tiny",
+            adapter={"job_id": "job_b", "folder": "checkpoint-000001"},
+            dtype="bfloat16",
+        )
+        await until_ready(pool, bf16)
+        return {
+            e.spec.key: server_command(e.spec, pool.settings, 8000) for e in StandInEngine.instances
+        }
+
+    commands = run(scenario)
+    assert {key: _option(c, "--dtype") for key, c in commands.items()} == {
+        "tiny": "float32",
+        "tiny#bfloat16": "bfloat16",
+    }
+    # Sampling defaults are vLLM's, never the folder's generation_config.json.
+    assert all(_option(c, "--generation-config") == "vllm" for c in commands.values())
+    operator = run(lambda: scenario(dtype="auto"))
+    assert {_option(c, "--dtype") for c in operator.values()} == {"auto"}
+
+
+def test_adapters_of_a_rank_past_the_tiers_are_refused_before_anything_starts(
+    make_pool: Callable[..., EnginePool], tmp_path: Path
+) -> None:
+    folder = tmp_path / "data" / "checkpoints" / "job_r128" / "checkpoint-000001"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "rank_pattern": {"q": 128}}))
+
+    async def scenario() -> None:
+        pool = make_pool(max_lora_rank=64)
+        request = EngineEnsureRequest(
+            base_model="tiny", adapter={"job_id": "job_r128", "folder": "checkpoint-000001"}
+        )
+        with pytest.raises(EnsureError) as refused:
+            await pool.ensure(request)
+        assert refused.value.status == 422
+        assert refused.value.detail == (
+            "its LoRA rank is 128, larger than the 64 the inference tier serves "
+            "(GRPO_INFERENCE_MAX_LORA_RANK)"
+        )
+        assert StandInEngine.instances == []  # nothing started for it
+
+    run(scenario)
+
+
+@pytest.mark.process
+def test_a_lora_jobs_base_is_resolved_at_the_jobs_revision(
+    make_pool: Callable[..., EnginePool], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real resolution (serving.resolve's subprocess, trainer.models.loading) in a real
+    Hugging Face cache layout: `main` and `v2` are two commits of one repo, and a job trained
+    at `v2` gets an engine of v2's snapshot, not main's."""
+    from trainer.models.loading import resolve_model  # torch: only in this test
+
+    hub = tmp_path / "hub"
+    tiny = resolve_model("tiny-random-llama")
+    main_snapshot = add_snapshot(hub, "acme/tiny", tiny, "a" * 40, branches=["main"], link=True)
+    v2_snapshot = add_snapshot(hub, "acme/tiny", tiny, "b" * 40, branches=["v2"], link=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(pool_module, "resolve_base", resolve_base)  # the real one
+
+    async def scenario() -> dict[str, Path]:
+        pool = make_pool(bases="acme/tiny", memory_budget_bytes=10**9)
+        at_v2 = EngineEnsureRequest(
+            base_model="acme/tiny",
+            adapter={"job_id": "job_a", "folder": "checkpoint-000001"},
+            revision="v2",
+        )
+        at_main = EngineEnsureRequest(base_model="acme/tiny")
+        for request in (at_v2, at_main):
+            await until_ready(pool, request, tries=6000)  # each resolution starts a python
+        return {e.spec.key: e.spec.model_folder for e in StandInEngine.instances}
+
+    assert run(scenario) == {"acme/tiny@v2": v2_snapshot, "acme/tiny": main_snapshot}
