@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -47,6 +50,7 @@ def resolve_base(
         "revision": revision,
         "roots": settings.model_root_list,
         "forbidden": [str(settings.data_dir), str(settings.resolved_checkpoint_dir)],
+        "parent": os.getpid(),
     }
     try:
         out = subprocess.run(
@@ -73,8 +77,27 @@ def resolve_base(
     raise BaseModelUnavailable(f"base model {model}{at}: {why}")
 
 
+def exit_when_orphaned(parent: int, interval_s: float = 0.5) -> threading.Thread:
+    """Ends this process as soon as its parent ``parent`` is gone (the parent pid changes).
+
+    Why not the kernel's parent-death signal: it follows the thread that forked, and the
+    inference process runs each resolution from a worker thread that may end first. A
+    resolution can build a packaged model for minutes; without this it ran on after its
+    inference process stopped (seen for 15 s under ``grpo serve``'s stop)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(3)
+
+    thread = threading.Thread(target=watch, name="orphan-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str]) -> int:
     request = json.loads(argv[0])
+    exit_when_orphaned(int(request.get("parent") or os.getppid()))
     from trainer.errors import TrainerError
     from trainer.models.loading import resolve_model
 
