@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from grpo_cli.ci_args import CI_COMMANDS, add_ci_commands
+from grpo_cli.keys import add_keys_commands, run_keys
 
 if TYPE_CHECKING:
     from app.core.settings import Settings
@@ -71,11 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     down = db_sub.add_parser("downgrade", help="Migrate down to a revision.")
     down.add_argument("revision", help="Target revision, e.g. -1 or base.")
 
-    keys = sub.add_parser("keys", help="API keys.")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    create = keys_sub.add_parser("create", help="Create a key (printed once).")
-    create.add_argument("--project", default="default", help="Project name (created if new).")
-    create.add_argument("--name", default=None, help="A label for the key.")
+    add_keys_commands(sub)
 
     export = sub.add_parser(
         "export",
@@ -152,15 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             db.downgrade(settings.resolved_database_url, args.revision)
         return 0
     if args.command == "keys":
-        from app.core.db import make_engine, make_session_factory, session_scope
-        from app.sessions.service import create_key
-
-        engine = make_engine(settings.resolved_database_url)
-        with session_scope(make_session_factory(engine)) as session:
-            created = create_key(session, args.project, args.name)
-        print(created.plaintext)
-        print(f"(key for project '{created.project_name}'; it is shown only once)", file=sys.stderr)
-        return 0
+        return run_keys(args, settings)
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 

@@ -9,6 +9,8 @@
 - the purge removes what deleted jobs produced once their grace period is over: their
   checkpoint folders first, then their samples, metrics, rollups, events and checkpoint rows
   (app.jobs.deletion says how a job is deleted).
+- the announcement rewrites this worker's row of the workers table (its size class), so the
+  API can tell a job that no worker of its size runs (app.jobs.size_classes).
 Every worker runs them; compare-and-set transitions make concurrent runs safe, and the purge's
 steps are idempotent.
 """
@@ -27,6 +29,7 @@ from app.core.errors import IllegalTransition
 from app.jobs import deletion_repository as deletion_repo
 from app.jobs import repository as jobs_repo
 from app.jobs import transitions
+from app.jobs import workers_repository as workers_repo
 from app.jobs.dispatch import fill_slots, send_after_commit, send_job
 from app.jobs.transitions import JobStatus
 from worker.context import WorkerContext
@@ -36,6 +39,25 @@ log = logging.getLogger(__name__)
 
 # Most jobs (and projects) one sweep handles; the rest wait for the next sweep.
 SWEEP_BATCH = 1000
+# A worker's row stays this long after it was last seen (then it is gone for good).
+FORGET_WORKERS_AFTER = timedelta(days=7)
+
+
+def announce_worker(ctx: WorkerContext) -> None:
+    """Record that this worker runs now, with its size class (the devices it trains on)."""
+    settings = ctx.settings
+    now = utcnow()
+    with session_scope(ctx.sessions) as session:
+        workers_repo.announce(
+            session,
+            name=settings.worker_name,
+            queue_name=settings.queue_name,
+            devices=settings.devices(),
+            now=now,
+        )
+        workers_repo.forget_before(
+            session, queue_name=settings.queue_name, before=now - FORGET_WORKERS_AFTER
+        )
 
 
 def reap_stale_jobs(ctx: WorkerContext) -> list[str]:
@@ -179,7 +201,9 @@ class MaintenanceThread:
         self._stop.set()
 
     def _run(self) -> None:
+        self._announce()  # at once: the API may be asked for a job of this size right away
         while not self._stop.wait(self._ctx.settings.maintenance_seconds):
+            self._announce()
             try:
                 reap_stale_jobs(self._ctx)
                 redispatch_queued(self._ctx)
@@ -188,3 +212,12 @@ class MaintenanceThread:
                 log.warning("maintenance skipped: database unavailable (%s)", exc)
             except Exception:  # never let the thread die
                 log.exception("maintenance failed")
+
+    def _announce(self) -> None:
+        # Apart from the repairs: a failed announcement must never skip the reaper.
+        try:
+            announce_worker(self._ctx)
+        except SQLAlchemyError as exc:
+            log.warning("could not announce this worker: database unavailable (%s)", exc)
+        except Exception:
+            log.exception("could not announce this worker")

@@ -314,3 +314,19 @@ class InferenceUsage(Base):
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class WorkerSighting(Base):
+    """A worker process as it last announced itself: its size class (devices) within its
+    deployment's queues (GRPO_QUEUE_NAME), rewritten every maintenance pass (worker.maintenance).
+    The API reads the recent ones to tell a job that no worker of its size runs
+    (app.jobs.workers_repository); rows of workers gone for a week are deleted."""
+
+    __tablename__ = "workers"
+    name: Mapped[str] = mapped_column(String(300), primary_key=True)
+    queue_name: Mapped[str] = mapped_column(String(200))
+    devices: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index("ix_workers_queue_name_last_seen_at", "queue_name", "last_seen_at"),)

@@ -54,8 +54,10 @@ class VerifiedKeys(Generic[T]):
     (prefix and secret), never by the key itself; only successes are kept, so wrong keys cannot
     fill it. At most `max_entries` (least recently used go first).
 
-    The price: a key revoked or deleted in the database keeps working in each API process for
-    up to `ttl_s` seconds."""
+    Each entry carries the `epoch` it was verified under (the shared revocation counter,
+    app.sessions.revocations, read before the lookup): `get` with another epoch is a miss, so
+    a revocation anywhere makes every entry stale at once. A key revoked in the database
+    without a bump of that counter keeps working for up to `ttl_s` seconds."""
 
     def __init__(
         self, ttl_s: float, max_entries: int, clock: Callable[[], float] = time.monotonic
@@ -63,14 +65,15 @@ class VerifiedKeys(Generic[T]):
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._clock = clock
-        self._entries: OrderedDict[bytes, tuple[float, T]] = OrderedDict()
+        # fingerprint -> (expiry by the clock, epoch, value)
+        self._entries: OrderedDict[bytes, tuple[float, int, T]] = OrderedDict()
         self._lock = threading.Lock()  # the API's sync routes run in a threadpool
 
     @staticmethod
     def _fingerprint(presented: str) -> bytes:
         return hashlib.sha256(presented.encode()).digest()
 
-    def get(self, presented: str) -> T | None:
+    def get(self, presented: str, epoch: int = 0) -> T | None:
         if self.ttl_s <= 0:
             return None
         fingerprint = self._fingerprint(presented)
@@ -78,18 +81,18 @@ class VerifiedKeys(Generic[T]):
             entry = self._entries.get(fingerprint)
             if entry is None:
                 return None
-            if entry[0] <= self._clock():
+            if entry[0] <= self._clock() or entry[1] != epoch:
                 del self._entries[fingerprint]
                 return None
             self._entries.move_to_end(fingerprint)
-            return entry[1]
+            return entry[2]
 
-    def put(self, presented: str, value: T) -> None:
+    def put(self, presented: str, value: T, epoch: int = 0) -> None:
         if self.ttl_s <= 0:
             return
         fingerprint = self._fingerprint(presented)
         with self._lock:
-            self._entries[fingerprint] = (self._clock() + self.ttl_s, value)
+            self._entries[fingerprint] = (self._clock() + self.ttl_s, epoch, value)
             self._entries.move_to_end(fingerprint)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)

@@ -341,6 +341,18 @@ class Settings(InferenceSettings):
     def uses_embedded_database(self) -> bool:
         return self.resolved_database_url.startswith("sqlite")
 
+    # ---- workers' size classes (issue 32): settings of the API and the workers
+    worker_seen_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description=(
+            "A worker announces its size class every maintenance pass; one not seen for this "
+            "long no longer counts. A job whose size class no counted worker has is told so at "
+            "creation (a warning and a `no_worker` event), while some worker is counted."
+        ),
+    )
+
 
 def build_settings(**overrides: object) -> Settings:
     """Read settings from the environment (GRPO_*), with explicit overrides winning."""

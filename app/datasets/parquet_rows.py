@@ -2,8 +2,8 @@
 
 A Parquet file can declare a small size and decode to gigabytes: one long string in a dictionary
 page that every record references, compressed to a few hundred bytes. So nothing is decoded
-whole. The file is refused from its footer first (row count, leaf column count, declared
-uncompressed size, column types); then it is read in record batches that keep every text column
+whole. The file is refused from its footer first (row count, leaf column count, row group count,
+declared uncompressed size, column types); then it is read in record batches that keep every text column
 dictionary-encoded, so a batch costs its distinct values and one index per record; each record's
 decoded size is bounded from the Arrow buffers (string lengths, list offsets) and charged to the
 :class:`~trainer.spec.row_budget.RowBudget` before any record of the batch becomes Python
@@ -25,9 +25,14 @@ from app.core.errors import InvalidRequest
 from trainer.spec import MAX_INLINE_ROWS
 from trainer.spec.row_budget import MAX_ROW_DECODED_BYTES, RowBudget
 
-__all__ = ["MAX_PARQUET_COLUMNS", "parquet_records"]
+__all__ = ["MAX_PARQUET_COLUMNS", "MAX_PARQUET_ROW_GROUPS", "parquet_records"]
 
 MAX_PARQUET_COLUMNS = 256  # leaf columns; a row is a prompt, an answer and grader fields
+# Each row group is read as a batch of its own, at a fixed cost of a fraction of a millisecond
+# (more under load): 45,000 one-row groups, 6.6 MB, took 6-40 s of an API process's CPU.
+# Writers group rows by the hundred thousand or million (Hugging Face datasets by the thousand:
+# 100 groups at the most rows a dataset holds), so no real file comes near this.
+MAX_PARQUET_ROW_GROUPS = 1024
 MAX_NESTING = 8  # list/struct levels below a column (messages: list<struct<string>> is 2)
 BATCH_ROWS = 8192  # few batches: each carries the column chunk's whole dictionary
 CHUNK_BYTES = 4 * 1024 * 1024  # estimated decoded bytes converted to Python at once
@@ -82,6 +87,11 @@ def _check_footer(parquet: pq.ParquetFile, budget: RowBudget) -> None:
         raise _refuse(f"file has {meta.num_rows} rows, more than {MAX_INLINE_ROWS}")
     if meta.num_columns > MAX_PARQUET_COLUMNS:
         raise _refuse(f"file has {meta.num_columns} columns, more than {MAX_PARQUET_COLUMNS}")
+    if meta.num_row_groups > MAX_PARQUET_ROW_GROUPS:
+        raise _refuse(
+            f"file has {meta.num_row_groups} row groups, more than {MAX_PARQUET_ROW_GROUPS}: "
+            "write it with larger row groups (pyarrow's row_group_size; writers' defaults fit)"
+        )
     declared = sum(
         meta.row_group(g).column(c).total_uncompressed_size
         for g in range(meta.num_row_groups)

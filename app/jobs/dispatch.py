@@ -2,14 +2,17 @@
 a worker handing a job back, a job's end) goes through, so `dispatched_at` is always right for
 the sweep that reads it.
 
-Fair dispatch: a project holds at most `max_per_project` dispatch slots, a slot being a job sent
-to the broker or running. Its other queued jobs wait in the database (`dispatched_at` is null)
-and never reach the broker, so one project's backlog cannot fill every worker: a worker takes
-messages in order, and the broker holds at most `max_per_project` of any one project. A slot is
-refilled when a job of the project ends (`job_ended`, run after the commit of that end) and by
-the worker's periodic sweep, which serves the projects round-robin, oldest job first within a
-project. Every count is taken under the project's row lock, so concurrent senders (API
-processes, workers, the sweep) never exceed the cap and never send one job twice.
+Fair dispatch: a project holds at most `max_per_project` dispatch slots of each size class, a
+slot being a job sent to the broker or running. Its other queued jobs wait in the database
+(`dispatched_at` is null) and never reach the broker, so one project's backlog cannot fill
+every worker: a worker takes messages in order, and the broker holds at most `max_per_project`
+of any one project in each queue. Slots are counted per size class (the job's queue) because
+only workers of one size take a queue's jobs: a project's jobs that wait for a size no worker
+runs (or whose workers are busy) hold that size's slots, never those its other jobs need. A
+slot is refilled when a job of the project ends (`job_ended`, run after the commit of that
+end) and by the worker's periodic sweep, which serves the projects round-robin, oldest job
+first within a project. Every count is taken under the project's row lock, so concurrent
+senders (API processes, workers, the sweep) never exceed the cap and never send one job twice.
 
 The cap travels with the session factory (`install`), because the state machine, which ends
 jobs, sits below this module and cannot import it; a factory without it sends without a cap.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -80,8 +84,8 @@ def send_after_commit(
     sent at all, so the message waits for the boundary's commit (app.core.db.after_commit). `queue`
     is where the job goes (a re-queued job goes back to the queue it was created for).
     `created`: the job was inserted in this unit of work, so it holds no slot yet and there is
-    no `dispatched_at` to clear. `slots_held`: the project's dispatch slots in use, counted
-    under the project's lock that this unit of work holds until its commit."""
+    no `dispatched_at` to clear. `slots_held`: the project's dispatch slots of `queue` in use,
+    counted under the project's lock that this unit of work holds until its commit."""
     if not created:
         # Until the send, the job holds no slot: a re-queued job gives its old one back, and
         # the sweep may send it instead of us (then we find it sent and do nothing).
@@ -127,17 +131,18 @@ class Filled:
 def fill_slots(
     session: Session, dispatcher: Dispatcher, *, project_id: str, cap: int, limit: int | None = None
 ) -> Filled:
-    """Send the project's oldest waiting jobs into its free dispatch slots (at most `limit`).
-    Run on committed rows, inside a unit of work of its own: it holds the project's lock until
-    that commits."""
+    """Send the project's oldest waiting jobs into its free dispatch slots, each size class
+    into its own (at most `limit` jobs, the oldest first whatever their size). Run on committed
+    rows, inside a unit of work of its own: it holds the project's lock until that commits."""
     projects_repo.lock(session, project_id=project_id)
-    free = cap - jobs_repo.count_dispatched(session, project_id=project_id)
-    if limit is not None:
-        free = min(free, limit)
+    due: list[tuple[datetime, str, str]] = []
+    for queue, held in jobs_repo.slots_by_queue(session, project_id=project_id).items():
+        free = cap - held if limit is None else min(cap - held, limit)
+        if free > 0:
+            rows = jobs_repo.waiting(session, project_id=project_id, queue=queue, limit=free)
+            due += [(created_at, job_id, queue) for job_id, queue, created_at in rows]
     sent: list[str] = []
-    if free <= 0:
-        return Filled(sent)
-    for job_id, queue in jobs_repo.waiting(session, project_id=project_id, limit=free):
+    for _, job_id, queue in sorted(due)[:limit]:
         if not send_job(session, dispatcher, job_id=job_id, queue=queue):
             return Filled(sent, broker_down=True)
         sent.append(job_id)

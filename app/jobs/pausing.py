@@ -74,7 +74,9 @@ def resume_job(session: Session, *, job: Job, dispatcher: Dispatcher, limits: Ac
     def act(status: JobStatus) -> None:
         if status == JobStatus.PAUSED:
             transitions.transition(session, job.id, JobStatus.QUEUED, message="resumed")
-            held = check_active_jobs(session, project_id=job.project_id, limits=limits)
+            held = check_active_jobs(
+                session, project_id=job.project_id, limits=limits, queue=job.queue
+            )
             send_after_commit(session, dispatcher, job_id=job.id, queue=job.queue, slots_held=held)
         elif status == JobStatus.PAUSING:
             transitions.transition(

@@ -49,11 +49,13 @@ def use_of(session: Session, *, project_id: str, limits: ActiveLimits) -> Active
     return ActiveUse(counts.jobs, counts.devices, limits)
 
 
-def check_active_jobs(session: Session, *, project_id: str, limits: ActiveLimits) -> int:
+def check_active_jobs(
+    session: Session, *, project_id: str, limits: ActiveLimits, queue: str
+) -> int:
     """QuotaExceeded (429) when the project holds more than `limits.jobs` queued or running
     jobs, or those jobs more than `limits.devices` devices, counting the one this unit of work
-    has just added (or resumed); else how many of its jobs hold a dispatch slot
-    (app.jobs.dispatch), counted in the same pass under the same lock.
+    has just added (or resumed); else how many of its jobs hold a dispatch slot of the size
+    class of `queue` (app.jobs.dispatch), counted in the same pass under the same lock.
 
     Exact under concurrency: the count is taken under the project's row lock and the lock is
     held until the commit, so two creates at the limit cannot both pass (the second counts the
@@ -62,7 +64,7 @@ def check_active_jobs(session: Session, *, project_id: str, limits: ActiveLimits
     thread, and not across the rest of the request, which is what serialised one project's
     creates."""
     projects_repo.lock(session, project_id=project_id)
-    counts = jobs_repo.count_active_and_dispatched(session, project_id=project_id)
+    counts = jobs_repo.count_active_and_dispatched(session, project_id=project_id, queue=queue)
     if counts.jobs > limits.jobs:
         raise QuotaExceeded(
             f"this project has {counts.jobs - 1} queued or running jobs, the most it may have "

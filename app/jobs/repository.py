@@ -207,7 +207,9 @@ def lost_messages(session: Session, *, older_than: datetime, limit: int) -> list
 
 
 # ---- fair dispatch: a job "holds a slot" from its send to the broker until it ends.
-# A queued job with no dispatched_at waits in the database for a slot of its project.
+# A queued job with no dispatched_at waits in the database for a slot of its project. Slots
+# are counted per size class (the job's queue): only workers of one size take a queue's jobs,
+# so a project's jobs of a size no worker runs hold that size's slots, not its other jobs'.
 
 
 def _holds_slot(job: type[Job] = Job) -> ColumnElement[bool]:
@@ -235,6 +237,7 @@ _DISPATCH_STATE = select(
     .where(
         _HOLDER.project_id == Job.project_id,
         is_active(_HOLDER.status),
+        _HOLDER.queue == Job.queue,
         _holds_slot(_HOLDER),
     )
     .scalar_subquery()
@@ -246,20 +249,18 @@ def dispatch_state(
     session: Session, *, job_id: str
 ) -> Row[tuple[str, str, datetime | None, int]] | None:
     """(project_id, status, dispatched_at, slots_held): whether the job still waits, and how
-    many dispatch slots its project holds (`count_dispatched`), read fresh in one round trip."""
+    many dispatch slots of the job's size class its project holds (`count_dispatched`), read
+    fresh in one round trip."""
     return session.execute(_DISPATCH_STATE, {"job_id": job_id}).one_or_none()
 
 
-def count_dispatched(session: Session, *, project_id: str) -> int:
-    """The project's jobs handed to the broker or running (each holds a dispatch slot)."""
-    return int(
-        session.scalar(
-            select(func.count())
-            .select_from(Job)
-            .where(Job.project_id == project_id, _ACTIVE, _holds_slot())
-        )
-        or 0
-    )
+def count_dispatched(session: Session, *, project_id: str, queue: str | None = None) -> int:
+    """The project's jobs handed to the broker or running (each holds a dispatch slot); of
+    the size class of `queue` only, when given."""
+    query = select(func.count()).select_from(Job).where(Job.project_id == project_id, _ACTIVE)
+    if queue is not None:
+        query = query.where(Job.queue == queue)
+    return int(session.scalar(query.where(_holds_slot())) or 0)
 
 
 _COUNT_ACTIVE = (
@@ -274,29 +275,53 @@ def count_active(session: Session, *, project_id: str) -> int:
 
 class ActiveCounts(NamedTuple):
     jobs: int  # the project's active jobs (`count_active`)
-    dispatched: int  # of those, the ones holding a dispatch slot (`count_dispatched`)
+    dispatched: int  # of those, the ones of one size class holding a dispatch slot
     devices: int  # their resources.devices, summed
 
 
 _COUNT_ACTIVE_AND_DISPATCHED = select(
-    func.count(), func.count().filter(_holds_slot()), func.coalesce(func.sum(Job.devices), 0)
+    func.count(),
+    func.count().filter(_holds_slot() & (Job.queue == bindparam("queue"))),
+    func.coalesce(func.sum(Job.devices), 0),
 ).where(Job.project_id == bindparam("project_id"), _ACTIVE)
 
 
-def count_active_and_dispatched(session: Session, *, project_id: str) -> ActiveCounts:
-    """`count_active`, `count_dispatched` and the devices the active jobs ask for, in one pass
-    over the project's active jobs (the jobs holding a dispatch slot are some of them)."""
-    row = db.execute_core(session, _COUNT_ACTIVE_AND_DISPATCHED, {"project_id": project_id}).one()
+def count_active_and_dispatched(
+    session: Session, *, project_id: str, queue: str | None = None
+) -> ActiveCounts:
+    """`count_active`, `count_dispatched` of the size class of `queue` (0 without one: a read
+    of the quota alone) and the devices the active jobs ask for, in one pass over the
+    project's active jobs (the jobs holding a dispatch slot are some of them)."""
+    params = {"project_id": project_id, "queue": queue}
+    row = db.execute_core(session, _COUNT_ACTIVE_AND_DISPATCHED, params).one()
     return ActiveCounts(int(row[0]), int(row[1]), int(row[2]))
 
 
-def waiting(session: Session, *, project_id: str, limit: int) -> list[Row[tuple[str, str]]]:
-    """(id, queue) of the project's queued jobs not sent yet, oldest first."""
+def slots_by_queue(session: Session, *, project_id: str) -> dict[str, int]:
+    """The dispatch slots the project holds in each size class (by queue) that has a job of
+    the project waiting for one; one pass over the project's active jobs."""
+    waits = (Job.status == JobStatus.QUEUED) & Job.dispatched_at.is_(None)
+    rows = session.execute(
+        select(Job.queue, func.count().filter(_holds_slot()), func.count().filter(waits))
+        .where(Job.project_id == project_id, _ACTIVE)
+        .group_by(Job.queue)
+    )
+    return {str(queue): int(held) for queue, held, waiting in rows if waiting}
+
+
+def waiting(
+    session: Session, *, project_id: str, queue: str, limit: int
+) -> list[Row[tuple[str, str, datetime]]]:
+    """(id, queue, created_at) of the project's queued jobs of one size class not sent yet,
+    oldest first."""
     return list(
         session.execute(
-            select(Job.id, Job.queue)
+            select(Job.id, Job.queue, Job.created_at)
             .where(
-                Job.project_id == project_id, Job.status == "queued", Job.dispatched_at.is_(None)
+                Job.project_id == project_id,
+                Job.queue == queue,
+                Job.status == "queued",
+                Job.dispatched_at.is_(None),
             )
             .order_by(Job.created_at, Job.id)
             .limit(limit)

@@ -77,6 +77,7 @@ def create_job(
         idempotency_key=idempotency_key,
         render=lambda job: job_out(job).model_dump(mode="json"),
         status_code=201,
+        warnings_field="warnings",
     )
     return created_response(answer)
 
@@ -87,7 +88,11 @@ def create_job(
     summary="Dry run: resolve and check a spec without creating a job",
 )
 def validate_job(
-    spec: JobSpec, principal: PrincipalDep, session: SessionDep, state: StateDep
+    spec: JobSpec,
+    principal: PrincipalDep,
+    session: SessionDep,
+    state: StateDep,
+    creation: JobCreationDep,
 ) -> ValidationResult:
     rows = spec.dataset.known_row_count()
     if rows is None:  # an uploaded file: its row count was taken at upload
@@ -98,8 +103,11 @@ def validate_job(
     )
     # The same checks, in the same order, as creating the job.
     admission.admit(spec, settings=state.settings, project_id=principal.project_id, session=session)
+    waits = creation.size_classes.warning(session, devices=spec.resources.devices)
     return ValidationResult(
-        spec=spec.model_dump(mode="json"), warnings=spec.warnings(), dataset_rows=rows
+        spec=spec.model_dump(mode="json"),
+        warnings=[*spec.warnings(), *([waits] if waits else [])],
+        dataset_rows=rows,
     )
 
 

@@ -45,6 +45,11 @@ class JobOut(BaseModel):
     progress: JobProgress
     metadata: dict[str, str]
     spec: dict[str, Any] = Field(description="The resolved job spec, every default filled in.")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="In the create's answer: what may keep the job from running (no worker of "
+        "its size seen lately), each also one of its events. Empty on later reads.",
+    )
 
 
 class JobSummary(JobOut):

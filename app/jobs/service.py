@@ -37,6 +37,7 @@ from app.jobs import idempotency_repository as idem_repo
 from app.jobs import repository as jobs_repo
 from app.jobs.dispatch import send_after_commit
 from app.jobs.quota import ActiveLimits, check_active_jobs
+from app.jobs.size_classes import SizeClassWatch, record_warning
 from app.jobs.transitions import JobStatus
 from trainer.spec import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
 
@@ -169,7 +170,7 @@ def _admit_and_dispatch_at_commit(
 ) -> None:
     """The new job's last work before the commit: the quota, then its send after the commit,
     decided on the dispatch slots counted under the same lock."""
-    dispatched = check_active_jobs(session, project_id=project_id, limits=limits)
+    dispatched = check_active_jobs(session, project_id=project_id, limits=limits, queue=queue)
     # Only after the commit: a worker can never receive an id it cannot read.
     send_after_commit(
         session, dispatcher, job_id=job_id, queue=queue, created=True, slots_held=dispatched
@@ -297,6 +298,8 @@ class JobCreation:
         self.claims = claims
         self.dispatcher = dispatcher
         self.settings = settings
+        # Which size classes the deployment's workers have (a job of another waits for good).
+        self.size_classes = SizeClassWatch(settings)
 
     def create(
         self,
@@ -309,9 +312,12 @@ class JobCreation:
         status_code: int,
         openai: dict[str, Any] | None = None,
         fingerprint: str | None = None,
+        warnings_field: str | None = None,
     ) -> Answer:
         """`render` turns the new job into the answer's body, sent with `status_code`;
-        `openai` and `fingerprint` as in `create_job`."""
+        `openai` and `fingerprint` as in `create_job`. What the service warns of at creation
+        (no worker of the job's size: app.jobs.size_classes) is the job's event, and the
+        body's `warnings_field` when one is named."""
         created = create_job(
             session,
             claims=self.claims,
@@ -329,7 +335,10 @@ class JobCreation:
         )
         if isinstance(created, Replay):
             return Answer(created.status_code, created.body, replayed=True)
+        warnings = self._warn(session, created)
         body = render(created)
+        if warnings_field is not None:
+            body[warnings_field] = warnings
         record_response(
             session,
             project_id=project_id,
@@ -338,6 +347,14 @@ class JobCreation:
             body=body,
         )
         return Answer(status_code, body)
+
+    def _warn(self, session: Session, job: Job) -> list[str]:
+        """The creation's warnings, each recorded as the job's event."""
+        warning = self.size_classes.warning(session, devices=job.devices)
+        if warning is None:
+            return []
+        record_warning(session, job_id=job.id, devices=job.devices, message=warning)
+        return [warning]
 
 
 def get_job(session: Session, *, project_id: str, job_id: str) -> Job:

@@ -9,6 +9,8 @@ from fastapi import Cookie, Depends, Header, Request
 
 from app.core.deps import SessionDep, StateDep
 from app.core.errors import CrossSiteRefused, Unauthorized
+from app.core.state import AppState
+from app.sessions.revocations import RevocationEpoch, revocation_epoch
 from app.sessions.service import Principal, authenticate, authenticate_session
 
 # The dashboard's session cookie (app.sessions.routes) and the header a cookie-authenticated
@@ -61,14 +63,26 @@ def _authenticated(
     looked up on use (so a revoked key's sessions stop working). A cookie-authenticated request
     that is not GET/HEAD must carry CSRF_HEADER (`require_csrf_header`); Bearer requests need
     nothing more, as no other site can make a browser send our key."""
+    revocations = revocations_of(state)
     if authorization is not None or session_cookie is None:
-        return authenticate(session, authorization=authorization)
+        return authenticate(session, authorization=authorization, revocations=revocations)
     if request.method not in SAFE_METHODS:
         require_csrf_header(csrf_header)
     claims = state.session_tokens.verify(session_cookie)
     if claims is None:
         raise Unauthorized("the session has expired or is not valid; sign in again")
-    return authenticate_session(session, key_id=claims.key_id, issued_at_ms=claims.issued_at_ms)
+    return authenticate_session(
+        session,
+        key_id=claims.key_id,
+        issued_at_ms=claims.issued_at_ms,
+        revocations=revocations,
+    )
+
+
+def revocations_of(state: AppState) -> RevocationEpoch:
+    """The revocation counter this process shares with the others (through the settings'
+    Redis; app.sessions.revocations)."""
+    return revocation_epoch(state.settings.resolved_redis_url)
 
 
 AuthenticatedDep = Annotated[Principal, Depends(_authenticated)]

@@ -30,6 +30,36 @@ def find_key_by_id(session: Session, *, key_id: str) -> ApiKey | None:
     return session.get(ApiKey, key_id)
 
 
+def find_key_of_project(session: Session, *, project_id: str, key_id: str) -> ApiKey | None:
+    return session.scalars(
+        select(ApiKey).where(ApiKey.id == key_id, ApiKey.project_id == project_id)
+    ).one_or_none()
+
+
+def list_keys(session: Session, *, project_id: str | None = None) -> list[ApiKey]:
+    """Keys newest first (ids are time-ordered): the project's, or every project's."""
+    query = select(ApiKey)
+    if project_id is not None:
+        query = query.where(ApiKey.project_id == project_id)
+    return list(session.scalars(query.order_by(ApiKey.id.desc())))
+
+
+def reload_key(session: Session, *, key: ApiKey) -> ApiKey:
+    """Re-read a loaded key; bulk updates (`revoke`) bypass the identity map."""
+    session.refresh(key)
+    return key
+
+
+def revoke(session: Session, *, key_id: str, at: datetime) -> None:
+    """Mark the key revoked at `at`, unless it already is (its first revocation stands)."""
+    session.execute(
+        update(ApiKey)
+        .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+        .values(revoked_at=at)
+        .execution_options(synchronize_session=False)
+    )
+
+
 def end_sessions(session: Session, *, key_id: str, until: datetime) -> None:
     """Refuse the key's session tokens issued at or before `until` from now on."""
     session.execute(

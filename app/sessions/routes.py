@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from app.core.deps import SessionDep, StateDep
 from app.core.responses import ERRORS, ErrorResponse
+from app.sessions import keys_routes
 from app.sessions.deps import (
     SESSION_COOKIE,
     AuthorizationHeader,
@@ -21,11 +22,12 @@ from app.sessions.deps import (
     PrincipalDep,
     SessionCookie,
     require_csrf_header,
+    revocations_of,
 )
 from app.sessions.schemas import SessionIn, SessionOut
 from app.sessions.service import authenticate, end_sessions, project_name
 
-router = APIRouter(prefix="/v1/session", tags=["session"], responses=ERRORS)
+session_router = APIRouter(prefix="/v1/session", tags=["session"], responses=ERRORS)
 
 # Only the API reads the cookie: the page and its files are public and never get it.
 COOKIE_PATH = "/v1"
@@ -47,7 +49,7 @@ def _out(session: Session, project_id: str, key_id: str, expires_at: int | None)
     )
 
 
-@router.post(
+@session_router.post(
     "",
     response_model=SessionOut,
     summary="Sign in: exchange an API key for a session cookie",
@@ -70,7 +72,9 @@ def sign_in(
     require_csrf_header(csrf_header)
     if authorization is None and body is not None and body.key is not None:
         authorization = f"Bearer {body.key}"
-    principal = authenticate(session, authorization=authorization)
+    principal = authenticate(
+        session, authorization=authorization, revocations=revocations_of(state)
+    )
     state.limits.requests.check(principal.key_id)
     token, claims = state.session_tokens.issue(principal.key_id)
     secure = state.settings.session_cookie_secure
@@ -87,7 +91,7 @@ def sign_in(
     return _out(session, principal.project_id, principal.key_id, claims.expires_at)
 
 
-@router.get(
+@session_router.get(
     "",
     response_model=SessionOut,
     summary="Who am I: the project and key of this request's credentials",
@@ -106,12 +110,12 @@ def who_am_i(
     return _out(session, principal.project_id, principal.key_id, expires_at)
 
 
-@router.delete(
+@session_router.delete(
     "",
     status_code=204,
     summary="Sign out: end the key's sessions and clear the cookie",
     description="With a valid session cookie, every session of its key issued until now ends "
-    "(in every browser; within 5 s in every API process), so a copy of the token is refused "
+    "(in every browser, at once in every API process), so a copy of the token is refused "
     "too. Needs no other credentials: without a valid cookie it only clears the cookie. With "
     "a cookie it is a write authenticated by the cookie, so it needs `X-Requested-With` (any "
     "value) like every other one: 403 without it.",
@@ -130,7 +134,13 @@ def sign_out(
     claims = state.session_tokens.verify(session_cookie) if session_cookie else None
     if claims is not None:
         state.limits.requests.check(claims.key_id)  # each sign-out is a write: bounded too
-        end_sessions(session, key_id=claims.key_id)
+        end_sessions(session, key_id=claims.key_id, revocations=revocations_of(state))
     response = Response(status_code=204)
     response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
     return response
+
+
+# What app.main serves of this domain: the sign-in and the project's keys.
+router = APIRouter()
+router.include_router(session_router)
+router.include_router(keys_routes.router)

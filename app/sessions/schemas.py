@@ -23,3 +23,20 @@ class SessionOut(BaseModel):
     expires_at: datetime | None = Field(
         default=None, description="When the session cookie stops working; null for Bearer."
     )
+
+
+class KeyOut(BaseModel):
+    """An API key of the project, never its secret: the prefix is the part after `grpo_` in
+    the key itself, so a leaked key can be matched to its id."""
+
+    object: Literal["api_key"] = "api_key"
+    id: str
+    prefix: str = Field(description="The key reads grpo_<prefix>_<secret>.")
+    name: str | None
+    created_at: datetime
+    revoked_at: datetime | None = Field(description="When it was revoked; null while it works.")
+
+
+class KeyList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[KeyOut]

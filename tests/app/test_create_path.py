@@ -27,7 +27,7 @@ from app.jobs import events_repository as events_repo
 from app.jobs import idempotency_repository as idem_repo
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs_service
-from app.jobs import transitions
+from app.jobs import size_classes, transitions
 from app.jobs.transitions import JobStatus
 from app.main import create_app
 from tests.conftest import (
@@ -130,11 +130,14 @@ def test_a_create_refused_at_the_commit_leaves_nothing_and_frees_its_key(
 
 
 def test_a_create_runs_six_statements_once_its_project_has_no_free_slot(
-    pg_settings: Settings,
+    pg_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One claim; the job, its event and the stored response; the project's lock and one count
     # for its quota and its dispatch slots. Before the create path was trimmed it ran twelve
     # (and a ping per connection checked out). More statements are more round trips under load.
+    # The workers' size classes are read once per REFRESH_S per process (app.jobs.size_classes),
+    # by the first create here: however slow this machine, not again by the third.
+    monkeypatch.setattr(size_classes, "REFRESH_S", 3600.0)
     pg_settings.max_dispatched_per_project = 1
     app = create_app(pg_settings, RecordingDispatcher())
     state = app.state.grpo

@@ -229,3 +229,54 @@ def test_usage_shows_the_job_limit_next_to_the_device_limit(
     quota = schema["components"]["schemas"]["JobQuotaOut"]["properties"]
     assert "GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT" in quota["limit_devices"]["description"]
     assert "GRPO_MAX_ACTIVE_JOBS_PER_PROJECT" in quota["limit_jobs"]["description"]
+
+
+def test_devices_is_a_json_integer_not_text_or_a_boolean(
+    make_service: Callable[..., Service],
+) -> None:
+    # Pydantic's lax mode read "2" as 2 and true as 1 device (issue 32).
+    service = make_service()
+    for devices in ("2", True, 2.0, "two"):
+        spec = devices_spec(2) | {"resources": {"devices": devices}}
+        for path in ("/v1/jobs", "/v1/jobs/validate"):
+            refused = service.client.post(path, json=spec, headers=service.headers)
+            assert refused.status_code == 422, (devices, path, refused.text)
+            assert refused.json()["error"]["param"] == "resources.devices", devices
+    assert service.post(2, "/v1/jobs/validate").status_code == 200
+
+
+# One python tool: a job with it is an agent job, whose episodes the trainer runs on one device.
+TOOL = {
+    "type": "function",
+    "function": {"name": "one", "parameters": {"type": "object", "properties": {}}},
+    "implementation": {"type": "python", "source": "def one():\n    return '1'\n"},
+}
+
+
+def test_an_agent_job_the_trainer_would_refuse_is_refused_at_validation_naming_the_field(
+    make_service: Callable[..., Service],
+) -> None:
+    # It validated, waited for a worker of its size, then failed with agents_not_supported.
+    service = make_service()
+    environment = {"type": "python", "source": "class Environment:\n    pass\n"}
+    cases = [
+        ({"tools": [TOOL], "resources": {"devices": 2}}, "resources.devices"),
+        ({"environment": environment, "resources": {"devices": 2}}, "resources.devices"),
+        (
+            {
+                "tools": [TOOL],
+                "dataset": {"rows": [{"prompt": "q"}] * 8, "use_chat_template": False},
+            },
+            "dataset.use_chat_template",
+        ),
+    ]
+    for changes, param in cases:
+        spec = devices_spec(1) | {"dataset": {"rows": [{"prompt": "q"}] * 8}} | changes
+        for path in ("/v1/jobs", "/v1/jobs/validate"):
+            refused = service.client.post(path, json=spec, headers=service.headers)
+            assert refused.status_code == 422, (param, path, refused.text)
+            assert refused.json()["error"]["param"] == param, refused.text
+    # The same agent job on one device, with the chat template, is accepted.
+    fine = devices_spec(1) | {"tools": [TOOL], "dataset": {"rows": [{"prompt": "q"}] * 8}}
+    accepted = service.client.post("/v1/jobs/validate", json=fine, headers=service.headers)
+    assert accepted.status_code == 200, accepted.text

@@ -1,5 +1,7 @@
 """The verified-key cache: a key is looked up in the database at most once per TTL per
-process, and a revoked key stops working once that TTL has passed."""
+process while no key is revoked (a revocation through the API or the CLI makes every entry
+stale at once: tests/app/test_key_revocation.py), and a key revoked in the database by other
+means stops working once that TTL has passed."""
 
 from __future__ import annotations
 
@@ -39,6 +41,15 @@ def test_the_cache_is_bounded_and_keeps_no_plaintext() -> None:
     assert [cache.get(f"grpo_p{i}_secret{i}") for i in range(5)] == [None, None, 2, 3, 4]
     stored = repr(cache._entries)
     assert "secret" not in stored and "grpo_" not in stored
+
+
+def test_an_entry_counts_only_under_the_epoch_it_was_verified_under() -> None:
+    # The revocation counter moved (a key was revoked somewhere): every entry is stale.
+    cache: VerifiedKeys[str] = VerifiedKeys(ttl_s=60, max_entries=10)
+    cache.put("grpo_abc_secret", "principal", epoch=3)
+    assert cache.get("grpo_abc_secret", epoch=3) == "principal"
+    assert cache.get("grpo_abc_secret", epoch=4) is None
+    assert cache.get("grpo_abc_secret", epoch=3) is None  # dropped, not kept for later
 
 
 def test_a_zero_ttl_caches_nothing() -> None:

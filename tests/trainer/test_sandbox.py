@@ -11,10 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from trainer.graders import GraderSet
 from trainer.graders.python import PythonGrade
 from trainer.sandbox import SandboxPool, build_sandbox_settings
+from trainer.spec import PythonGrader as PythonGraderSpec
+from trainer.spec.python_source import MAX_SOURCE_NESTING
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -154,6 +157,32 @@ def test_a_grader_that_does_not_load_fails_every_sample_with_its_reason() -> Non
     batch = GraderSet([python]).score_batch(["a", "b"], [{}, {}])
     assert batch.totals == [0.0, 0.0] and batch.errors == {"py": 2}
     assert "did not load" in batch.first_errors["py"]
+
+
+def test_the_deepest_source_validation_accepts_loads_and_grades_in_the_sandbox() -> None:
+    """Validation bounds how deeply a source nests (trainer.spec.python_source) so that what it
+    accepts the sandbox compiles too: the deepest accepted source scores like any other."""
+
+    def nested(levels: int) -> str:  # `return 1 - (1 - (... 1))`: a level per parenthesis
+        return "def grade(sample, item):\n    return " + "1 - (" * levels + "1" + ")" * levels
+
+    def accepted(levels: int) -> bool:
+        try:
+            PythonGraderSpec(type="python", source=nested(levels))
+        except ValidationError:
+            return False
+        return True
+
+    deepest = next(n for n in range(MAX_SOURCE_NESTING, 0, -1) if accepted(n))
+    assert deepest > MAX_SOURCE_NESTING - 10  # the module, the def and the return count too
+    with pytest.raises(ValidationError, match="nests too deeply"):
+        PythonGraderSpec(type="python", source=nested(deepest + 1))
+    python = PythonGrade("py", 1.0, nested(deepest), settings=SETTINGS)
+    try:
+        batch = GraderSet([python]).score_batch(["a"], [{}])
+        assert batch.errors == {"py": 0} and batch.totals == [1.0 if deepest % 2 == 0 else 0.0]
+    finally:
+        python.close()
 
 
 def test_a_training_job_grades_with_a_python_grader_reading_item_fields(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.models import Job
 from app.core.settings import Settings
-from app.jobs import transitions
+from app.jobs import size_classes, transitions
 from app.main import create_app
 from tests.conftest import Api, RecordingDispatcher, new_project_key, tiny_spec
 from tests.worker.conftest import ROOT, WorkerProcess, wait_for
@@ -154,6 +154,45 @@ def _age(ctx: WorkerContext, job_id: str) -> None:
         )
 
 
+# ---- workers announce their size class -------------------------------------------------------
+
+
+def test_workers_announce_their_size_so_a_job_no_worker_runs_is_told(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each maintenance pass writes the worker's size class (worker.maintenance.announce_worker);
+    the API warns a job of a size no worker announced (app.jobs.size_classes)."""
+    monkeypatch.setattr(size_classes, "REFRESH_S", 0.0)  # each create reads the table afresh
+    settings.queue_name = f"{settings.queue_name}-{secrets.token_hex(3)}"  # no other workers
+    sessions = make_session_factory(make_engine(settings.resolved_database_url))
+
+    def announce(devices: int) -> None:
+        worker = build_worker_settings(
+            data_dir=settings.data_dir,
+            database_url=settings.resolved_database_url,
+            queue_name=settings.queue_name,
+            worker_devices=devices,
+            worker_name=f"worker-{devices}-{secrets.token_hex(3)}",
+        )
+        maintenance.announce_worker(WorkerContext(worker, sessions, RecordingDispatcher()))
+
+    key, _ = new_project_key(settings)
+    two_devices = tiny_spec() | {"resources": {"devices": 2}}
+    with TestClient(create_app(settings, RecordingDispatcher())) as client:
+
+        def created_warnings() -> list[str]:
+            response = client.post(
+                "/v1/jobs", json=two_devices, headers={"Authorization": f"Bearer {key}"}
+            )
+            assert response.status_code == 201, response.text
+            return list(response.json()["warnings"])
+
+        announce(1)
+        assert len(created_warnings()) == 1  # only one-device workers run
+        announce(2)
+        assert created_warnings() == []
+
+
 # ---- real worker processes -------------------------------------------------------------------
 
 
@@ -177,8 +216,19 @@ def test_a_worker_takes_only_the_jobs_of_its_size_class(
     api.settings.queue_name = f"{api.settings.queue_name}-{secrets.token_hex(3)}"
     one = start_worker(api.settings, GRPO_WORKER_DEVICES="1", GRPO_WORKER_NAME="one-device")
     two_devices = tiny_spec() | {"resources": {"devices": 2}}
+
+    def dry_run_warnings() -> list[str]:
+        checked = api.client.post("/v1/jobs/validate", json=two_devices, headers=api.headers)
+        assert checked.status_code == 200, checked.text
+        return list(checked.json()["warnings"])
+
+    # The worker announces itself as it starts: a job of a size it is not is told so (once
+    # this API process reads the workers again: it trusts a read for REFRESH_S seconds). A
+    # loaded machine takes a while to start a worker: the budget of the wait below.
+    wait_for(dry_run_warnings, 180, "the one-device worker's announcement")
     big = api.client.post("/v1/jobs", json=two_devices, headers=api.headers)
     assert big.status_code == 201, big.text
+    assert "no worker of 2 device(s)" in big.json()["warnings"][0]
     small = api.client.post("/v1/jobs", json=tiny_spec(), headers=api.headers)
     assert small.status_code == 201, small.text
     big_id, small_id = big.json()["id"], small.json()["id"]

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, get_args
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 __all__ = [
     "MAX_INLINE_ROWS",
@@ -26,6 +27,7 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "MAX_TOKENS",
     "StrictModel",
+    "field_error",
     "literal_tag",
     "text_problem",
 ]
@@ -94,3 +96,15 @@ def literal_tag(model: type[BaseModel], field: str = "type") -> str:
     if len(values) != 1 or not isinstance(values[0], str):
         raise TypeError(f"{model.__name__}.{field} must be a Literal of one string")
     return values[0]
+
+
+def field_error(loc: tuple[str | int, ...], message: str, value: Any) -> ValidationError:
+    """An error about the field at ``loc`` below the field being validated, for a rule that
+    only a parent can check (it needs a sibling's value) but that the user must read as the
+    field's own: raised from a parent's validator, pydantic keeps the location, so the API's
+    422 names ``resources.devices``, not ``resources``."""
+    # Without a context the template is not formatted: the message is shown as it is.
+    error = PydanticCustomError("value_error", message)
+    return ValidationError.from_exception_data(
+        "JobSpec", [InitErrorDetails(type=error, loc=loc, input=value)]
+    )

@@ -4,6 +4,7 @@ validation compiles every pattern the way the grader will, so what RE2 cannot ru
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Annotated, ClassVar, Literal, get_args
 
@@ -11,6 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trainer.spec.base import StrictModel, literal_tag
 from trainer.spec.expressions import MAX_EXPRESSION_CHARS, ExpressionError, check_expression
+from trainer.spec.python_source import parse_source
 from trainer.spec.regex import MAX_PATTERN_CHARS, REGEX_MAX_MEM, compile_regex
 from trainer.spec.templates import MAX_TEMPLATE_CHARS, TemplateError, check_template
 
@@ -359,21 +361,16 @@ class PythonGrader(GraderSpecBase):
     @field_validator("source")
     @classmethod
     def _compiles_and_defines_grade(cls, source: str) -> str:
-        try:
-            tree = compile(source, "grader.py", "exec", flags=_AST_ONLY, dont_inherit=True)
-        except SyntaxError as exc:
-            raise ValueError(f"source does not compile: {exc.msg} (line {exc.lineno})") from None
+        tree = parse_source(source, "grader.py")  # bounded: a 422, never a parser crash
         names = {
             node.name
-            for node in getattr(tree, "body", [])
-            if type(node).__name__ in ("FunctionDef", "AsyncFunctionDef")
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         }
         if "grade" not in names:
             raise ValueError("source must define a function grade(sample, item)")
         return source
 
-
-_AST_ONLY = 0x400  # ast.PyCF_ONLY_AST: parse without compiling to bytecode
 
 # The one list of grader spec classes: a new grader type is a class above plus a member here
 # (and its implementation in trainer.graders.GRADER_BUILDERS). Everything else derives from it.

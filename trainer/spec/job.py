@@ -12,7 +12,16 @@ The sections live beside it in :mod:`trainer.spec` (``base``, ``dataset``, ``gra
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationInfo, field_validator
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import (
+    Field,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from trainer.spec.adaptation import LoraSpec
 from trainer.spec.agents import (
@@ -23,7 +32,7 @@ from trainer.spec.agents import (
     HttpToolImplementation,
     ToolSpec,
 )
-from trainer.spec.base import MAX_SEED, MAX_STEPS, StrictModel
+from trainer.spec.base import MAX_SEED, MAX_STEPS, StrictModel, field_error
 from trainer.spec.checkpoint import CheckpointSpec
 from trainer.spec.dataset import DatasetSpec
 from trainer.spec.graders import GraderSpec, grader_name
@@ -182,6 +191,36 @@ class JobSpec(StrictModel):
                 raise ValueError("lora_sync 'adapter' needs a LoRA job (set lora)")
         return rollout
 
+    @field_validator("resources", mode="wrap")
+    @classmethod
+    def _devices_are_whole_numbers(
+        cls, resources: Any, handler: ValidatorFunctionWrapHandler
+    ) -> ResourcesSpec:
+        # Pydantic's lax mode reads "2" as 2 and true as 1: a device count is a JSON integer.
+        # Checked strictly here, where the section is read; its errors keep their location
+        # (resources.devices).
+        if isinstance(resources, Mapping):
+            ResourcesSpec.model_validate(resources, strict=True)
+        validated: ResourcesSpec = handler(resources)
+        return validated
+
+    @field_validator("resources")
+    @classmethod
+    def _agents_run_on_one_device(
+        cls, resources: ResourcesSpec, info: ValidationInfo
+    ) -> ResourcesSpec:
+        # The trainer runs episodes on one rank only (trainer.run.episodes.agent_refusal): such
+        # a job could only fail on its worker, after waiting for a worker of its size.
+        agentic = info.data.get("tools") or info.data.get("environment") is not None
+        if agentic and resources.devices > 1:
+            raise field_error(
+                ("devices",),
+                f"a job with tools or an environment trains on one device (got "
+                f"{resources.devices}): set resources.devices to 1",
+                resources.devices,
+            )
+        return resources
+
     @field_validator("resources")
     @classmethod
     def _devices_split_the_batch_evenly(
@@ -223,6 +262,19 @@ class JobSpec(StrictModel):
         if duplicates:
             raise ValueError(f"tool names must be unique: {', '.join(duplicates)}")
         return tools
+
+    @model_validator(mode="after")
+    def _agents_need_the_chat_template(self) -> JobSpec:
+        # Episodes are chat conversations (tool calls and results are turns): without the
+        # template the trainer refuses the job on its worker (agent_refusal).
+        if self.is_agentic and not self.dataset.use_chat_template:
+            raise field_error(
+                ("dataset", "use_chat_template"),
+                "a job with tools or an environment needs the chat template: set "
+                "dataset.use_chat_template to true",
+                False,
+            )
+        return self
 
     @property
     def is_agentic(self) -> bool:
