@@ -27,9 +27,12 @@ services:  ## start the local PostgreSQL and Redis if they are down
 	scripts/services.sh
 
 test: setup services  ## set up, then run the default test suite (what CI runs): the fast tier on every core, then the rest
+	start=$$(date +%s); \
 	$(PY) -m pytest -m "$(FAST)" -q -n $(XDIST) --durations=10; fast=$$?; \
+	mid=$$(date +%s); \
 	$(PY) -m pytest -m "$(HEAVY)" -q --durations=40; heavy=$$?; \
-	echo "fast tier: exit $$fast; processes, models and browser: exit $$heavy"; \
+	end=$$(date +%s); \
+	echo "fast tier: exit $$fast in $$((mid - start)) s; processes, models and browser: exit $$heavy in $$((end - mid)) s"; \
 	[ $$fast -eq 0 ] && [ $$heavy -eq 0 ]
 
 test-fast: setup services  ## the fast tier (about 6 minutes on 2 cores): API, DB, CLI, trainer math; no workers, models or browser
