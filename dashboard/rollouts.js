@@ -2,8 +2,8 @@
 // with their rewards and advantages. A completion of an agent episode (it has a `transcript`)
 // gets a row below it, opened by its "turns" button, with the episode's turns: the model's
 // turns and their tool calls, the tools' results and the environment's messages, each kind
-// drawn differently, and what ended the episode. Groups without transcripts look as they
-// always did.
+// drawn differently, and what ended the episode (with why, where the reason alone does not say:
+// the environment's error). Groups without transcripts look as they always did.
 
 import { api, qs } from "/dashboard/api.js";
 import { fmtNum } from "/dashboard/charts.js";
@@ -112,7 +112,8 @@ function renderTranscript(t) {
     turn.malformed.map((why) => h("div", { class: "error small malformed" }, `unreadable call: ${why}`))));
   return h("div", { class: "transcript" }, turns,
     t.turns_left_out ? h("p", { class: "muted small left-out" }, `${plural(t.turns_left_out, "more turn")} not shown`) : null,
-    h("p", { class: "small end-reason" }, "Episode ended: ", h("code", {}, t.end_reason ?? "–")));
+    h("p", { class: "small end-reason" }, "Episode ended: ", h("code", {}, t.end_reason ?? "–"),
+      t.end_detail ? h("span", { class: "end-detail" }, ` (${t.end_detail})`) : null));
 }
 
 function cutNote(n) {

@@ -73,6 +73,12 @@ class SampleTranscript(BaseModel):
         "whole transcript, after which the rest of the turns are left out."
     )
     turns_left_out: int = Field(description="Turns of the episode not in `turns`.")
+    end_detail: str | None = Field(
+        default=None,
+        description="Why the episode ended where the reason alone does not say: the "
+        "environment's error (error), the first unreadable call (malformed_call), where the "
+        "template re-rendered (template_drift); at most 200 characters.",
+    )
 
 
 class SampleCompletion(BaseModel):

@@ -58,10 +58,7 @@ def test_a_deep_source_within_the_bound_is_accepted(api: Api) -> None:
 
 
 # The same parser runs on a python tool's and a python environment's source
-# (trainer/spec/agents.py), which the lead patches to use trainer.spec.python_source too.
-@pytest.mark.xfail(
-    strict=True, reason="trainer/spec/agents.py still calls ast.parse unbounded (issue 32)"
-)
+# (trainer/spec/agents.py).
 def test_a_tool_or_environment_source_that_nests_too_deeply_is_refused(api: Api) -> None:
     crasher = CRASHERS["a long unary chain"]
     tool = {

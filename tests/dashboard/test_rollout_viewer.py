@@ -32,10 +32,10 @@ SHOTS = Path(os.environ.get("GRPO_SCREENSHOT_DIR") or tempfile.mkdtemp(prefix="g
 PROMPT = "What is 12 times 34?"
 
 
-def episode(log: list[dict[str, Any]], end: Any) -> dict[str, Any]:
+def episode(log: list[dict[str, Any]], end: Any, detail: str | None = None) -> dict[str, Any]:
     ep = Episode.start(0, {}, [{"role": "user", "content": PROMPT}], [1, 2])
     ep.log.extend(log)
-    ep.end(end)
+    ep.end(end, detail)
     return sample_transcript(ep)
 
 
@@ -58,7 +58,7 @@ def environment(content: str) -> dict[str, Any]:
 
 
 # Episode 1: the environment's opening, a call, its result, the answer. Episode 2: a call that
-# fails, the answer, the environment's question, the answer again.
+# fails, the answer, the environment's question, the answer again, then the environment fails.
 SOLVED = episode(
     [
         environment("Use the calculator."),
@@ -76,7 +76,8 @@ FAILED = episode(
         environment("Are you sure?"),
         model("Yes."),
     ],
-    "max_turns",
+    "error",
+    "the environment's step failed: HTTP 500",
 )
 
 
@@ -179,7 +180,12 @@ def test_an_agent_completion_opens_to_its_turns_with_tool_calls_and_results(
     assert "turn-error" in (failed.get_attribute("class") or "").split()
     expect(failed.locator(".turn-err")).to_have_text("failed: ZeroDivisionError: division by zero")
     expect(second.nth(3).locator(".turn-content")).to_have_text("Are you sure?")
-    expect(details.nth(1).locator(".end-reason code")).to_have_text("max_turns")
+    expect(details.nth(1).locator(".end-reason code")).to_have_text("error")
+    # Why it ended, as the episode recorded it (the API's transcript carries end_detail).
+    expect(details.nth(1).locator(".end-reason .end-detail")).to_have_text(
+        " (the environment's step failed: HTTP 500)"
+    )
+    expect(details.nth(0).locator(".end-reason .end-detail")).to_have_count(0)
     page.locator("#rollouts").screenshot(path=str(SHOTS / "rollout-turns.png"))
 
     toggles.nth(0).click()  # closes again

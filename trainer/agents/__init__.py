@@ -9,10 +9,13 @@ Owns (token ids and messages, no tensor math):
 - ``parsing``: tool calls out of an assistant turn, by model family (Hermes/Qwen
   ``<tool_call>``, also the default); a malformed call is a counted event, never an exception;
 - ``episode``: token-in/token-out episodes: sampled turns kept as sampled (loss mask 1),
-  injected turns as the template's checked token delta (mask 0), template drift split or
-  dropped and counted;
-- ``driver``: the rollout, one engine ``generate`` per turn for all live episodes, tools and
-  the environment between turns, budgets and end reasons;
+  injected turns as the template's checked token delta (mask 0), template drift continued,
+  split or dropped and counted;
+- ``outside``: what tools and environments write, as the model reads it: lone surrogates
+  replaced, special tokens tokenised as plain text (no forged turns);
+- ``driver``: the rollout, one engine ``generate`` per turn for all live episodes (the
+  engine's prefix cache kept across the turns), tools and the environment between turns,
+  budgets and end reasons, random episode ids;
 - ``tools``: python tools in the grader sandbox, http tools through :class:`HttpTools`;
 - ``environment``: the :class:`Environment` protocol (reset/step, batched), python classes in
   the sandbox (:class:`SandboxEnvironment`);
@@ -30,9 +33,10 @@ episode id), which it passes to ``train()``.
 """
 
 from trainer.agents.chat import ChatFormat, chat_format, default_tool_prompt
-from trainer.agents.driver import TurnSettings, run_episodes, start_episodes
+from trainer.agents.driver import TurnSettings, new_episode_id, run_episodes, start_episodes
 from trainer.agents.environment import Environment, EnvStep, SandboxEnvironment
 from trainer.agents.episode import END_REASONS, EndReason, Episode, Segment, token_delta
+from trainer.agents.outside import OutsideText, outside
 from trainer.agents.parsing import ParsedTurn, ToolCall, parse_hermes, parser_family
 from trainer.agents.samples import (
     episode_metrics,
@@ -50,6 +54,7 @@ __all__ = [
     "Environment",
     "Episode",
     "HttpTools",
+    "OutsideText",
     "ParsedTurn",
     "SandboxEnvironment",
     "Segment",
@@ -62,6 +67,8 @@ __all__ = [
     "default_tool_prompt",
     "episode_metrics",
     "episode_samples",
+    "new_episode_id",
+    "outside",
     "parse_hermes",
     "parser_family",
     "run_episodes",

@@ -15,6 +15,15 @@ token ids.
 Assistant turns are put back as the text the model sampled (special tokens kept, the end token
 left for the template to write), never as structured ``tool_calls``: a template re-serialising
 the call's JSON would not give back the sampled tokens.
+
+Tool results and environment messages are :class:`~trainer.agents.outside.OutsideText`: the
+render tokenises them as plain text, so a special token written inside one is never a turn
+marker (:class:`~trainer.agents.outside.PlainTextEncoder`).
+
+:meth:`ChatFormat.continuation` is what a template writes after an assistant turn for the
+messages that follow it, rendered after a fixed probe exchange rather than after the episode's
+own turns; the driver appends it where re-rendering the whole conversation would change the
+turns already sampled (template drift, :mod:`trainer.agents.episode`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from trainer.agents.outside import OutsideText, PlainTextEncoder, outside
 from trainer.agents.parsing import TOOL_CALL_PARSERS, ParsedTurn, parser_family
 
 __all__ = [
@@ -40,6 +50,9 @@ Message = dict[str, Any]
 TOOL_RESULT_PREFIX = "Tool result"
 _PROBE_NAME = "grpo_probe_tool_7f3a"
 _PROBE_RESULT = "grpo-probe-result-7f3a"
+# The exchange a continuation is rendered after: plain words no template trims or rewrites.
+_PROBE_QUESTION = "grpo-probe-question-7f3a"
+_PROBE_ANSWER = "grpo-probe-answer-7f3a"
 _PROBE_TOOL = {
     "type": "function",
     "function": {
@@ -108,6 +121,7 @@ class ChatFormat:
     native_tools: bool
     tool_role: bool
     family: str
+    encoder: PlainTextEncoder
 
     def initial(self, messages: Sequence[Mapping[str, Any]]) -> list[Message]:
         """The conversation an episode starts from: ``messages`` with, when the template does
@@ -124,10 +138,39 @@ class ChatFormat:
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Token ids of ``messages`` and the assistant generation prompt (the template writes
-        its own special tokens, BOS included)."""
+        its own special tokens, BOS included; outside text is plain text)."""
+        return self.encoder.encode(self._text(messages))
+
+    def continuation(self, new: Sequence[Mapping[str, Any]], end_token: int) -> list[int] | None:
+        """The tokens the template writes after an assistant turn that ended with the token
+        ``end_token`` for the messages ``new`` that follow it, through the next generation
+        prompt; None when its render does not show where that starts (the turn's closing
+        does not begin with that token's text)."""
+        probe = [
+            {"role": "user", "content": _PROBE_QUESTION},
+            {"role": "assistant", "content": _PROBE_ANSWER},
+        ]
+        try:
+            text = self._text([*probe, *new])
+        except Exception:  # a template that refuses the probe exchange: no continuation
+            return None
+        # The first occurrence is the probe's: the new messages come after it.
+        at = text.find(_PROBE_ANSWER)
+        after = text[at + len(_PROBE_ANSWER) :]
+        closing = str(self.tokenizer.decode([end_token]))
+        if at < 0 or not closing or not after.startswith(closing):
+            return None
+        return self.encoder.encode(after[len(closing) :])
+
+    def _text(self, messages: Sequence[Mapping[str, Any]]) -> str:
         tools = self.tools if self.native_tools and self.tools else None
-        text = _render_text(self.tokenizer, messages, tools)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        marked = [
+            {**m, "content": self.encoder.mark(m["content"])}
+            if isinstance(m.get("content"), OutsideText)
+            else m
+            for m in messages
+        ]
+        return _render_text(self.tokenizer, marked, tools)
 
     def assistant_message(self, sampled: Sequence[int], stop_ids: Sequence[int]) -> Message:
         """The assistant turn as the model sampled it: its tokens decoded with special tokens
@@ -138,10 +181,11 @@ class ChatFormat:
         return {"role": "assistant", "content": self.tokenizer.decode(ids)}
 
     def tool_message(self, name: str, content: str) -> Message:
-        """A tool's result as the template takes it: a ``tool`` turn, or a prefixed user turn."""
+        """A tool's result as the template takes it: a ``tool`` turn, or a prefixed user turn;
+        its content is outside text."""
         if self.tool_role:
-            return {"role": "tool", "name": name, "content": content}
-        return {"role": "user", "content": f"{TOOL_RESULT_PREFIX} ({name}):\n{content}"}
+            return {"role": "tool", "name": name, "content": outside(content)}
+        return {"role": "user", "content": outside(f"{TOOL_RESULT_PREFIX} ({name}):\n{content}")}
 
     def parse(self, text: str) -> ParsedTurn:
         """The tool calls of an assistant turn's text, by the family's parser."""
@@ -158,4 +202,5 @@ def chat_format(
         native_tools=_renders_tools(tokenizer),
         tool_role=_renders_tool_role(tokenizer),
         family=parser_family(tokenizer),
+        encoder=PlainTextEncoder(tokenizer),
     )

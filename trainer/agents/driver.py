@@ -3,15 +3,26 @@ ONE generate call (no episode waits on another's tool while the engine idles, an
 batches as it does for single-turn rollouts); between turns the turn's tool calls run together
 (:class:`~trainer.agents.tools.Toolbox`), then the environment answers the turns that called no
 tool (:class:`~trainer.agents.environment.Environment`), then each conversation is rendered
-again and its delta injected (:meth:`~trainer.agents.episode.Episode.inject`).
+again and its delta injected (:meth:`~trainer.agents.episode.Episode.inject`; on template drift
+what ``episode.on_template_drift`` says, :mod:`trainer.agents.episode`).
 
 What ends an episode is recorded (``Episode.end_reason``): ``done`` (the environment said so;
 without one, the model answered without a tool call), ``max_turns``, ``max_tool_calls`` (the
 turn's calls would exceed it: none of them runs), ``max_episode_tokens`` (the next prompt would
 reach it, or a turn was cut at it), ``truncated`` (a turn reached ``max_new_tokens``),
 ``malformed_call`` (a call that could not be read; the turn's well-formed calls do not run),
-``error`` (the environment failed) and ``template_drift`` (dropped, see
-:mod:`trainer.agents.episode`). An episode's environment reward is the sum of its steps'.
+``error`` (the environment failed; ``Episode.end_detail`` says how) and ``template_drift``
+(dropped, see :mod:`trainer.agents.episode`). An episode's environment reward is the sum of its
+steps'.
+
+Episode ids (what an environment keys its state by) are random, 128 bits each: unique across
+jobs, attempts, steps and rows, and unguessable, so no environment that serves several jobs can
+mix their episodes, nor a tenant address another's.
+
+What tools and environments write is outside text (:mod:`trainer.agents.outside`): cleaned of
+lone surrogates and tokenised as plain text. The engine keeps its prefix cache across the
+turns of one :func:`run_episodes` (each turn's prompt is the last one's context plus a few
+tokens), and starts it empty for the next (:func:`trainer.rollout.base.prefix_cache_kept`).
 
 The engine's context limit must hold ``budgets.max_episode_tokens`` (the caller sizes both):
 a prompt longer than the engine takes is the engine's error, not an episode event.
@@ -19,20 +30,24 @@ a prompt longer than the engine takes is the engine's error, not an episode even
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainer.agents.chat import ChatFormat
 from trainer.agents.environment import Environment, EnvStep
-from trainer.agents.episode import Episode
+from trainer.agents.episode import Episode, token_delta
+from trainer.agents.outside import clean_text, outside
 from trainer.agents.parsing import ToolCall
 from trainer.agents.tools import ToolResult, ToolRunner
-from trainer.rollout.base import Completion, RolloutEngine
+from trainer.rollout.base import Completion, RolloutEngine, prefix_cache_kept
 from trainer.seeding import derive_seed
 from trainer.spec import EpisodeSpec
 
-__all__ = ["TurnSettings", "run_episodes", "start_episodes"]
+__all__ = ["EPISODE_ID_BYTES", "TurnSettings", "new_episode_id", "run_episodes", "start_episodes"]
+
+EPISODE_ID_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -47,30 +62,40 @@ class TurnSettings:
     greedy: bool = False
 
 
+def new_episode_id() -> str:
+    """A fresh episode id: :data:`EPISODE_ID_BYTES` random bytes as hex."""
+    return secrets.token_hex(EPISODE_ID_BYTES)
+
+
 def start_episodes(
     fmt: ChatFormat,
     conversations: Sequence[Sequence[Mapping[str, Any]]],
     items: Sequence[Mapping[str, Any]],
     environment: Environment | None,
-    *,
-    id_prefix: str = "ep",
 ) -> list[Episode]:
-    """One episode per conversation (a row's messages, repeated G times for a group): the
-    environment's reset messages follow the row's, the tool prompt goes in (when the template
-    has no tool support), and the whole is rendered as the first prompt."""
-    ids = [f"{id_prefix}-{i}" for i in range(len(conversations))]
+    """One episode per conversation (a row's messages, repeated G times for a group), each with
+    a fresh id (:func:`new_episode_id`): the environment's reset messages follow the row's, the
+    tool prompt goes in (when the template has no tool support), and the whole is rendered as
+    the first prompt."""
+    ids = [new_episode_id() for _ in conversations]
     resets = [EnvStep()] * len(conversations)
     if environment is not None:
         resets = environment.reset(ids, items)
     episodes = []
     for i, (conversation, item, reset) in enumerate(zip(conversations, items, resets, strict=True)):
-        messages = fmt.initial([*conversation, *reset.messages])
+        opening = _outside_messages(reset.messages)
+        messages = fmt.initial([*conversation, *opening])
         episode = Episode.start(i, item, messages, fmt.render(messages), episode_id=ids[i])
-        episode.log.extend(_environment_entry(m) for m in reset.messages)
+        episode.log.extend(_environment_entry(m) for m in opening)
         if reset.error is not None:
-            episode.end("error")
+            episode.end("error", f"the environment's reset failed: {clean_text(reset.error)}")
         episodes.append(episode)
     return episodes
+
+
+def _outside_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """An environment's messages with their content as outside text."""
+    return [{**m, "content": outside(str(m.get("content", "")))} for m in messages]
 
 
 def _environment_entry(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,6 +137,7 @@ def _read_turn(
     episode.add_turn(completion.token_ids, completion.logprobs)
     message = fmt.assistant_message(completion.token_ids, settings.stop_token_ids)
     episode.messages.append(message)
+    episode.turn_end = len(episode.messages)
     parsed = fmt.parse(message["content"])
     episode.last_text = parsed.content
     episode.log.append(
@@ -130,7 +156,7 @@ def _read_turn(
         full = len(episode.context) >= budgets.max_episode_tokens
         episode.end("max_episode_tokens" if full else "truncated")
     elif parsed.malformed:
-        episode.end("malformed_call")
+        episode.end("malformed_call", parsed.malformed[0])
     elif parsed.calls and len(episode.tool_calls) + len(parsed.calls) > budgets.max_tool_calls:
         episode.end("max_tool_calls")
     elif parsed.calls and episode.turns >= budgets.max_turns:
@@ -149,19 +175,21 @@ def _run_tools(
     else:
         results = toolbox.run([call for _, call in calls])
     for (episode, call), result in zip(calls, results, strict=True):
-        episode.tool_errors += result.error is not None
+        content = clean_text(result.content)
+        error = None if result.error is None else clean_text(result.error)
+        episode.tool_errors += error is not None
         episode.tool_calls.append(
-            {"name": call.name, "arguments": call.arguments, "result": result.content}
+            {"name": call.name, "arguments": call.arguments, "result": content}
         )
-        message = fmt.tool_message(call.name, result.content)
+        message = fmt.tool_message(call.name, content)
         episode.messages.append(message)
         episode.log.append(
             {
                 "source": "tool",
                 "role": message["role"],
                 "name": call.name,
-                "content": result.content,
-                "error": result.error,
+                "content": content,
+                "error": error,
             }
         )
 
@@ -181,14 +209,41 @@ def _step_environment(
         if step.reward is not None:
             episode.env_reward = (episode.env_reward or 0.0) + step.reward
         if step.error is not None:
-            episode.end("error")
+            episode.end("error", f"the environment's step failed: {clean_text(step.error)}")
         elif step.done:
             episode.end("done")
         elif episode.turns >= settings.budgets.max_turns:
             episode.end("max_turns")
         else:
-            episode.messages.extend(step.messages)
-            episode.log.extend(_environment_entry(m) for m in step.messages)
+            messages = _outside_messages(step.messages)
+            episode.messages.extend(messages)
+            episode.log.extend(_environment_entry(m) for m in messages)
+
+
+def _inject(episode: Episode, fmt: ChatFormat, settings: TurnSettings) -> None:
+    """The turn's new messages into the episode's tokens (mask 0): the new render's delta, or
+    on template drift what ``on_template_drift`` says (:mod:`trainer.agents.episode`)."""
+    policy = settings.budgets.on_template_drift
+    if not episode.appending:
+        rendered = fmt.render(episode.messages)
+        delta, drift_at = token_delta(episode.context, rendered)
+        if drift_at is None:
+            episode.inject(delta)
+            return
+        episode.drifts += 1
+        if policy == "drop":
+            episode.drop(f"the chat template re-rendered the conversation at token {drift_at}")
+            return
+        if policy == "split":
+            episode.split(rendered)
+            return
+        episode.appending = True
+    new = episode.messages[episode.turn_end :]
+    continued = fmt.continuation(new, episode.context[-1])
+    if continued is None:  # the template shows no continuation: the render starts a segment
+        episode.split(fmt.render(episode.messages))
+    else:
+        episode.inject(continued)
 
 
 def run_episodes(
@@ -205,26 +260,39 @@ def run_episodes(
     for episode in episodes:  # a first prompt already over the budget
         if episode.live and len(episode.context) >= settings.budgets.max_episode_tokens:
             episode.end("max_episode_tokens")
-    for turn in range(settings.budgets.max_turns):
-        live = [e for e in episodes if e.live]
-        if not live:
-            return
-        completions = _sample_turn(engine, live, settings, turn)
-        calls: list[tuple[Episode, ToolCall]] = []
-        answered: list[Episode] = []
-        for episode, completion in zip(live, completions, strict=True):
-            turn_calls = _read_turn(episode, completion, fmt, settings)
-            calls.extend((episode, call) for call in turn_calls)
-            if episode.live and not turn_calls:
-                answered.append(episode)
-        _run_tools(calls, toolbox, fmt)
-        _step_environment(answered, environment, settings)
-        for episode in live:
-            if not episode.live:
-                continue
-            # On drift the episode is split (the render is the next prompt) or dropped (ended).
-            episode.inject(fmt.render(episode.messages), settings.budgets.on_template_drift)
-            if episode.live and len(episode.context) >= settings.budgets.max_episode_tokens:
-                episode.end("max_episode_tokens")
+    with prefix_cache_kept(engine):
+        for turn in range(settings.budgets.max_turns):
+            live = [e for e in episodes if e.live]
+            if not live:
+                return
+            _turn(engine, fmt, live, settings, turn, toolbox, environment)
     for episode in episodes:
         episode.end("max_turns")
+
+
+def _turn(
+    engine: RolloutEngine,
+    fmt: ChatFormat,
+    live: list[Episode],
+    settings: TurnSettings,
+    turn: int,
+    toolbox: ToolRunner | None,
+    environment: Environment | None,
+) -> None:
+    """One turn of the ``live`` episodes: sample, run the calls, step the environment, inject."""
+    completions = _sample_turn(engine, live, settings, turn)
+    calls: list[tuple[Episode, ToolCall]] = []
+    answered: list[Episode] = []
+    for episode, completion in zip(live, completions, strict=True):
+        turn_calls = _read_turn(episode, completion, fmt, settings)
+        calls.extend((episode, call) for call in turn_calls)
+        if episode.live and not turn_calls:
+            answered.append(episode)
+    _run_tools(calls, toolbox, fmt)
+    _step_environment(answered, environment, settings)
+    for episode in live:
+        if not episode.live:
+            continue
+        _inject(episode, fmt, settings)
+        if episode.live and len(episode.context) >= settings.budgets.max_episode_tokens:
+            episode.end("max_episode_tokens")

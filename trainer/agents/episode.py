@@ -4,13 +4,22 @@ them, everything else is the chat template's token delta, checked.
 An episode's tokens are one or more :class:`Segment` s, each a prompt and a completion that
 interleaves sampled assistant turns (loss mask 1, the engine's log-probs) with injected turns
 (tool results, environment messages: loss mask 0, log-prob 0.0). After a turn the driver
-renders the whole conversation again and hands it to :meth:`Episode.inject`, which takes the
-suffix after the tokens so far (:func:`token_delta`) only where the render starts with exactly
-those tokens. Where it does not (template drift: the template re-renders an earlier turn
-differently, or the sampled tokens are not the tokenizer's own encoding of their text), nothing
-is re-tokenised: the episode either starts a new segment whose prompt is the new render
-(``split``, the segment before it trains as it was sampled) or ends unused (``drop``), and the
-drift is counted.
+renders the whole conversation again and takes the suffix after the tokens so far
+(:func:`token_delta`) only where the render starts with exactly those tokens. Where it does
+not (template drift: the template re-renders an earlier turn differently, Llama-3's ``| trim``
+or Qwen3's think-block stripping, or the sampled tokens are not the tokenizer's own encoding of
+their text), nothing is re-tokenised, and ``episode.on_template_drift`` decides:
+
+- ``continue`` (the default): the episode goes on from the tokens it has; from then on each
+  turn's new messages are appended as the template writes them after an assistant turn
+  (:meth:`~trainer.agents.chat.ChatFormat.continuation`), never re-rendering the turns before.
+  Every turn stays in the one segment, so every sampled token trains. Where the template shows
+  no continuation, the episode splits instead;
+- ``split``: a new segment starts whose prompt is the new render; the training sample is the
+  first segment, the later ones are left out (counted);
+- ``drop``: the episode ends unused.
+
+Each drift is counted (``episode/template_drift``).
 """
 
 from __future__ import annotations
@@ -92,6 +101,9 @@ class Episode:
     messages: list[dict[str, Any]]  # the conversation, as rendered
     segments: list[Segment]
     turns: int = 0
+    # messages[:turn_end] ends with the latest assistant turn; what follows is not in tokens yet
+    turn_end: int = 0
+    appending: bool = False  # after a drift with "continue": new messages are appended
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # name, arguments, result
     malformed: int = 0
     tool_errors: int = 0
@@ -99,6 +111,7 @@ class Episode:
     injected_tokens: int = 0
     env_reward: float | None = None
     end_reason: EndReason | None = None
+    end_detail: str | None = None  # why, where the reason alone does not say (an error's text)
     dropped: bool = False  # not trained (template drift with "drop")
     last_text: str = ""  # the last assistant turn's content, tool calls removed
     episode_id: str = ""  # what the environment knows it by
@@ -130,9 +143,10 @@ class Episode:
     def context(self) -> list[int]:
         return self.segments[-1].context
 
-    def end(self, reason: EndReason) -> None:
+    def end(self, reason: EndReason, detail: str | None = None) -> None:
         if self.end_reason is None:
             self.end_reason = reason
+            self.end_detail = detail
 
     def add_turn(self, token_ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
         """Append an assistant turn exactly as sampled (mask 1)."""
@@ -145,24 +159,24 @@ class Episode:
         seg.loss_mask.extend([1] * len(token_ids))
         self.turns += 1
 
-    def inject(self, rendered: Sequence[int], on_drift: Literal["split", "drop"]) -> bool:
-        """Take the new render's delta as injected tokens (mask 0). On drift, split or drop (see
-        the module docstring) and return False."""
+    def inject(self, tokens: Sequence[int]) -> None:
+        """Append injected tokens (tool results, environment messages, the next generation
+        prompt) to the segment: mask 0, log-prob 0.0."""
         seg = self.segments[-1]
-        delta, drift_at = token_delta(seg.context, rendered)
-        if drift_at is None:
-            seg.completion_ids.extend(delta)
-            seg.logprobs.extend([0.0] * len(delta))
-            seg.loss_mask.extend([0] * len(delta))
-            self.injected_tokens += len(delta)
-            return True
-        self.drifts += 1
-        if on_drift == "drop":
-            self.dropped = True
-            self.end("template_drift")
-        else:
-            self.segments.append(Segment(list(rendered)))
-        return False
+        seg.completion_ids.extend(tokens)
+        seg.logprobs.extend([0.0] * len(tokens))
+        seg.loss_mask.extend([0] * len(tokens))
+        self.injected_tokens += len(tokens)
+
+    def split(self, rendered: Sequence[int]) -> None:
+        """Start a new segment whose prompt is ``rendered``."""
+        self.segments.append(Segment(list(rendered)))
+        self.appending = False  # the new segment is the render: it can be compared again
+
+    def drop(self, detail: str) -> None:
+        """End the episode unused (template drift with ``drop``)."""
+        self.dropped = True
+        self.end("template_drift", detail)
 
     def trained_segments(self) -> list[Segment]:
         """The segments that train: those with a sampled token, none of a dropped episode."""

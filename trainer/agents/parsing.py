@@ -13,12 +13,13 @@ in :func:`parser_family`.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+
+from trainer.agents.outside import clean_json, clean_text
 
 __all__ = [
     "DEFAULT_FAMILY",
@@ -50,7 +51,7 @@ class ParsedTurn:
     malformed: list[str] = field(default_factory=list)
 
 
-_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_OPEN_TAG, _CLOSE_TAG = "<tool_call>", "</tool_call>"
 
 
 def _hermes_call(body: str) -> ToolCall | str:
@@ -72,27 +73,37 @@ def _hermes_call(body: str) -> ToolCall | str:
             return "arguments are not a JSON object"
     if not isinstance(arguments, dict):
         return "arguments are not a JSON object"
-    return ToolCall(name, arguments)
+    # A JSON escape can make a lone surrogate, which no tool, transcript or store can take.
+    return ToolCall(clean_text(name), clean_json(arguments))
 
 
 def parse_hermes(text: str) -> ParsedTurn:
     """``<tool_call>{json}</tool_call>`` blocks, anywhere in ``text``; an opening tag left
-    unclosed is a malformed call (the turn ran out of tokens mid-call, or the model forgot it)."""
+    unclosed is a malformed call (the turn ran out of tokens mid-call, or the model forgot it).
+
+    One pass, linear in ``len(text)``: each search starts where the last one ended (a lazy
+    pattern rescans the rest of the text from every opening tag, quadratic on a turn of
+    unclosed tags), and each call's body is parsed once."""
     calls: list[ToolCall] = []
     malformed: list[str] = []
-    for match in _HERMES_CALL.finditer(text):
-        parsed = _hermes_call(match.group(1))
+    content: list[str] = []
+    at = 0
+    while (start := text.find(_OPEN_TAG, at)) >= 0:
+        content.append(text[at:start])
+        end = text.find(_CLOSE_TAG, start + len(_OPEN_TAG))
+        if end < 0:  # what follows an unclosed tag is the call, not content
+            malformed.append(f"{_OPEN_TAG} not closed")
+            return ParsedTurn("".join(content).strip(), calls, malformed)
+        at = end + len(_CLOSE_TAG)
+        parsed = _hermes_call(text[start + len(_OPEN_TAG) : end])
         if isinstance(parsed, str):
             malformed.append(parsed)
         elif len(calls) < MAX_CALLS_PER_TURN:
             calls.append(parsed)
         else:
             malformed.append(f"more than {MAX_CALLS_PER_TURN} calls in one turn")
-    rest = _HERMES_CALL.sub("", text)
-    if "<tool_call>" in rest:
-        malformed.append("<tool_call> not closed")
-        rest = rest[: rest.index("<tool_call>")]
-    return ParsedTurn(rest.strip(), calls, malformed)
+    content.append(text[at:])
+    return ParsedTurn("".join(content).strip(), calls, malformed)
 
 
 TOOL_CALL_PARSERS: dict[str, Callable[[str], ParsedTurn]] = {"hermes": parse_hermes}

@@ -98,6 +98,7 @@ def transcript(episode: Episode) -> dict[str, Any]:
         "messages": [dict(m) for m in episode.messages],
         "tool_calls": [dict(c) for c in episode.tool_calls],
         "end_reason": episode.end_reason,
+        "end_detail": episode.end_detail,
     }
 
 
@@ -124,7 +125,8 @@ def _shown_turn(entry: dict[str, Any], budget: _Budget) -> dict[str, Any]:
 
 def sample_transcript(episode: Episode) -> dict[str, Any]:
     """What the rollout viewer shows of ``episode`` (JSON, as the samples API returns it):
-    ``end_reason``, ``turns`` and ``turns_left_out``.
+    ``end_reason``, ``end_detail`` (why, where the reason alone does not say: the environment's
+    error, the unreadable call, the drift; else null), ``turns`` and ``turns_left_out``.
 
     ``turns`` are the messages after the row's own conversation, in order, each with
     ``source``: ``model`` (an assistant turn: its text without its well-formed tool calls, or
@@ -136,10 +138,11 @@ def sample_transcript(episode: Episode) -> dict[str, Any]:
 
     Bounded: at most :data:`MAX_TRANSCRIPT_TURNS` turns; a content and a call's arguments cut
     to :data:`MAX_TURN_CHARS` (``content_cut``/``arguments_cut``: the characters left out),
-    names, errors and reasons to :data:`MAX_LABEL_CHARS` (at most :data:`MAX_REASONS` reasons
-    a turn; the parser reads at most as many calls); all of it together to
+    names, errors, reasons and ``end_detail`` to :data:`MAX_LABEL_CHARS` (at most
+    :data:`MAX_REASONS` reasons a turn); all of it but ``end_detail`` together to
     :data:`MAX_TRANSCRIPT_CHARS`, after which the rest of the turns are left out.
     ``turns_left_out`` counts the turns not shown."""
+    detail = episode.end_detail
     budget = _Budget(MAX_TRANSCRIPT_CHARS)
     turns: list[dict[str, Any]] = []
     for entry in episode.log:
@@ -148,6 +151,7 @@ def sample_transcript(episode: Episode) -> dict[str, Any]:
         turns.append(_shown_turn(entry, budget))
     return {
         "end_reason": episode.end_reason,
+        "end_detail": None if detail is None else detail[:MAX_LABEL_CHARS],
         "turns": turns,
         "turns_left_out": len(episode.log) - len(turns),
     }

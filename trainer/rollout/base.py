@@ -13,7 +13,13 @@ Sampling semantics every engine follows, so that the trainer can treat them alik
   token), computed once by :func:`trainer.rollout.stop_tokens.stop_token_ids` in
   :func:`trainer.rollout.registry.make_engine` and handed to the engine.
 - ``seed`` fixes the samples of one call: same seed, same weights and same prompts give the same
-  completions, regardless of what the engine generated before.
+  completions, regardless of what the engine generated before. Inside
+  :func:`prefix_cache_kept` an engine with a prefix cache (vLLM) reuses the KV blocks of the
+  block's earlier calls (a multi-turn rollout's next prompt extends the last one's context):
+  the block starts from an empty cache, so a whole block's samples still depend only on its
+  calls.
+- The context limit: an engine that has one says it as ``max_model_len`` (both engines here),
+  at most the model's own (:func:`model_context_tokens`) for vLLM, which refuses more.
 
 Adding an engine: its module under ``trainer/rollout/`` (built on this interface), a factory in
 :data:`trainer.rollout.registry.ROLLOUT_ENGINES` that imports that module lazily, and its name
@@ -23,9 +29,9 @@ in ``trainer.spec.RolloutEngineName`` (a test checks the keys equal the spec's n
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
@@ -88,6 +94,55 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release the engine's memory; the engine is unusable afterwards."""
         ...
+
+
+@dataclass
+class PrefillCounts:
+    """Prompt tokens an engine was given and how many of them it read from its prefix cache
+    instead of computing them (cumulative; vLLM's ``num_cached_tokens``)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def cached_share_since(self, earlier: PrefillCounts) -> float:
+        """The share of the prompt tokens since ``earlier`` (a copy taken then) that came from
+        the cache (0.0 when there were none)."""
+        prompts = self.prompt_tokens - earlier.prompt_tokens
+        return (self.cached_tokens - earlier.cached_tokens) / prompts if prompts else 0.0
+
+
+@contextmanager
+def prefix_cache_kept(engine: object) -> Iterator[None]:
+    """Within the block, ``engine`` keeps its prefix cache from one ``generate`` call to the
+    next (reset once, on entry); an engine without one (its ``keep_prefix_cache`` method)
+    runs as ever. Weights must not change inside the block (a sync resets the cache anyway)."""
+    keep = getattr(engine, "keep_prefix_cache", None)
+    with keep() if callable(keep) else nullcontext():
+        yield
+
+
+# The config keys that bound a model's positions, as transformers' configs name them (GPT-2's
+# n_positions, Falcon's max_sequence_length, ChatGLM's seq_length).
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+# A tokenizer without a stated limit reports a huge sentinel (transformers' VERY_LARGE_INTEGER).
+_NO_TOKENIZER_LIMIT = 10**9
+
+
+def model_context_tokens(
+    config: Any, tokenizer: PreTrainedTokenizerBase | None = None
+) -> int | None:
+    """The longest sequence the model was built for: the smallest of ``config``'s position
+    limits (a transformers config) and ``tokenizer``'s ``model_max_length``; None when neither
+    states one. vLLM derives its own limit from the same values (and may stretch it for scaled
+    RoPE), so this is never above what vLLM accepts."""
+    limits = [getattr(config, key, None) for key in _CONTEXT_KEYS]
+    limits.append(getattr(tokenizer, "model_max_length", None))
+    found = [
+        int(v)
+        for v in limits
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v < _NO_TOKENIZER_LIMIT
+    ]
+    return min(found) if found else None
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -102,6 +102,11 @@ class HFEngine:
         """The token ids a completion ends at (sorted)."""
         return list(self._stop_ids)
 
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt and completion together the engine takes."""
+        return self._max_model_len
+
     # ------------------------------------------------------------------ interface
 
     def generate(

@@ -26,7 +26,12 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from trainer.models.lora import merged_model
-from trainer.rollout.base import RolloutEngine, default_enforce_eager, torch_dtype
+from trainer.rollout.base import (
+    RolloutEngine,
+    default_enforce_eager,
+    model_context_tokens,
+    torch_dtype,
+)
 from trainer.rollout.colocation import (
     Colocation,
     engine_memory_share,
@@ -170,8 +175,9 @@ def start_engine(
                 f"a ready model needs staging_root for the {spec.rollout.engine} engine"
             )
         staged = model_path = stage_policy(policy, tokenizer, staging_root)
+    context = model_context_tokens(getattr(policy, "config", None), tokenizer)
     kv_bytes = (
-        run_kv_cache_bytes(spec, policy, train_prompts, eval_prompts, block)
+        run_kv_cache_bytes(spec, policy, train_prompts, eval_prompts, block, context)
         if traits.sizes_kv_cache
         else None
     )
@@ -192,7 +198,7 @@ def start_engine(
             model_path if model_path is not None else Path(spec.model),
             tokenizer,
             dtype=spec.rollout.dtype,
-            max_model_len=max_model_len(spec),
+            max_model_len=max_model_len(spec, context),
             policy_model=policy,
             kv_cache_bytes=kv_bytes,
             kv_block_tokens=block,
@@ -210,11 +216,15 @@ def start_engine(
     return StartedEngine(engine, kv_bytes, staged_dir=staged, colocation=colocation)
 
 
-def max_model_len(spec: JobSpec) -> int:
+def max_model_len(spec: JobSpec, context: int | None = None) -> int:
     """The engine's context limit: a prompt and its completion, or for an agent job (tools or
-    an environment) at least a whole episode (``episode.max_episode_tokens``)."""
+    an environment) at least a whole episode (``episode.max_episode_tokens``, at most the
+    model's ``context``: episodes end there, trainer.rollout.base.model_context_tokens)."""
     single = spec.grpo.max_prompt_tokens + spec.grpo.max_new_tokens
-    return max(single, spec.episode.max_episode_tokens) if spec.is_agentic else single
+    if not spec.is_agentic:
+        return single
+    episode = spec.episode.max_episode_tokens
+    return max(single, episode if context is None else min(episode, context))
 
 
 def run_kv_cache_bytes(
@@ -223,9 +233,10 @@ def run_kv_cache_bytes(
     train_prompts: list[list[int]],
     eval_prompts: list[list[int]],
     block_tokens: int,
+    context: int | None = None,
 ) -> int:
     """``rollout.kv_cache_gib`` when set, else a cache that holds the run's largest generate
-    call at once (:func:`kv_cache_bytes`)."""
+    call at once (:func:`kv_cache_bytes`), an episode at most the model's ``context``."""
     if spec.rollout.kv_cache_gib is not None:
         return int(spec.rollout.kv_cache_gib * (1 << 30))
     grpo = spec.grpo
@@ -234,7 +245,7 @@ def run_kv_cache_bytes(
         sequences=max(grpo.completions_per_step, len(eval_prompts)),
         tokens_per_sequence=max(
             max(map(len, [*train_prompts, *eval_prompts])) + grpo.max_new_tokens,
-            spec.episode.max_episode_tokens if spec.is_agentic else 0,
+            max_model_len(spec, context) if spec.is_agentic else 0,
         ),
         dtype=spec.rollout.dtype,
         block_tokens=block_tokens,

@@ -5,7 +5,15 @@ draws each step's per-row Gumbel seeds from torch's global CPU generator. With
 VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine runs in this process, so seeding that generator right
 before a call (inside a forked RNG scope, leaving the trainer's stream untouched) fixes the call's
 samples. The prefix cache is cleared before each call too, so what a call computes never depends
-on earlier calls.
+on earlier calls; except inside :meth:`VLLMEngine.keep_prefix_cache`
+(:func:`~trainer.rollout.base.prefix_cache_kept`): a multi-turn rollout clears it once, then
+each turn reads the KV blocks of the conversation so far from the cache instead of computing
+the whole conversation again (``prefill``: the prompt tokens and how many came from the cache).
+A weight sync and a sleep clear it whatever the block.
+
+Context: the engine's ``max_model_len`` is at most the model's own (its config's position
+limit, :func:`~trainer.rollout.base.model_context_tokens`, and its tokenizer's
+``model_max_length``): vLLM refuses a longer one, and a job asking for more gets the model's.
 
 Logprobs: ``logprobs_mode="processed_logprobs"`` makes vLLM report log_softmax(logits / T) of
 the sampled token (and log_softmax(logits) for greedy requests), the quantity the trainer
@@ -25,19 +33,22 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from trainer.models.lora import engine_weights, is_lora
 from trainer.rollout.base import (
     Completion,
+    PrefillCounts,
     check_generate_args,
     completion_from_tokens,
     default_enforce_eager,
+    model_context_tokens,
     seeded_rng,
     torch_dtype,
 )
@@ -93,7 +104,11 @@ class VLLMEngine:
             raise ValueError("no stop token ids: generation could never stop")
         self._tokenizer = tokenizer
         self._stop_ids: list[int] = sorted({int(t) for t in stop_token_ids})
-        self._max_model_len = max_model_len
+        context = model_context_tokens(AutoConfig.from_pretrained(str(model_path)), tokenizer)
+        self._max_model_len = max_model_len = min(max_model_len, context or max_model_len)
+        self.prefill = PrefillCounts()
+        self._keep_cache = False  # inside keep_prefix_cache()
+        self._cache_fresh = False  # the cache was cleared since that block began
         # Adapter mode: the adapter in use, the folders it was saved in, and the next id.
         self._adapter: LoRARequest | None = None
         self._adapter_root: Path | None = None
@@ -125,6 +140,21 @@ class VLLMEngine:
     def stop_token_ids(self) -> list[int]:
         """The token ids a completion ends at (sorted)."""
         return list(self._stop_ids)
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt and completion together the engine takes."""
+        return self._max_model_len
+
+    @contextmanager
+    def keep_prefix_cache(self) -> Iterator[None]:
+        """Within the block the prefix cache is cleared once, by its first ``generate``, and
+        then kept from call to call (see the module docstring)."""
+        self._keep_cache, self._cache_fresh = True, False
+        try:
+            yield
+        finally:
+            self._keep_cache, self._cache_fresh = False, False
 
     # ------------------------------------------------------------------ interface
 
@@ -159,11 +189,15 @@ class VLLMEngine:
                 )
             self._wake_up("weights")  # level 1 kept them in host memory
         self._wake_up("kv_cache")  # after a sleep: taken back only now, right before the rollout
-        llm.reset_prefix_cache()
+        if not self._cache_fresh:
+            llm.reset_prefix_cache()
+            self._cache_fresh = self._keep_cache
         with seeded_rng(seed, _device()):
             outputs = llm.generate(inputs, params, use_tqdm=False, lora_request=self._adapter)
         results: list[list[Completion]] = []
         for prompt, output in zip(prompts, outputs, strict=True):
+            self.prefill.prompt_tokens += len(prompt)
+            self.prefill.cached_tokens += int(getattr(output, "num_cached_tokens", None) or 0)
             cap = min(max_new_tokens, self._max_model_len - len(prompt))
             group = []
             for sample in sorted(output.outputs, key=lambda s: s.index):
@@ -214,6 +248,7 @@ class VLLMEngine:
             self._engine().sleep(level=level)
             self._asleep = {"weights", "kv_cache"}
             self._dropped_weights = level >= 2
+            self._cache_fresh = False  # the woken cache holds nothing the index may point to
 
     def wake(self) -> None:
         """Called once the update is done, before the weight sync.

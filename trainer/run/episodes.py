@@ -6,10 +6,16 @@
   share's episodes, every turn of every live episode in one engine ``generate`` call.
 - An episode is ONE training sample of its group (the group's advantages are over its ``G``
   episodes): its first trained segment, with the episode's loss mask (tool results and
-  environment turns: 0). An episode that a template drift split trains only that first segment
-  here (the rest are counted in ``episode/segments_left_out``); an episode with nothing to train
-  (dropped for drift, or ended before its first turn) is a sample whose loss mask is all 0: its
-  reward still counts in its group's baseline, it moves no weight.
+  environment turns: 0). With ``episode.on_template_drift: continue`` (the default) a drift
+  leaves the episode in one segment, so all of it trains; one that a drift split (``split``, or
+  a template that shows no continuation) trains only that first segment here (the rest are
+  counted in ``episode/segments_left_out``); an episode with nothing to train (dropped for
+  drift, or ended before its first turn) is a sample whose loss mask is all 0: its reward
+  still counts in its group's baseline, it moves no weight. ``episode/sampled_left_out_frac``
+  is the share of the step's sampled tokens that train in no sample.
+- Episodes end at the model's context when ``episode.max_episode_tokens`` is longer (the
+  engine cannot hold more; reason ``max_episode_tokens``): the run says so in a warning event
+  when it starts (:func:`episode_token_limit`).
 - Graders grade the episode's final answer as ``sample.output_text`` with the transcript as
   ``sample.messages`` and ``sample.tool_calls`` (:class:`~trainer.spec.templates.EpisodeAnswer`).
 - The rollout viewer's samples carry each episode's turns, bounded
@@ -17,7 +23,10 @@
 - The environment's reward (the sum of its steps' rewards; 0 when it gave none) is a reward
   component named ``environment``, weighted by ``environment.weight`` and added to the graders'
   total like a grader's (metric ``reward/environment/mean``).
-- The step's metrics gain :func:`~trainer.agents.episode_metrics` (``episode/*``, ``tools/*``).
+- The step's metrics gain :func:`~trainer.agents.episode_metrics` (``episode/*``, ``tools/*``)
+  and, where the engine counts its prefill (vLLM), ``episode/prefill_cached_frac``: the share
+  of the prompt tokens of the rollout's generate calls read from its prefix cache (each turn
+  after the first re-reads the conversation so far from it).
 
 What this trainer does not run yet is refused by :func:`agent_refusal` (``train()`` fails the
 job with that reason): http tools and http environments when ``train()`` was given no client
@@ -27,7 +36,7 @@ devices.
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -53,12 +62,19 @@ from trainer.agents import (
 from trainer.data.dataset import Example
 from trainer.data.dataset import conversation as row_conversation
 from trainer.errors import TrainerError
-from trainer.rollout.base import Completion, FinishReason, RolloutEngine
+from trainer.rollout.base import (
+    Completion,
+    FinishReason,
+    PrefillCounts,
+    RolloutEngine,
+    model_context_tokens,
+)
 from trainer.rollout.stop_tokens import stop_token_ids
 from trainer.run.setup import Given, RunSetup
 from trainer.scoring.sampling import Rolled
 from trainer.spec import (
     DatasetSpec,
+    EpisodeSpec,
     GRPOSpec,
     HttpEnvironment,
     HttpToolImplementation,
@@ -72,6 +88,7 @@ __all__ = [
     "AgentRollout",
     "agent_refusal",
     "agent_rollout",
+    "episode_token_limit",
     "refuse_unrunnable",
     "training_sample",
 ]
@@ -111,10 +128,33 @@ def refuse_unrunnable(
         raise TrainerError(refusal, reason="agents_not_supported")
 
 
+def episode_token_limit(
+    config: JobSpec, model: nn.Module, tokenizer: PreTrainedTokenizerBase
+) -> tuple[int, str | None]:
+    """The tokens an episode may hold (``episode.max_episode_tokens``, or the model's context
+    when that is shorter) and, when it is shorter, the warning that says so."""
+    asked = config.episode.max_episode_tokens
+    context = model_context_tokens(getattr(model, "config", None), tokenizer)
+    if context is None or context >= asked:
+        return asked, None
+    return context, (
+        f"episode.max_episode_tokens is {asked}, but the model's context is {context} tokens: "
+        f"episodes end at {context} tokens (end reason max_episode_tokens)"
+    )
+
+
 def agent_rollout(config: JobSpec, setup: RunSetup, given: Given) -> AgentRollout | None:
     """The run's episode rollout (None for a job without tools or an environment)."""
     if not config.is_agentic:
         return None
+    limit, warning = episode_token_limit(config, setup.rollout_model, setup.tokenizer)
+    if warning is not None:
+        setup.callbacks.on_event(
+            "config",
+            warning,
+            level="warning",
+            data={"field": "episode.max_episode_tokens", "limit": limit},
+        )
     return AgentRollout(
         config,
         setup.tokenizer,
@@ -131,6 +171,19 @@ def conversation(example: Example, dataset: DatasetSpec) -> list[dict[str, Any]]
     few_shot = [m.model_dump() for m in dataset.few_shot]
     # A fresh list of fresh dicts: each episode appends to and edits its own conversation.
     return row_conversation(prompt, system_prompt=dataset.system_prompt, few_shot=few_shot)
+
+
+def _left_out_metrics(
+    episodes: Sequence[Episode], trained: Sequence[Completion], segments_left_out: Sequence[int]
+) -> dict[str, float]:
+    """``episode/segments_left_out`` (per episode) and ``episode/sampled_left_out_frac``: the
+    share of the sampled tokens that ``trained`` (each episode's training sample) leaves out."""
+    sampled = sum(s.sampled for e in episodes for s in e.segments)
+    kept = sum(sum(c.loss_mask or ()) for c in trained)
+    return {
+        "episode/segments_left_out": sum(segments_left_out) / max(1, len(episodes)),
+        "episode/sampled_left_out_frac": (sampled - kept) / sampled if sampled else 0.0,
+    }
 
 
 def training_sample(episode: Episode) -> tuple[list[int], Completion, int]:
@@ -186,7 +239,10 @@ class AgentRollout:
             tokenizer, self.toolbox.schemas() if self.toolbox else ()
         )
         self.stop_ids = tuple(stop_token_ids(tokenizer, model=model, model_path=model_path))
-        self._batches = itertools.count()
+        limit = config.episode.max_episode_tokens
+        if model is not None:
+            limit = episode_token_limit(config, model, tokenizer)[0]
+        self.budgets = config.episode.model_copy(update={"max_episode_tokens": limit})
 
     @property
     def extra_names(self) -> list[str]:
@@ -209,22 +265,27 @@ class AgentRollout:
             [conversation(e, self.config.dataset) for e in rows],
             [e.grading_item for e in rows],
             self.environment,
-            id_prefix=f"b{next(self._batches)}",
         )
         settings = TurnSettings(
             max_new_tokens=spec.max_new_tokens,
             temperature=spec.temperature,
             seed=seed,
-            budgets=self.config.episode,
+            budgets=self._budgets(engine),
             stop_token_ids=self.stop_ids,
             greedy=greedy,
         )
+        prefill = getattr(engine, "prefill", None)  # an engine that counts them (vLLM)
+        before = dataclasses.replace(prefill) if isinstance(prefill, PrefillCounts) else None
         run_episodes(
             engine, self.fmt, episodes, settings, toolbox=self.toolbox, environment=self.environment
         )
         samples = [training_sample(e) for e in episodes]
         metrics = episode_metrics(episodes)
-        metrics["episode/segments_left_out"] = sum(s[2] for s in samples) / max(1, len(samples))
+        metrics.update(
+            _left_out_metrics(episodes, [s[1] for s in samples], [s[2] for s in samples])
+        )
+        if isinstance(prefill, PrefillCounts) and before is not None:
+            metrics["episode/prefill_cached_frac"] = prefill.cached_share_since(before)
         g = group_size
         rolled = Rolled(
             completions=[[s[1] for s in samples[i : i + g]] for i in range(0, len(samples), g)],
@@ -237,6 +298,14 @@ class AgentRollout:
             rewards = [e.env_reward or 0.0 for e in episodes]
             rolled.extra_rewards[ENVIRONMENT_REWARD] = (self.weight, rewards)
         return rolled
+
+    def _budgets(self, engine: RolloutEngine) -> EpisodeSpec:
+        """The episode budgets, the token limit within the engine's context too (a caller's
+        engine may hold less than the model)."""
+        engine_limit = getattr(engine, "max_model_len", None)
+        if isinstance(engine_limit, int) and engine_limit < self.budgets.max_episode_tokens:
+            return self.budgets.model_copy(update={"max_episode_tokens": engine_limit})
+        return self.budgets
 
     def close(self) -> None:
         if self.toolbox is not None:

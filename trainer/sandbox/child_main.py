@@ -2,11 +2,12 @@
 sandbox needs no file of the worker). Line protocol on stdin/stdout, one JSON object a line:
 
 - first line in: ``{"source": "...", "cpu_s": N}``; out: ``{"ready": true}`` or ``{"error": ...}``
-- then per request in: ``{"id": n, "sample": {...}, "item": {...}}``; out: ``{"id": n,
-  "score": x}`` or ``{"id": n, "error": "Type: message"}`` (``x`` always a float).
+- then per request in: ``{"id": i, "sample": {...}, "item": {...}}``; out: ``{"id": i,
+  "score": x}`` or ``{"id": i, "error": "Type: message"}`` (``x`` always a float; ``i`` a
+  random string per request, so code in the sandbox cannot write a later request's reply).
 - with ``"call": "name"`` in the first line (an agent's tool), the source defines that function
-  instead of ``grade``; a request is ``{"id": n, "arguments": {...}}`` (passed as keywords) and
-  the reply ``{"id": n, "value": "text"}`` (a string result as it is, anything else as JSON).
+  instead of ``grade``; a request is ``{"id": i, "arguments": {...}}`` (passed as keywords) and
+  the reply ``{"id": i, "value": "text"}`` (a string result as it is, anything else as JSON).
 
 The user's ``print`` goes nowhere (``sys.stdout`` is replaced), so only this program writes
 the protocol. Before each call the CPU-time limit is moved to what this process has used plus

@@ -33,6 +33,7 @@ import errno
 import json
 import math
 import os
+import secrets
 import selectors
 import signal
 import subprocess
@@ -311,14 +312,18 @@ class SandboxPool:
         wanted = min(len(self._sandboxes), n)
         share = math.ceil(n / wanted)
         queues = {k: deque(range(k * share, min(n, (k + 1) * share))) for k in range(wanted)}
-        in_flight: dict[int, tuple[int, float]] = {}  # sandbox -> (sample index, deadline)
+        # sandbox -> (sample index, deadline, request id)
+        in_flight: dict[int, tuple[int, float, str]] = {}
 
         def start_next(k: int) -> None:
             while queues[k]:
                 index = queues[k].popleft()
-                request = {"id": index, **requests[index]}
+                # Random per request: code in a sandbox cannot write the reply of a later one.
+                request_id = secrets.token_hex(16)
+                request = {"id": request_id, **requests[index]}
                 if self._write(self._sandboxes[k], request):
-                    in_flight[k] = (index, time.monotonic() + self.settings.call_timeout_s)
+                    deadline = time.monotonic() + self.settings.call_timeout_s
+                    in_flight[k] = (index, deadline, request_id)
                     return
                 verdicts[index] = self._replace(k, "error", "the sandbox died")
 
@@ -326,14 +331,14 @@ class SandboxPool:
             start_next(k)
         while in_flight:
             now = time.monotonic()
-            for k, (index, deadline) in list(in_flight.items()):
+            for k, (index, deadline, _) in list(in_flight.items()):
                 if now >= deadline:
                     del in_flight[k]
                     verdicts[index] = self._replace(k, "timeout", "the call ran out of time")
                     start_next(k)
             if not in_flight:
                 break
-            wait = max(0.0, min(d for _, d in in_flight.values()) - time.monotonic())
+            wait = max(0.0, min(d for _, d, _ in in_flight.values()) - time.monotonic())
             with selectors.DefaultSelector() as sel:
                 for k in in_flight:
                     stdout = self._sandboxes[k].process.stdout
@@ -341,15 +346,15 @@ class SandboxPool:
                     sel.register(stdout.fileno(), selectors.EVENT_READ, k)
                 ready = [key.data for key, _ in sel.select(wait)]
             for k in ready:
-                reply = self._take_reply(k, expected_id=in_flight[k][0])
+                reply = self._take_reply(k, expected_id=in_flight[k][2])
                 if reply is None:
                     continue  # a partial line: wait for the rest
-                index, _ = in_flight.pop(k)
+                index, _, _ = in_flight.pop(k)
                 verdicts[index] = reply
                 start_next(k)
         return [v if v is not None else SandboxVerdict(0.0, "error") for v in verdicts]
 
-    def _take_reply(self, k: int, expected_id: int) -> SandboxVerdict | None:
+    def _take_reply(self, k: int, expected_id: str) -> SandboxVerdict | None:
         """Read what sandbox ``k`` wrote; its verdict once a whole reply line is in, else None.
         A sandbox that died, overflowed, or wrote anything but the reply to request
         ``expected_id`` (a grader writing on the protocol pipe itself) is replaced: a forged

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from trainer.spec.base import StrictModel
+from trainer.spec.python_source import parse_source
 
 __all__ = [
     "ENDPOINT_NAME_PATTERN",
@@ -66,10 +67,7 @@ class _NoUrl(StrictModel):
 
 
 def _defines(source: str, kind: type[ast.AST], name: str, what: str) -> str:
-    try:
-        tree = ast.parse(source, "tool.py")
-    except SyntaxError as exc:
-        raise ValueError(f"source does not compile: {exc.msg} (line {exc.lineno})") from None
+    tree = parse_source(source, "tool.py")
     names = {getattr(node, "name", None) for node in tree.body if isinstance(node, kind)}
     if name not in names:
         raise ValueError(f"source must define {what}")
@@ -230,11 +228,15 @@ class EpisodeSpec(StrictModel):
         le=32_768,
         description="Tokens of an episode, prompt and every turn (sampled and injected) together.",
     )
-    on_template_drift: Literal["split", "drop"] = Field(
-        default="split",
+    on_template_drift: Literal["continue", "split", "drop"] = Field(
+        default="continue",
         description=(
             "When the chat template re-renders the conversation so far differently from the "
-            "tokens sampled: split (the episode trains as two samples from that point) or drop "
-            "(the episode ends and is not trained). Counted in episode/template_drift."
+            "tokens sampled (Llama-3's trim, Qwen3's think-block stripping): continue (the "
+            "episode goes on from its own tokens, each turn's new messages appended as the "
+            "template writes them, and all of it trains), split (the episode goes on from the "
+            "new render as a second segment, which does not train: episode/"
+            "sampled_left_out_frac) or drop (the episode ends and is not trained). Counted in "
+            "episode/template_drift."
         ),
     )

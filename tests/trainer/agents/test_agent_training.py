@@ -132,7 +132,6 @@ def test_what_is_not_wired_is_still_refused(tmp_path: Path) -> None:
     for fields, why in (
         ({"tools": [http]}, "http tools"),
         ({"environment": {"type": "http", "endpoint": "env"}}, "http environments"),
-        ({"resources": {"devices": 2}}, "one device"),
     ):
         spec = JobSpec.model_validate(agent_job(**fields))
         with pytest.raises(TrainerError) as info:

@@ -227,7 +227,7 @@ def test_an_environment_steps_turns_without_tool_calls(smol: PreTrainedTokenizer
 
     environment = TwoTurnEnvironment()
     episodes, engine, tools = run(smol, reply, ["12*34?", "1*2?"], environment=environment)
-    assert environment.resets == ["ep-0", "ep-1"]
+    assert environment.resets == [e.episode_id for e in episodes]
     assert engine.calls == [2, 2] and tools.batches == []
     assert [e.end_reason for e in episodes] == ["done", "done"]
     assert [e.env_reward for e in episodes] == [1.0, 1.0]

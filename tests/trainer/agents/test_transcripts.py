@@ -57,6 +57,7 @@ def test_an_episode_transcript_has_the_turns_tool_calls_results_and_end_reason(
     call = {"name": "multiply", "arguments": '{"a": 12, "b": 34}', "arguments_cut": 0}
     assert transcript == {
         "end_reason": "done",
+        "end_detail": None,
         "turns": [
             turn("environment", "user", "Answer directly."),  # the environment's reset
             turn("model", "assistant", "Let me compute.", tool_calls=[call]),
@@ -79,6 +80,7 @@ def test_a_turn_whose_call_cannot_be_read_is_shown_as_written(
     (episode,), _, _ = run(smol, lambda p: bad, ["12*34?"])
     transcript = sample_transcript(episode)
     assert transcript["end_reason"] == "malformed_call"
+    assert transcript["end_detail"] is not None and transcript["end_detail"].startswith("not JSON")
     (shown,) = transcript["turns"]
     assert shown["content"] == bad and shown["tool_calls"] == []
     assert len(shown["malformed"]) == 1 and shown["malformed"][0].startswith("not JSON")

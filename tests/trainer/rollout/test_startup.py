@@ -48,3 +48,31 @@ def test_head_dim_defaults_to_hidden_over_heads_and_rejects_empty_batches() -> N
     assert got == pytest.approx(2 * 16 * per_token * KV_HEADROOM, abs=1)
     with pytest.raises(ValueError):
         kv_cache_bytes(mha, sequences=0, tokens_per_sequence=16, dtype="float32", block_tokens=16)
+
+
+def test_an_agent_jobs_cache_holds_episodes_of_at_most_the_models_context() -> None:
+    """A tool job on a model of 1,024 positions asks for episodes of 4,096 tokens (the
+    default): the engine's context and its cache stop at the model's, since episodes end
+    there (the cache was 4 times what any episode could use)."""
+    from torch import nn
+
+    from tests.trainer.test_loop import tiny_spec
+    from trainer.rollout.startup import max_model_len, run_kv_cache_bytes
+    from trainer.spec import JobSpec
+
+    tool = {
+        "type": "function",
+        "function": {"name": "one", "parameters": {"type": "object", "properties": {}}},
+        "implementation": {"type": "python", "source": "def one():\n    return 1\n"},
+    }
+    spec = tiny_spec(tools=[tool])
+    assert isinstance(spec, JobSpec) and spec.episode.max_episode_tokens == 4096
+    assert max_model_len(spec) == 4096 and max_model_len(spec, 1024) == 1024
+    policy = nn.Module()
+    policy.config = SMOLLM2  # type: ignore[assignment]
+    prompts = [[1] * 10]
+
+    def cache(context: int | None) -> int:
+        return run_kv_cache_bytes(spec, policy, prompts, prompts, 16, context)
+
+    assert cache(1024) * 4 == pytest.approx(cache(None), rel=0.01)

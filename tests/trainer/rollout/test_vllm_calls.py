@@ -88,12 +88,16 @@ def fake_llm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
 
 
-def _engine(tmp_path: Path, **options: Any) -> VLLMEngine:
+def _engine(tmp_path: Path, *, max_model_len: int = 64, **options: Any) -> VLLMEngine:
+    """An engine on a fake ``LLM`` over a folder with the config of ``tiny_llama(60)`` (64
+    positions): the engine reads the model's context from it."""
+    if not (tmp_path / "config.json").is_file():
+        tiny_llama(60).config.save_pretrained(tmp_path)
     return VLLMEngine(
         tmp_path,
         build_tiny_tokenizer(),
         dtype=options.pop("dtype", "float32"),
-        max_model_len=64,
+        max_model_len=max_model_len,
         kv_cache_bytes=1 << 20,
         stop_token_ids=[3],
         **options,
@@ -149,6 +153,23 @@ def test_every_combination_of_engine_options_reaches_vllm(
     assert kwargs["enforce_eager"] is (eager if eager is not None else True)
     assert kwargs["model"] == str(tmp_path)
     assert kwargs["logprobs_mode"] == "processed_logprobs"
+
+
+def test_the_engine_holds_at_most_the_models_context(fake_llm: None, tmp_path: Path) -> None:
+    """vLLM refuses a ``max_model_len`` over the model's own (a traceback at engine start, issue
+    32): the engine asks for the model's context instead, and says what it holds."""
+    engine = _engine(tmp_path, max_model_len=4096)
+    try:
+        assert _fake(engine).kwargs["max_model_len"] == 64 and engine.max_model_len == 64
+        with pytest.raises(ValueError, match="max_model_len"):  # a prompt past it: refused
+            engine.generate([[1] * 64], 1, max_new_tokens=4, temperature=1.0, seed=0)
+    finally:
+        engine.close()
+    shorter = _engine(tmp_path, max_model_len=32)
+    try:
+        assert _fake(shorter).kwargs["max_model_len"] == 32 and shorter.max_model_len == 32
+    finally:
+        shorter.close()
 
 
 def test_cuda_graphs_are_the_default_on_a_gpu_and_eager_on_cpu(
@@ -246,6 +267,42 @@ def test_after_an_update_the_weights_wake_then_sync_then_the_kv_cache_wakes_for_
         "reset_prefix_cache",
         "generate",
         "reset_prefix_cache",  # awake: nothing more to wake
+        "generate",
+    ]
+
+
+def test_the_prefix_cache_is_kept_across_a_rollouts_calls_and_cleared_between_rollouts(
+    fake_llm: None, tmp_path: Path
+) -> None:
+    """Outside ``keep_prefix_cache`` every call clears the cache (what it computes never depends
+    on earlier calls); inside, only its first call does, so a multi-turn rollout's next turn
+    reads the conversation so far from the cache; a weight sync clears it whatever the block."""
+    engine = _engine(tmp_path)
+    fake = _fake(engine)
+
+    def generate() -> None:
+        engine.generate([[1, 2]], 1, max_new_tokens=4, temperature=1.0, seed=0)
+
+    try:
+        generate()
+        with engine.keep_prefix_cache():
+            generate()
+            generate()
+            engine.sync_weights(tiny_llama(60))
+            generate()
+        generate()
+    finally:
+        engine.close()
+    assert fake.calls == [
+        "reset_prefix_cache",
+        "generate",
+        "reset_prefix_cache",  # the rollout starts from an empty cache
+        "generate",
+        "generate",  # its next turn reads the cache
+        "reload_weights",
+        "reset_prefix_cache",
+        "generate",
+        "reset_prefix_cache",  # after the rollout: cleared again
         "generate",
     ]
 

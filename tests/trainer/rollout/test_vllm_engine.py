@@ -1,18 +1,22 @@
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tests.trainer.rollout.conftest import chat_prompts, teacher_forced_logprobs
+from trainer.agents import EnvStep, Episode, TurnSettings, chat_format, run_episodes, start_episodes
 from trainer.models.loading import load_policy, resolve_model
 from trainer.rollout.base import Completion
 from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.registry import make_engine
+from trainer.spec import EpisodeSpec
 
 pytest.importorskip("vllm")  # GPU test machines carry no vLLM build
 
@@ -176,6 +180,97 @@ def test_weight_sync_is_real(engine: VLLMEngine, policy) -> None:
     assert _ids(engine.generate(prompts, 1, **greedy)) == _ids(new_greedy)
     fresh = engine.generate(prompts, 2, **sampling)
     assert _mean_logprob_gap(model, prompts, fresh, 0.8) < 1e-3
+
+
+class AskAgain:
+    """An environment that asks again after every answer (the episode ends at max_turns)."""
+
+    def reset(self, ids: Any, items: Any) -> list[EnvStep]:
+        return [EnvStep() for _ in ids]
+
+    def step(self, ids: Any, messages: Any) -> list[EnvStep]:
+        return [EnvStep([{"role": "user", "content": "again?"}]) for _ in ids]
+
+    def close(self) -> None:
+        pass
+
+
+class ClosedTurns:
+    """The engine with every turn closed: a turn the engine cut at ``max_new_tokens - 1`` gets
+    the end token appended (log-prob 0.0, finish "stop"), so that every episode of the random
+    model takes all its turns. It has no ``keep_prefix_cache``: each call clears the prefix
+    cache and prefills the whole conversation again, as every rollout did before issue 32."""
+
+    def __init__(self, engine: VLLMEngine, end: int) -> None:
+        self.engine, self.end = engine, end
+
+    def generate(
+        self, prompts: list[list[int]], n: int, *, max_new_tokens: int, **kwargs: Any
+    ) -> list[list[Completion]]:
+        groups = self.engine.generate(prompts, n, max_new_tokens=max_new_tokens - 1, **kwargs)
+        return [[self._closed(c) for c in group] for group in groups]
+
+    def _closed(self, c: Completion) -> Completion:
+        if c.finish_reason == "stop":
+            return c
+        assert c.logprobs is not None
+        return Completion([*c.token_ids, self.end], [*c.logprobs, 0.0], c.text, "stop")
+
+
+class ClosedTurnsKeepingTheCache(ClosedTurns):
+    """:class:`ClosedTurns` that keeps the engine's prefix cache across a rollout's turns."""
+
+    def keep_prefix_cache(self) -> Any:
+        return self.engine.keep_prefix_cache()
+
+
+def _episodes(
+    engine: Any, tokenizer: PreTrainedTokenizerBase, turns: int, questions: list[str] = QUESTIONS
+) -> list[Episode]:
+    """Greedy episodes of ``turns`` turns, one per question, each prompt over one KV block (128
+    tokens) and no two alike from their first token (so they share no cached block)."""
+    fmt = chat_format(tokenizer)
+    system = " you are a careful assistant. answer in one short line." * 3
+    conversations = [[{"role": "system", "content": q + system}, {"role": "user", "content": q}]
+                     for q in questions]  # fmt: skip
+    environment = AskAgain()
+    episodes = start_episodes(fmt, conversations, [{}] * len(questions), environment)
+    assert all(len(e.context) > 128 for e in episodes)
+    settings = TurnSettings(
+        max_new_tokens=8,
+        temperature=1.0,
+        seed=0,
+        budgets=EpisodeSpec(max_turns=turns, max_episode_tokens=MAX_MODEL_LEN),
+        stop_token_ids=(int(tokenizer.eos_token_id),),
+        greedy=True,
+    )
+    run_episodes(engine, fmt, episodes, settings, environment=environment)
+    assert all(e.turns == turns for e in episodes)
+    return episodes
+
+
+def test_a_multi_turn_rollout_reads_each_turns_conversation_from_the_prefix_cache(
+    engine: VLLMEngine, policy
+) -> None:
+    model, tokenizer = policy
+    engine.sync_weights(model)
+    end = int(tokenizer.eos_token_id)
+    before = dataclasses.replace(engine.prefill)
+    kept = _episodes(ClosedTurnsKeepingTheCache(engine, end), tokenizer, turns=3)
+    # Turns 2 and 3 of each episode find at least the conversation's first full block cached.
+    assert engine.prefill.cached_tokens - before.cached_tokens >= 2 * len(QUESTIONS) * 128
+    middle = dataclasses.replace(engine.prefill)
+    cleared = _episodes(ClosedTurns(engine, end), tokenizer, turns=3)
+    assert engine.prefill.cached_tokens == middle.cached_tokens  # every turn prefilled afresh
+    # Reading the cache changes nothing of what is sampled.
+    for a, b in zip(kept, cleared, strict=True):
+        assert a.segments[0].completion_ids == b.segments[0].completion_ids
+        assert a.segments[0].logprobs == pytest.approx(b.segments[0].logprobs, abs=1e-5)
+    # A rollout starts from an empty cache: its first turn reads nothing an earlier rollout
+    # of the same prompt left there.
+    again = dataclasses.replace(engine.prefill)
+    _episodes(ClosedTurnsKeepingTheCache(engine, end), tokenizer, turns=1, questions=QUESTIONS[:1])
+    assert engine.prefill.cached_tokens == again.cached_tokens
 
 
 def test_prompt_must_fit_max_model_len(engine: VLLMEngine) -> None:
