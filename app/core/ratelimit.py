@@ -9,9 +9,12 @@ may then get up to one budget per API process) instead of refusing every request
   second; a request takes one token. In Redis the bucket is one hash updated by a Lua script
   (atomic, timed by the Redis server's clock, so API processes need no synchronised clocks).
 - Streams: at most `per_process` open streams in this process (memory) and `per_key` per key. In
-  Redis each open stream holds a lease, a member of the key's sorted set scored by its expiry;
-  the stream renews it while open and removes it when it ends, and a lease whose process died
-  simply expires, so a crash cannot leak a slot for longer than `STREAM_LEASE_S`.
+  Redis each open stream holds a lease (:class:`OwnerLeases`), a member of the key's sorted set
+  scored by its expiry; the stream renews it while open and removes it when it ends, and a
+  lease whose process died simply expires, so a crash cannot leak a slot for longer than
+  `STREAM_LEASE_S`.
+- Work: the inference gateway's tokens in flight per project (:class:`WorkBudget`): the same
+  leases, each carrying its request's amount, summed against the project's budget.
 """
 
 from __future__ import annotations
@@ -51,22 +54,6 @@ if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
 return tostring(wait)
-"""
-
-_LEASE_SCRIPT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if ARGV[3] == 'renew' then
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-elseif redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
-  return 0
-else
-  redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-end
-redis.call('PEXPIRE', KEYS[1], ttl)
-return 1
 """
 
 
@@ -153,13 +140,112 @@ class RequestLimiter:
         return wait
 
 
-@dataclass
-class StreamSlot:
-    """One open stream's place in the counts; `release` is idempotent."""
+# KEYS[1]: an owner's leases scored by expiry (ms); KEYS[2]: lease -> its amount. ARGV: lease,
+# ttl (ms), 'take' or 'renew', amount, budget. Answers -1 when granted (or renewed), else the
+# amount the owner holds. A lease whose process died expires with its amount.
+_LEASE_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+for _, lease in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)) do
+  redis.call('HDEL', KEYS[2], lease)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if ARGV[3] == 'take' then
+  local held = 0
+  for _, value in ipairs(redis.call('HVALS', KEYS[2])) do held = held + tonumber(value) end
+  if held > 0 and held + tonumber(ARGV[4]) > tonumber(ARGV[5]) then return held end
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', KEYS[2], ttl)
+return -1
+"""
 
-    key_id: str
-    lease: str | None  # member of the key's Redis set, or None when counted in memory
+
+@dataclass
+class Lease:
+    """One holder's share of its owner's budget; released once."""
+
+    owner: str
+    amount: int
+    token: str
+    in_redis: bool  # False: counted in this process's memory
     released: bool = field(default=False)
+
+
+class OwnerLeases:
+    """Amounts held per owner, summed against a budget: a lease is granted while the sum stays
+    within it, and always when the owner holds nothing. In Redis when configured (one Lua
+    script, so API processes share the sums), in memory otherwise or while Redis is away.
+    Holders renew their leases; a lease not renewed within `lease_s` expires."""
+
+    def __init__(self, store: RedisStore, redis_prefix: str, lease_s: float) -> None:
+        self.lease_ms = int(lease_s * 1000)
+        self._store = store
+        self._prefix = redis_prefix
+        self._script = store.client.register_script(_LEASE_SCRIPT) if store.client else None
+        self._lock = threading.Lock()
+        self._held: dict[str, dict[str, int]] = {}  # owner -> token -> amount, in memory
+
+    def take(self, owner: str, amount: int, budget: int) -> Lease | int:
+        """A lease, or (refused) the amount the owner holds. Blocking: a Redis round trip."""
+        lease = Lease(owner, amount, secrets.token_hex(8), in_redis=False)
+        if self._script is not None and self._store.usable():
+            try:
+                held = self._call(lease, "take", budget)
+            except (redis.RedisError, OSError, ValueError) as exc:
+                self._store.failed(exc)
+            else:
+                lease.in_redis = held < 0
+                return lease if held < 0 else held
+        with self._lock:
+            mine = self._held.setdefault(owner, {})
+            held = sum(mine.values())
+            if held > 0 and held + amount > budget:
+                return held
+            mine[lease.token] = amount
+        return lease
+
+    def renew(self, lease: Lease) -> None:
+        """Extend a Redis lease (one that lapsed while Redis was away is counted again)."""
+        if lease.in_redis and not lease.released and self._script is not None:
+            try:
+                self._call(lease, "renew", 0)
+            except (redis.RedisError, OSError) as exc:
+                self._store.failed(exc)  # the lease may lapse: that frees, it never leaks
+
+    def release(self, lease: Lease) -> bool:
+        """False when it was released already."""
+        with self._lock:
+            if lease.released:
+                return False
+            lease.released = True
+            mine = self._held.get(lease.owner, {})
+            mine.pop(lease.token, None)
+            if not mine:
+                self._held.pop(lease.owner, None)
+        if lease.in_redis and self._store.client is not None:
+            key = self._key(lease.owner)
+            try:
+                self._store.client.zrem(key, lease.token)
+                self._store.client.hdel(f"{key}:amounts", lease.token)
+            except (redis.RedisError, OSError) as exc:
+                log.debug("lease not removed (it expires): %s", exc)
+        return True
+
+    def _call(self, lease: Lease, op: str, budget: int) -> int:
+        assert self._script is not None
+        key = self._key(lease.owner)
+        args: list[str | int] = [lease.token, self.lease_ms, op, lease.amount, budget]
+        return int(self._script(keys=[key, f"{key}:amounts"], args=args))
+
+    def _key(self, owner: str) -> str:
+        return f"{self._prefix}:{owner}"
+
+
+StreamSlot = Lease  # an open stream's lease (amount 1) on its key's slots
 
 
 @dataclass(frozen=True)
@@ -174,9 +260,9 @@ class SlotLabels:
 
 
 class StreamSlots:
-    """Open event streams: at most `per_process` here and `per_key` per API key. The same
-    machinery counts other long requests held per owner (`labels`): the inference gateway's
-    requests in flight per project."""
+    """Open event streams: at most `per_process` here and `per_key` per API key (leases of
+    amount 1). The same machinery counts other long requests held per owner (`labels`): the
+    inference gateway's requests in flight per project."""
 
     def __init__(
         self,
@@ -189,12 +275,9 @@ class StreamSlots:
         self.per_key = per_key
         self.per_process = per_process
         self.labels = labels or SlotLabels()
-        self.lease_ms = int(lease_s * 1000)
-        self._store = store
-        self._script = store.client.register_script(_LEASE_SCRIPT) if store.client else None
+        self._leases = OwnerLeases(store, self.labels.redis_prefix, lease_s)
         self._lock = threading.Lock()
         self._open = 0
-        self._by_key: dict[str, int] = {}  # per-key counts made in memory
 
     @property
     def open(self) -> int:
@@ -211,71 +294,65 @@ class StreamSlots:
                 )
             self._open += 1
         try:
-            lease = self._acquire_for_key(key_id)
+            granted = self._leases.take(key_id, 1, self.per_key)
         except BaseException:
-            with self._lock:
-                self._open -= 1
+            granted = 0
             raise
-        return StreamSlot(key_id, lease)
+        finally:
+            if not isinstance(granted, Lease):  # refused or failed: not open here either
+                with self._lock:
+                    self._open -= 1
+        if isinstance(granted, Lease):
+            return granted
+        raise self._refusal(
+            f"{self.labels.owner} has {self.per_key} {self.labels.counted}, its limit"
+        )
 
     def renew(self, slot: StreamSlot) -> None:
-        """Extend the slot's Redis lease; an open stream calls this every `STREAM_RENEW_S`. A
-        lease that lapsed meanwhile (Redis was away) is counted again: the stream is open."""
-        if slot.lease is None or slot.released or self._script is None:
-            return
-        try:
-            self._script(
-                keys=[self._key(slot.key_id)], args=[slot.lease, self.lease_ms, "renew", 0]
-            )
-        except (redis.RedisError, OSError) as exc:
-            self._store.failed(exc)  # the lease may lapse: that frees a slot, it never leaks one
+        """Extend the slot's lease; an open stream calls this every `STREAM_RENEW_S`."""
+        self._leases.renew(slot)
 
     def release(self, slot: StreamSlot) -> None:
-        with self._lock:
-            if slot.released:
-                return
-            slot.released = True
-            self._open -= 1
-            if slot.lease is None:
-                left = self._by_key.get(slot.key_id, 1) - 1
-                if left > 0:
-                    self._by_key[slot.key_id] = left
-                else:
-                    self._by_key.pop(slot.key_id, None)
-        if slot.lease is not None and self._store.client is not None:
-            try:
-                self._store.client.zrem(self._key(slot.key_id), slot.lease)
-            except (redis.RedisError, OSError) as exc:
-                log.debug("stream lease not removed (it expires): %s", exc)
-
-    def _acquire_for_key(self, key_id: str) -> str | None:
-        refused = f"{self.labels.owner} has {self.per_key} {self.labels.counted}, its limit"
-        if self._script is not None and self._store.usable():
-            lease = secrets.token_hex(8)
-            try:
-                granted = self._script(
-                    keys=[self._key(key_id)], args=[lease, self.lease_ms, "take", self.per_key]
-                )
-            except (redis.RedisError, OSError) as exc:
-                self._store.failed(exc)
-            else:
-                if not granted:
-                    raise self._refusal(refused)
-                return lease
-        with self._lock:
-            if self._by_key.get(key_id, 0) >= self.per_key:
-                raise self._refusal(refused)
-            self._by_key[key_id] = self._by_key.get(key_id, 0) + 1
-        return None
-
-    def _key(self, key_id: str) -> str:
-        return f"{self.labels.redis_prefix}:{key_id}"
+        if self._leases.release(slot):
+            with self._lock:
+                self._open -= 1
 
     def _refusal(self, why: str) -> TooManyRequests:
         return TooManyRequests(
             f"too many {self.labels.what}: {why}; {self.labels.advice}",
             retry_after=STREAM_RETRY_AFTER_S,
         )
+
+
+class WorkBudget:
+    """The work (tokens) an owner's requests in flight may ask for together (`budget`): a
+    request is admitted while the sum stays within it, and always when the owner has nothing
+    in flight, so one request larger than the budget still runs, alone."""
+
+    def __init__(
+        self, budget: int, store: RedisStore, *, setting: str, lease_s: float = STREAM_LEASE_S
+    ) -> None:
+        self.budget = budget
+        self.setting = setting  # named in a refusal
+        self._leases = OwnerLeases(store, "grpo:inference:work", lease_s)
+
+    def acquire(self, owner: str, work: int) -> Lease:
+        """A lease of `work`, or TooManyRequests (429). Blocking: call it from a thread."""
+        granted = self._leases.take(owner, max(0, work), self.budget)
+        if isinstance(granted, Lease):
+            return granted
+        raise TooManyRequests(
+            f"this project's requests in flight ask for {granted} tokens of work; this one "
+            f"adds {work}, past its budget of {self.budget} ({self.setting}); retry when one "
+            "finishes",
+            retry_after=STREAM_RETRY_AFTER_S,
+        )
+
+    def renew(self, lease: Lease) -> None:
+        self._leases.renew(lease)
+
+    def release(self, lease: Lease) -> None:
+        self._leases.release(lease)
 
 
 # The inference gateway's requests in flight, counted per project (app.inference).
@@ -298,6 +375,8 @@ class Limits:
     # project (keyed by project id).
     inference_requests: RequestLimiter
     inference_slots: StreamSlots
+    # ... and the tokens of work those requests ask for, per project.
+    inference_work: WorkBudget
 
 
 def build_limits(settings: Settings) -> Limits:
@@ -317,5 +396,10 @@ def build_limits(settings: Settings) -> Limits:
             settings.inference_max_concurrent_per_process,
             store,
             labels=INFERENCE_SLOTS,
+        ),
+        inference_work=WorkBudget(
+            settings.inference_max_tokens_in_flight_per_project,
+            store,
+            setting="GRPO_INFERENCE_MAX_TOKENS_IN_FLIGHT_PER_PROJECT",
         ),
     )

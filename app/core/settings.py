@@ -270,6 +270,29 @@ class Settings(InferenceSettings):
         le=600,
         description="Longest an upload waits for a decoding slot before its 429 or 503.",
     )
+    # ---- the inference gateway's bounds on what one tenant makes the shared engines do
+    # (app.inference; the rest of its settings are app.core.inference_settings)
+    inference_max_tokens_in_flight_per_project: int = Field(
+        default=32_768,
+        ge=1,
+        le=100_000_000,
+        description=(
+            "Work one project's chat and completion requests in flight may ask of the engines "
+            "together: each counts its choices x max_tokens (GRPO_INFERENCE_MAX_TOKENS when "
+            "left out) plus its prompt's characters (a token id counts one). Beyond, 429 with "
+            "Retry-After; a request alone is always admitted, whatever its size."
+        ),
+    )
+    inference_max_response_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=64 * 1024,
+        le=1024**3,
+        description=(
+            "Largest non-streamed chat or completion answer the API passes on; a larger one "
+            "is a 400 `response_too_large` (ask for fewer choices, tokens or logprobs, or "
+            "stream it: a stream is passed on event by event) and its tokens are charged."
+        ),
+    )
 
     @property
     def resolved_database_url(self) -> str:

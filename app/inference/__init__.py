@@ -3,6 +3,7 @@
 model, a job's `ft:` name, a checkpoint's `ft:...:ckpt-step-N`, a native job id with or without
 `@step`) to what would serve it (app.inference.service.resolve_model); and chat and completions
 (POST /v1/chat/completions, /v1/completions): bounded request bodies (request_schemas), the
+request shapes the engines cannot serve safely (engine_limits) or at all (capabilities), the
 choice of an inference process and the ensure call (routing), the proxy to its vLLM server
-(proxy, stream), the daily token quota and usage (quota, usage_repository). What the gateway and
-an inference process say to each other is app.inference.protocol."""
+(proxy, stream, answer), the daily token quota and usage (quota, usage_repository). What the
+gateway and an inference process say to each other is app.inference.protocol."""

@@ -2,13 +2,16 @@
 reading its answer back in the client's terms.
 
 - The body is the client's, validated (app.inference.request_schemas), with `model` replaced by
-  the name the engine serves it under. A stream always asks for usage
-  (`stream_options.include_usage`), so the gateway can count tokens; the usage chunk is dropped
-  again when the client did not ask for it.
-- Every `model` field of the answer, and of each chunk, is the client's name again.
+  the name the engine serves it under. A stream always asks for usage on every chunk
+  (`stream_options.include_usage` and vLLM's `continuous_usage_stats`), so the gateway knows
+  what the engine did even when the client leaves mid-stream; the usage is dropped again from
+  the chunks, and the final usage chunk unless the client asked for it.
+- Every `model` field of the answer, and of each chunk, is the client's name again (a
+  non-streamed answer: app.inference.answer).
 - The engine's 4xx (a prompt past the model's context, a schema it cannot compile) becomes the
-  same status with OpenAI's error body, its message and `param` kept; a 5xx, a dropped
-  connection or a timeout is a 502 or 504.
+  same status with OpenAI's error body, its message kept and its `param` named as the client's
+  request names it (:func:`client_param`); a 5xx, a dropped connection or a timeout is a 502 or
+  504 (a 503 while the engine is down: app.inference.stream).
 
 The SSE relay (:class:`SseRelay`) works event by event, never holding more than one event:
 each is parsed, rewritten and handed on as it arrives.
@@ -28,8 +31,12 @@ from app.inference.request_schemas import ChatCompletionRequest, InferenceReques
 
 Endpoint = Literal["chat/completions", "completions"]
 
-# vLLM's own spelling of the parameter a refusal is about, and the request field it means.
-_PARAMS = {"input_tokens": None, "prompt_tokens": None}
+# vLLM's names, in its refusals, for what the client sent as the prompt (`messages` or
+# `prompt`): its token and character counts, and the parts of a message.
+_PROMPT_PARAMS = frozenset(
+    {"input_tokens", "input_text", "prompt_tokens", "prompt_embeds", "type", "tool_calls"}
+)
+_FIELD_HEAD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*")
 _PARAM_IN_MESSAGE = re.compile(r"\s*\(parameter=[^)]*\)\s*$")
 MAX_ERROR_BYTES = 64 * 1024
 
@@ -48,8 +55,22 @@ def upstream_body(body: InferenceRequest, served_model: str) -> dict[str, Any]:
     data = body.model_dump(mode="json", exclude_unset=True, by_alias=True)
     data["model"] = served_model
     if body.stream:
-        data["stream_options"] = {**(data.get("stream_options") or {}), "include_usage": True}
+        options = data.get("stream_options") or {}
+        data["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
     return data
+
+
+def client_param(raw: object, body: InferenceRequest) -> str | None:
+    """The engine's `param` as the client's request names it: a field of the request (or a
+    path under one) is kept, vLLM's names for the prompt are the prompt's field, anything else
+    (vLLM's internals) is dropped."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    if raw in _PROMPT_PARAMS:
+        return prompt_field(body)
+    head = _FIELD_HEAD.match(raw)
+    fields = type(body).model_fields
+    return raw[:200] if head is not None and head.group() in fields else None
 
 
 @dataclass(frozen=True)
@@ -80,22 +101,22 @@ def rewrite_answer(data: Any, client_model: str) -> Any:
 def upstream_error(
     status: int, content: bytes, *, body: InferenceRequest, served_model: str
 ) -> ApiError:
-    """The engine's error answer as the client's: a 4xx keeps its status, message and param
-    (vLLM's `input_tokens` is the request's prompt); anything else is a 502."""
+    """The engine's error answer as the client's: a 4xx keeps its status and message, its
+    param named as the client's request names it (:func:`client_param`); anything else is a
+    502."""
     message, param = "", None
     try:
         data = json.loads(content[:MAX_ERROR_BYTES])
         error = data.get("error", data) if isinstance(data, dict) else {}
         if isinstance(error, dict):
             message = str(error.get("message") or "")
-            raw = error.get("param")
-            param = str(raw) if isinstance(raw, str) and raw else None
+            param = client_param(error.get("param"), body)
     except ValueError:
         message = content[:2000].decode("utf-8", "replace")
     message = message.replace(served_model, body.model)[:4000] if served_model else message
     if 400 <= status < 500 and status not in (401, 403, 408, 429):
-        if param in _PARAMS or param is None:
-            param = prompt_field(body) if "context length" in message else param
+        if param is None and "context length" in message:
+            param = prompt_field(body)
         return UpstreamRefused(
             _PARAM_IN_MESSAGE.sub("", message) or f"the inference engine refused it ({status})",
             status_code=status,
@@ -106,16 +127,47 @@ def upstream_error(
     )
 
 
+class RunningUsage:
+    """What the engine has done for a stream so far, from vLLM's per-chunk usage
+    (`continuous_usage_stats`), which counts per choice: its completion tokens so far, and its
+    prompt's tokens (choice `i` answers prompt `i // n`). The final usage chunk, when it comes,
+    is the whole request's and wins."""
+
+    def __init__(self, choices_per_prompt: int) -> None:
+        self.choices_per_prompt = max(1, choices_per_prompt)
+        self.final: Usage | None = None
+        self._prompt: dict[int, int] = {}  # prompt index -> its tokens
+        self._completion: dict[int, int] = {}  # choice index -> its tokens so far
+
+    def see(self, usage: Usage, choices: list[Any]) -> None:
+        if not choices:
+            self.final = usage
+            return
+        for choice in choices:
+            index = choice.get("index") if isinstance(choice, dict) else None
+            index = index if isinstance(index, int) and index >= 0 else 0
+            self._prompt[index // self.choices_per_prompt] = usage.prompt_tokens
+            self._completion[index] = usage.completion_tokens
+
+    def total(self) -> Usage | None:
+        if self.final is not None:
+            return self.final
+        if not self._completion:
+            return None
+        return Usage(sum(self._prompt.values()), sum(self._completion.values()))
+
+
 class SseRelay:
     """Feeds on the engine's SSE bytes and gives back the client's: each `data:` event with
-    `model` rewritten; the usage chunk (no choices) kept only when the client asked for it;
-    `data: [DONE]` as it comes. Records the usage it saw, and counts content chunks so that a
-    stream left early still has an estimate of what it generated."""
+    `model` rewritten and the engine's running usage taken out; the usage chunk (no choices)
+    kept only when the client asked for it; `data: [DONE]` as it comes. Keeps the engine's
+    running usage (:class:`RunningUsage`), so a stream left early is charged what the engine
+    reported up to then; content chunks are counted for an engine that sent none."""
 
-    def __init__(self, client_model: str, *, include_usage: bool) -> None:
+    def __init__(self, client_model: str, *, include_usage: bool, choices_per_prompt: int) -> None:
         self.client_model = client_model
         self.include_usage = include_usage
-        self.usage: Usage | None = None
+        self.usage = RunningUsage(choices_per_prompt)
         self.chunks = 0
         self.done = False
         self._buffer = b""
@@ -148,23 +200,23 @@ class SseRelay:
             return b"data: " + payload + b"\n\n"
         if not isinstance(chunk, dict):
             return b"data: " + payload + b"\n\n"
+        choices = chunk.get("choices")
+        choices = choices if isinstance(choices, list) else []
         usage = Usage.of(chunk.get("usage"))
         if usage is not None:
-            self.usage = usage
-        choices = chunk.get("choices")
+            self.usage.see(usage, choices)
         if usage is not None and not choices and not self.include_usage:
             return None
         if choices:
             self.chunks += 1
-        if not self.include_usage:
-            chunk.pop("usage", None)
+            chunk.pop("usage", None)  # the running count the gateway asked for, not the client
         rewrite_answer(chunk, self.client_model)
         return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
 
     def estimated_usage(self) -> Usage:
-        """The engine's usage when it came; else (a stream left early) the content chunks
-        received as completion tokens (vLLM sends about one a token) and no prompt tokens."""
-        return self.usage or Usage(0, self.chunks)
+        """The engine's usage so far; else the content chunks received as completion tokens
+        (vLLM sends about one a token) and no prompt tokens."""
+        return self.usage.total() or Usage(0, self.chunks)
 
 
 def completion_url(base_url: str, endpoint: Endpoint) -> str:

@@ -2,10 +2,12 @@
 `openai` SDK's requests validate unchanged), every field bounded.
 
 What is accepted is an allow-list: OpenAI's sampling fields, plus vLLM's `top_k`, `min_p`,
-`repetition_penalty` and `ignore_eos`. Any other field is a 400 naming it (`extra="forbid"`), as OpenAI answers
-an unrecognized argument. The operator's bounds (`GRPO_INFERENCE_MAX_TOKENS`, `_MAX_CHOICES`,
-`_MAX_PROMPT_CHARS`) are checked by :func:`check_bounds` (they are settings, not constants). The
-model's context is the engine's to check: vLLM answers 400, which the gateway passes on.
+`repetition_penalty` and `ignore_eos`. Any other field is a 400 naming it (`extra="forbid"`), as
+OpenAI answers an unrecognized argument. vLLM's `prompt_logprobs` is parsed only to be refused
+with its reason (app.inference.engine_limits: what the engine cannot serve safely). The
+operator's bounds (`GRPO_INFERENCE_MAX_TOKENS`, `_MAX_CHOICES`, `_MAX_PROMPT_CHARS`) are checked
+by :func:`check_bounds` (they are settings, not constants). The model's context is the engine's
+to check: vLLM answers 400, which the gateway passes on.
 
 Text the engine would get is refused when it holds a NUL character (`param` names the field).
 """
@@ -18,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from app.core.errors import InvalidRequest
-from app.inference.schemas import MAX_MODEL_NAME
+from app.inference.schemas import MAX_MODEL_NAME, holds_control_characters
 
 MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 256
@@ -35,6 +37,13 @@ MAX_TEXT = 4 * 1024 * 1024
 def _no_nul(value: str) -> str:
     if "\x00" in value:
         raise ValueError("must not contain NUL characters (\\u0000)")
+    return value
+
+
+def _no_control(value: str) -> str:
+    """A model name is printable: a trailing newline must not pass for the name without it."""
+    if holds_control_characters(value):
+        raise ValueError("must not contain control characters (a newline, a tab, NUL, ...)")
     return value
 
 
@@ -141,7 +150,9 @@ Stop = Annotated[
 class _Sampling(_Strict):
     """The fields both endpoints share."""
 
-    model: Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME), AfterValidator(_no_nul)]
+    model: Annotated[
+        str, Field(min_length=1, max_length=MAX_MODEL_NAME), AfterValidator(_no_control)
+    ]
     n: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
@@ -169,6 +180,8 @@ class _Sampling(_Strict):
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
     ignore_eos: bool | None = None  # generate max_tokens whatever the model says (benchmarks)
+    # vLLM's log-probabilities of the prompt: parsed to be refused (engine_limits.HAZARDS).
+    prompt_logprobs: Annotated[int, Field(ge=-1, le=MAX_TOKEN_ID)] | None = None
 
     @property
     def streaming(self) -> bool:
@@ -187,6 +200,21 @@ class _Sampling(_Strict):
     def token_fields(self) -> dict[str, int | None]:
         return {"max_tokens": self.max_tokens}
 
+    def new_tokens(self) -> int | None:
+        """The most tokens each choice may generate, as asked (None: up to the context)."""
+        return self.max_tokens
+
+    def work(self, default_new_tokens: int) -> int:
+        """The work the request asks of the engine, in tokens: every choice's new tokens
+        (`default_new_tokens` when not asked) plus the prompt's characters, each at least a
+        token's worth (a token id counts one)."""
+        return self.choices() * (self.new_tokens() or default_new_tokens) + self.prompt_chars()
+
+    @property
+    def wants_json(self) -> bool:
+        fmt = self.response_format
+        return fmt is not None and fmt.type != "text"
+
 
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
@@ -199,6 +227,9 @@ class ChatCompletionRequest(_Sampling):
 
     def token_fields(self) -> dict[str, int | None]:
         return {"max_tokens": self.max_tokens, "max_completion_tokens": self.max_completion_tokens}
+
+    def new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens  # vLLM's precedence
 
 
 Prompt = Annotated[

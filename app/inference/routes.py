@@ -12,22 +12,29 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from app.core.clock import utcnow
 from app.core.deps import SessionDep, StateDep
+from app.core.errors import InvalidRequest
 from app.core.responses import INFERENCE_ERRORS, OPENAI_ERRORS
 from app.core.state import AppState
 from app.inference import quota, routing
 from app.inference import service as models
+from app.inference.engine_limits import refuse_hazards
 from app.inference.request_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     InferenceRequest,
     check_bounds,
 )
-from app.inference.schemas import MAX_MODEL_NAME, ModelList, ModelOut
+from app.inference.schemas import (
+    MAX_MODEL_NAME,
+    ModelList,
+    ModelOut,
+    holds_control_characters,
+)
 from app.inference.stream import GatewayResponse
 from app.sessions.deps import InferencePrincipalDep, PrincipalDep
 from app.sessions.service import Principal
@@ -70,7 +77,16 @@ def list_models(
 
 
 @router.get("/{model:path}", response_model=ModelOut, summary="Retrieve a model by name")
-def retrieve_model(model: ModelName, principal: PrincipalDep, session: SessionDep) -> ModelOut:
+def retrieve_model(
+    model: ModelName, request: Request, principal: PrincipalDep, session: SessionDep
+) -> ModelOut:
+    # The route's pattern ends in `$`, which matches before a trailing newline: `name%0A`
+    # arrives as `name`. The path as sent must end with the name, and hold no control character.
+    sent = str(request.scope.get("path", ""))
+    if not sent.endswith(model) or holds_control_characters(sent):
+        raise InvalidRequest(
+            "a model name holds no control characters (a newline, a tab, ...)", param="model"
+        )
     resolved = models.resolve_model(session, project_id=principal.project_id, name=model)
     return models.model_object(resolved)
 
@@ -96,6 +112,7 @@ def _gateway(
         max_choices=settings.inference_max_choices,
         max_prompt_chars=settings.inference_max_prompt_chars,
     )
+    refuse_hazards(body)
     plan = routing.plan(
         session,
         project_id=principal.project_id,

@@ -16,6 +16,11 @@ MAX_MODEL_NAME = 1200
 ModelKind = Literal["base", "full", "lora"]
 
 
+def holds_control_characters(name: str) -> bool:
+    """No model name the gateway serves holds one (a newline, a tab, NUL, DEL)."""
+    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
+
+
 class ModelInfo(BaseModel):
     kind: ModelKind = Field(
         description="base: a base model as packaged; full: a full fine-tune's weights; lora: "

@@ -3,20 +3,28 @@ slow part after the route has returned, so the request's unit of work (its datab
 and request slot) is committed and released before any engine is waited on.
 
 When the response runs, it:
-1. takes one of the project's in-flight slots (GRPO_INFERENCE_MAX_CONCURRENT_PER_PROJECT, in
-   Redis when configured; 429 beyond), renewed while it runs and released however it ends;
+1. takes one of the project's in-flight slots (GRPO_INFERENCE_MAX_CONCURRENT_PER_PROJECT) and
+   the request's work from the project's budget (GRPO_INFERENCE_MAX_TOKENS_IN_FLIGHT_PER_PROJECT:
+   choices x max_tokens plus the prompt), in Redis when configured (429 beyond), renewed while
+   it runs and released however it ends;
 2. has an inference process make the weights ready (app.inference.routing.ensure_ready; 503
-   with Retry-After while an engine starts);
+   with Retry-After while an engine starts); a `response_format` request for a model that
+   cannot write JSON is a 400 (app.inference.capabilities);
 3. forwards the request (app.inference.proxy) and answers:
-   - not streamed: the engine's JSON, `model` rewritten; while it waits, it listens for the
-     client leaving and then cancels the upstream request, which closes its connection, and
-     vLLM aborts a request whose connection closes;
+   - not streamed: the engine's bytes, `model` rewritten in place and nothing else parsed, up
+     to GRPO_INFERENCE_MAX_RESPONSE_BYTES (app.inference.answer; 400 beyond). A client that
+     leaves does not stop it: the engine finishes, and the request is charged what it did and
+     holds its slot and work until then (aborting it freed both at once and charged nothing,
+     so leaving was a way past every budget);
    - streamed: SSE passed through event by event as it arrives, nothing buffered beyond one
      event; a client that leaves cancels the relay, which closes the upstream stream (vLLM
      aborts the generation). An upstream failure after the first byte ends the stream with an
      `error` event (the openai SDK raises it);
 4. records the tokens used (app.inference.quota.record), in a thread, whatever happened: the
-   engine's usage, or for a stream left early the chunks received.
+   engine's usage (for a stream left early, the engine's running count at its last chunk);
+5. an engine that fails to answer while it is down (its /health not 200: it died and the
+   inference process restarts it at the next ensure) is a 503 with Retry-After, which the SDK
+   waits out, rather than a 502.
 
 Errors before the first byte are ApiErrors, rendered by the app's handlers in OpenAI's shape.
 """
@@ -36,16 +44,17 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app.core.clock import utcnow
 from app.core.db import session_scope
-from app.core.errors import ApiError, UpstreamFailed, UpstreamTimeout
-from app.core.ratelimit import STREAM_RENEW_S, StreamSlot
+from app.core.errors import ApiError, InferenceUnavailable, UpstreamFailed, UpstreamTimeout
+from app.core.ratelimit import STREAM_RENEW_S, Lease
 from app.core.state import AppState
-from app.inference import proxy, quota, routing
+from app.inference import answer, capabilities, proxy, quota, routing
 from app.inference.protocol import EnsureResponse
 from app.inference.request_schemas import InferenceRequest
 
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+ENGINE_HEALTH_S = 2.0  # how long a failed request's engine has to say it is healthy
 
 
 class UpstreamClients:
@@ -110,13 +119,21 @@ class GatewayResponse(Response):
         self._recorded = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        slots = self.state.limits.inference_slots
-        with anyio.CancelScope(shield=True):  # a slot taken is always released below
-            slot = await anyio.to_thread.run_sync(slots.acquire, self.project_id)
+        limits = self.state.limits
+        work = self.request.work(self.settings.inference_max_tokens)
+        with anyio.CancelScope(shield=True):  # what is taken is always given back below
+            slot = await anyio.to_thread.run_sync(limits.inference_slots.acquire, self.project_id)
+            try:
+                lease = await anyio.to_thread.run_sync(
+                    limits.inference_work.acquire, self.project_id, work
+                )
+            except BaseException:
+                await anyio.to_thread.run_sync(limits.inference_slots.release, slot)
+                raise
         error: ApiError | None = None
         try:
             async with anyio.create_task_group() as renewing:
-                renewing.start_soon(self._keep_lease, slot)
+                renewing.start_soon(self._keep_leases, slot, lease)
                 try:
                     await self._serve(scope, receive, send)
                 except ApiError as exc:  # raised below the group, for the app's handlers
@@ -125,14 +142,17 @@ class GatewayResponse(Response):
                     renewing.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(slots.release, slot)
+                await anyio.to_thread.run_sync(limits.inference_work.release, lease)
+                await anyio.to_thread.run_sync(limits.inference_slots.release, slot)
         if error is not None:
             raise error
 
-    async def _keep_lease(self, slot: StreamSlot) -> None:
+    async def _keep_leases(self, slot: Lease, lease: Lease) -> None:
+        limits = self.state.limits
         while True:
             await anyio.sleep(STREAM_RENEW_S)
-            await anyio.to_thread.run_sync(self.state.limits.inference_slots.renew, slot)
+            await anyio.to_thread.run_sync(limits.inference_slots.renew, slot)
+            await anyio.to_thread.run_sync(limits.inference_work.renew, lease)
 
     def _auth(self) -> dict[str, str]:
         return routing.auth_headers(self.settings.inference_token)
@@ -146,60 +166,33 @@ class GatewayResponse(Response):
             timeout_s=self.settings.inference_ensure_timeout_s,
             retry_after=self.settings.inference_no_server_retry_after_s,
         )
-        if self.request.stream:
-            await self._stream(client, target, receive, send)
-        else:
-            await self._once(client, target, scope, receive, send)
-
-    async def _once(
-        self,
-        client: httpx.AsyncClient,
-        target: EnsureResponse,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-    ) -> None:
-        answer: httpx.Response | None = None
-        failure: Exception | None = None
-
-        async def call() -> None:
-            nonlocal answer, failure
-            try:
-                answer = await client.post(
-                    proxy.completion_url(target.base_url, proxy.endpoint_of(self.request)),
-                    json=proxy.upstream_body(self.request, target.served_model),
-                    headers=self._auth(),
-                    timeout=proxy.timeouts(self.settings.inference_read_timeout_s),
-                )
-            except httpx.HTTPError as exc:
-                failure = exc
-
-        if await _race(call, receive):
-            await self._record(proxy.Usage(0, 0))  # the engine aborted; its tokens are unknown
-            return
-        if failure is not None or answer is None:
-            raise _transport_error(failure)
-        if answer.status_code != 200:
-            raise proxy.upstream_error(
-                answer.status_code,
-                answer.content,
-                body=self.request,
-                served_model=target.served_model,
+        if self.request.wants_json:
+            await capabilities.require_json(
+                client, target.base_url, target.served_model, self._auth()
             )
+        upstream = await self._send(client, target)
         try:
-            data = proxy.rewrite_answer(answer.json(), self.plan.model)
-        except ValueError as exc:
-            raise UpstreamFailed("the inference engine's answer is not JSON; retry") from exc
-        if not isinstance(data, dict):
-            raise UpstreamFailed("the inference engine's answer is not a JSON object; retry")
-        # Recorded before the answer is sent: a client holding it sees it in GET /v1/usage.
-        await self._record(proxy.Usage.of(data.get("usage")) or proxy.Usage(0, 0))
-        content = json.dumps(data, separators=(",", ":")).encode()
-        await Response(content, media_type="application/json")(scope, receive, send)
+            if upstream.status_code != 200:
+                content = await upstream.aread()
+                raise await self._failure(
+                    client,
+                    target,
+                    proxy.upstream_error(
+                        upstream.status_code,
+                        content,
+                        body=self.request,
+                        served_model=target.served_model,
+                    ),
+                )
+            if self.request.stream:
+                await self._stream(upstream, receive, send)
+            else:
+                await self._once(upstream, scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await upstream.aclose()  # unread: the connection closes, vLLM aborts
 
-    async def _stream(
-        self, client: httpx.AsyncClient, target: EnsureResponse, receive: Receive, send: Send
-    ) -> None:
+    async def _send(self, client: httpx.AsyncClient, target: EnsureResponse) -> httpx.Response:
         request = client.build_request(
             "POST",
             proxy.completion_url(target.base_url, proxy.endpoint_of(self.request)),
@@ -208,27 +201,52 @@ class GatewayResponse(Response):
             timeout=proxy.timeouts(self.settings.inference_read_timeout_s),
         )
         try:
-            upstream = await client.send(request, stream=True)
+            return await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise await self._failure(client, target, _transport_error(exc)) from exc
+
+    async def _failure(
+        self, client: httpx.AsyncClient, target: EnsureResponse, error: ApiError
+    ) -> ApiError:
+        """`error`, or a 503 with Retry-After when the engine failed because it is down."""
+        if error.status_code < 500 or await _engine_up(client, target.base_url):
+            return error
+        return InferenceUnavailable(
+            "the inference engine of this model is down (it stopped answering and is started "
+            "again at the next request); retry after the wait",
+            retry_after=self.settings.inference_no_server_retry_after_s,
+            code="engine_unavailable",
+        )
+
+    async def _once(
+        self, upstream: httpx.Response, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """The engine's answer, to its end even when the client has left (see the module
+        doc), charged before it is sent."""
+        limit = self.settings.inference_max_response_bytes
+        try:
+            body = await answer.read_bounded(upstream, limit)
         except httpx.HTTPError as exc:
             raise _transport_error(exc) from exc
-        relay = proxy.SseRelay(self.plan.model, include_usage=self.request.wants_usage_chunk)
-        started = False
+        await self._record(proxy.Usage.of(answer.usage_in(body.tail)) or proxy.Usage(0, 0))
+        if body.content is None:
+            raise answer.too_large(self.request, body.size, limit)
+        content = await answer.with_client_model(body.content, self.plan.model)
+        await Response(content, media_type="application/json")(scope, receive, send)
+
+    async def _stream(self, upstream: httpx.Response, receive: Receive, send: Send) -> None:
+        relay = proxy.SseRelay(
+            self.plan.model,
+            include_usage=self.request.wants_usage_chunk,
+            choices_per_prompt=self.request.n or 1,
+        )
         try:
-            if upstream.status_code != 200:
-                content = await upstream.aread()
-                raise proxy.upstream_error(
-                    upstream.status_code,
-                    content,
-                    body=self.request,
-                    served_model=target.served_model,
-                )
-            started = True
             await send(_start(200, "text/event-stream", SSE_HEADERS))
             await _race(lambda: self._relay(upstream, relay, send), receive)
         finally:
             with anyio.CancelScope(shield=True):
                 await upstream.aclose()  # unread: the connection closes, vLLM aborts
-                if started and not self._recorded:
+                if not self._recorded:
                     await self._record(relay.estimated_usage())
         # A client that left gets nothing more; the body is ended for a client still there.
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -265,6 +283,16 @@ class GatewayResponse(Response):
                 prompt_tokens=usage.prompt_tokens,
                 completion_tokens=usage.completion_tokens,
             )
+
+
+async def _engine_up(client: httpx.AsyncClient, base_url: str) -> bool:
+    """Whether the engine's server says it is healthy (vLLM's /health: 503 once its engine
+    core died, nothing once the server exited)."""
+    try:
+        health = await client.get(f"{base_url.rstrip('/')}/health", timeout=ENGINE_HEALTH_S)
+    except httpx.HTTPError:
+        return False
+    return health.status_code == 200
 
 
 def _transport_error(exc: Exception | None) -> ApiError:
