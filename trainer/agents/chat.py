@@ -28,7 +28,6 @@ turns already sampled (template drift, :mod:`trainer.agents.episode`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,13 @@ from transformers import PreTrainedTokenizerBase
 
 from trainer.agents.outside import OutsideText, PlainTextEncoder, outside
 from trainer.agents.parsing import TOOL_CALL_PARSERS, ParsedTurn, parser_family
+from trainer.spec.prompt_format import (
+    TOOL_RESULT_PREFIX,
+    Message,
+    default_tool_prompt,
+    tool_result_message,
+    with_tool_prompt,
+)
 
 __all__ = [
     "TOOL_RESULT_PREFIX",
@@ -46,8 +52,6 @@ __all__ = [
     "default_tool_prompt",
 ]
 
-Message = dict[str, Any]
-TOOL_RESULT_PREFIX = "Tool result"
 _PROBE_NAME = "grpo_probe_tool_7f3a"
 _PROBE_RESULT = "grpo-probe-result-7f3a"
 # The exchange a continuation is rendered after: plain words no template trims or rewrites.
@@ -61,18 +65,6 @@ _PROBE_TOOL = {
         "parameters": {"type": "object", "properties": {}},
     },
 }
-
-
-def default_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The system-turn text that describes ``tools`` (OpenAI function-tool dicts) and the call
-    format to a model whose template has no tool support."""
-    schemas = "\n".join(json.dumps(dict(t["function"]), sort_keys=True) for t in tools)
-    return (
-        "You can call tools. To call one, write on its own line\n"
-        '<tool_call>{"name": "<tool name>", "arguments": {<the arguments as JSON>}}</tool_call>\n'
-        "and stop; its result comes back in the next message. Available tools:\n"
-        f"{schemas}"
-    )
 
 
 def _render_text(
@@ -126,15 +118,9 @@ class ChatFormat:
     def initial(self, messages: Sequence[Mapping[str, Any]]) -> list[Message]:
         """The conversation an episode starts from: ``messages`` with, when the template does
         not render tools itself, the default tool prompt in the system turn."""
-        out = [dict(m) for m in messages]
-        if not self.tools or self.native_tools:
-            return out
-        prompt = default_tool_prompt(self.tools)
-        if out and out[0].get("role") == "system":
-            out[0]["content"] = f"{prompt}\n\n{out[0].get('content', '')}"
-        else:
-            out.insert(0, {"role": "system", "content": prompt})
-        return out
+        if self.native_tools:
+            return [dict(m) for m in messages]
+        return with_tool_prompt(messages, self.tools)
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Token ids of ``messages`` and the assistant generation prompt (the template writes
@@ -183,9 +169,8 @@ class ChatFormat:
     def tool_message(self, name: str, content: str) -> Message:
         """A tool's result as the template takes it: a ``tool`` turn, or a prefixed user turn;
         its content is outside text."""
-        if self.tool_role:
-            return {"role": "tool", "name": name, "content": outside(content)}
-        return {"role": "user", "content": outside(f"{TOOL_RESULT_PREFIX} ({name}):\n{content}")}
+        message = tool_result_message(name, content, tool_role=self.tool_role)
+        return {**message, "content": outside(message["content"])}
 
     def parse(self, text: str) -> ParsedTurn:
         """The tool calls of an assistant turn's text, by the family's parser."""

@@ -19,34 +19,18 @@ sentinels as usual and each sentinel as its token's string tokenised as plain te
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from trainer.spec.prompt_format import clean_json, clean_text
+
 __all__ = ["OutsideText", "PlainTextEncoder", "clean_json", "clean_text", "outside"]
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _OPEN, _CLOSE = "\ue000", "\ue001"  # Unicode private use: the sentinel's brackets
 _PRIVATE = re.compile(f"[{_OPEN}{_CLOSE}]")
 _SENTINEL = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
 _REPLACEMENT = "\ufffd"
-
-
-def clean_text(text: str) -> str:
-    """``text`` with every lone surrogate replaced with U+FFFD (a Python string holds a pair
-    as one character, so any surrogate in it is a lone one)."""
-    return _SURROGATE.sub(_REPLACEMENT, text)
-
-
-def clean_json(value: Any) -> Any:
-    """A parsed JSON value with the lone surrogates of its strings (keys too) replaced."""
-    text = json.dumps(value, ensure_ascii=False)
-    if _SURROGATE.search(text) is None:
-        return value
-    # A surrogate can only sit inside a string literal: replacing it keeps the JSON valid.
-    return json.loads(clean_text(text))
 
 
 class OutsideText(str):

@@ -23,6 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trainer.errors import TrainerError
 from trainer.spec import DatasetSpec, PromptRow
+from trainer.spec.prompt_format import conversation
 
 __all__ = [
     "Example",
@@ -100,26 +101,6 @@ def split_holdout(rows: Sequence[Example], holdout: int) -> tuple[list[Example],
         raise ValueError(f"holdout {holdout} must be in [0, {len(rows) - 1}] for {len(rows)} rows")
     cut = len(rows) - holdout
     return list(rows[:cut]), list(rows[cut:])
-
-
-def conversation(
-    prompt: str | Sequence[Mapping[str, str]],
-    *,
-    system_prompt: str | None,
-    few_shot: Sequence[Mapping[str, str]] = (),
-) -> list[dict[str, str]]:
-    """The messages a prompt (or a conversation ending with a user turn) is sent as: the
-    system turn (the conversation's own, else ``system_prompt``), then the ``few_shot`` example
-    turns, then the rest of the conversation."""
-    if isinstance(prompt, str):
-        messages = [{"role": "user", "content": prompt}]
-    else:
-        messages = [dict(m) for m in prompt]
-    system = messages[:1] if messages[0]["role"] == "system" else []
-    if not system and system_prompt:
-        system = [{"role": "system", "content": system_prompt}]
-    rest = messages[1:] if messages[0]["role"] == "system" else messages
-    return [*system, *(dict(m) for m in few_shot), *rest]
 
 
 def format_prompt(

@@ -14,11 +14,15 @@ applied by whoever holds the tokenizer (the trainer, or the vLLM server).
   template for them (trainer.agents.chat.chat_format).
 - :func:`parse_hermes` reads the calls back out of an assistant turn, never raising on what the
   model wrote (a call it cannot read is a ``malformed`` reason), in one pass over the text.
+- :func:`clean_text` / :func:`clean_json`: lone surrogates (JSON can carry one, UTF-8 cannot)
+  replaced with U+FFFD, in text from outside the model (trainer.agents.outside) and in the
+  model's call arguments (a JSON escape can make one).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +34,12 @@ __all__ = [
     "MAX_CALLS_PER_TURN",
     "TOOL_CALL_PARSERS",
     "TOOL_RESULT_PREFIX",
+    "Message",
     "ParsedTurn",
     "TemplateTraits",
     "ToolCall",
+    "clean_json",
+    "clean_text",
     "conversation",
     "default_tool_prompt",
     "hermes_call_text",
@@ -46,6 +53,22 @@ Message = dict[str, Any]
 TOOL_RESULT_PREFIX = "Tool result"
 MAX_CALLS_PER_TURN = 16
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced with U+FFFD (a Python string holds a pair
+    as one character, so any surrogate in it is a lone one)."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def clean_json(value: Any) -> Any:
+    """A parsed JSON value with the lone surrogates of its strings (keys too) replaced."""
+    text = json.dumps(value, ensure_ascii=False)
+    if _SURROGATE.search(text) is None:
+        return value
+    # A surrogate can only sit inside a string literal: replacing it keeps the JSON valid.
+    return json.loads(clean_text(text))
 
 
 def conversation(
@@ -147,14 +170,16 @@ def _hermes_call(body: str) -> ToolCall | str:
             return "arguments are not a JSON object"
     if not isinstance(arguments, dict):
         return "arguments are not a JSON object"
-    return ToolCall(name, arguments)
+    # A JSON escape can make a lone surrogate, which no tool, transcript or store can take.
+    return ToolCall(clean_text(name), clean_json(arguments))
 
 
 def parse_hermes(text: str) -> ParsedTurn:
     """``<tool_call>{json}</tool_call>`` blocks, anywhere in ``text``; an opening tag left
     unclosed is a malformed call (the turn ran out of tokens mid-call, or the model forgot it)
     and ends the content there. One left-to-right pass: each tag is looked for once, from where
-    the previous block ended, so a text of many unclosed tags costs no more than its length."""
+    the previous block ended, so a text of many unclosed tags costs no more than its length (a
+    lazy pattern rescans the rest of the text from every opening tag: quadratic)."""
     calls: list[ToolCall] = []
     malformed: list[str] = []
     kept: list[str] = []
