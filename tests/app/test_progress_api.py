@@ -147,6 +147,7 @@ def test_agent_samples_return_each_episode_transcript(api: Api) -> None:
     none = {"name": None, "error": None, "tool_calls": [], "malformed": [], "content_cut": 0}
     assert agent_out["completions"][0]["transcript"] == {
         "end_reason": "done",
+        "end_detail": None,
         "turns": [
             {**none, "source": "environment", "role": "user", "content": "Use the tool."},
             {

@@ -27,7 +27,6 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "MAX_TOKENS",
     "StrictModel",
-    "field_error",
     "literal_tag",
     "text_problem",
 ]
