@@ -1,5 +1,5 @@
 """The trainer's update on a GPU: step time, tokens/s, MFU and peak memory of one GRPO update
-(``trainer.update.passes.run_updates``, bfloat16 mixed precision) on a randomly initialised model of
+(``trainer.update.policy_update.run_updates``, bfloat16 mixed precision) on a randomly initialised model of
 Qwen2.5-0.5B's shapes, for a full fine-tune and LoRA at rank 16 and 64.
 
     python -m bench.gpu_update                  # needs a CUDA device
@@ -35,9 +35,9 @@ from trainer.models.loading import disable_dropout, enable_gradient_checkpointin
 from trainer.models.lora import apply_lora
 from trainer.models.precision import enable_tf32
 from trainer.spec import GRPOSpec, LoraSpec
+from trainer.update.batch import pack_batch
 from trainer.update.optim import build_optimizer
-from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
-from trainer.update.step import pack_batch
+from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_update.json"
 CONFIGS = ("full", "lora16", "lora64")

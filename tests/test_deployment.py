@@ -579,3 +579,14 @@ def test_the_inference_service_serves_the_workers_checkpoints_read_only() -> Non
     assert (port, path) == (InferenceSettings().port, "/health")
     gpu = service["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
+
+
+def test_the_api_and_the_inference_service_share_a_token_compose_requires() -> None:
+    """`grpo inference` refuses to start without GRPO_INFERENCE_TOKEN, and the API must send
+    the same value: both get it from one variable, which compose's `:?` refuses to leave unset
+    or empty (its message says what to set)."""
+    tokens = {
+        name: SERVICES[name]["environment"]["GRPO_INFERENCE_TOKEN"] for name in ("api", "inference")
+    }
+    assert tokens["api"] == tokens["inference"]
+    assert re.fullmatch(r"\$\{GRPO_INFERENCE_TOKEN:\?[^}]+\}", tokens["api"]), tokens

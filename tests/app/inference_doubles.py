@@ -36,6 +36,7 @@ from app.inference.protocol import (
     EnsureResponse,
 )
 from tests.conftest import free_port, wait_until
+from trainer.spec.prompt_format import TemplateTraits
 
 
 @dataclass
@@ -47,6 +48,9 @@ class ControlDouble:
     served_model: str = ""
     busy: Busy | None = None
     hold: threading.Event | None = None
+    # What the ensure answer says of the engine (a real process probes them).
+    chat_traits: TemplateTraits | None = None
+    max_model_len: int | None = None
     received: list[EnsureRequest] = field(default_factory=list)
     tokens: list[str | None] = field(default_factory=list)  # the X-Inference-Token of each
     url: str = ""
@@ -68,7 +72,11 @@ class ControlDouble:
                     headers={"Retry-After": str(self.busy.retry_after_s)},
                 )
             answer = EnsureResponse(
-                base_url=self.base_url, served_model=self.served_model, warm=True
+                base_url=self.base_url,
+                served_model=self.served_model,
+                warm=True,
+                chat_traits=self.chat_traits,
+                max_model_len=self.max_model_len,
             )
             return JSONResponse(answer.model_dump())
 

@@ -58,9 +58,15 @@ def tiny() -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(resolve_model("tiny-random-llama"))
 
 
-def trained_ids(fmt: ChatFormat) -> list[int]:
-    """The episode's render after one tool call, as the trainer's rollout makes it."""
-    rows = trainer_conversation(QUESTION, system_prompt=SYSTEM_PROMPT, few_shot=FEW_SHOT)
+def trained_ids(
+    fmt: ChatFormat,
+    *,
+    system_prompt: str | None = SYSTEM_PROMPT,
+    few_shot: list[dict[str, str]] = FEW_SHOT,
+) -> list[int]:
+    """The episode's render after one tool call, as the trainer's rollout makes it (with the
+    job's system prompt and few-shot turns, unless told otherwise)."""
+    rows = trainer_conversation(QUESTION, system_prompt=system_prompt, few_shot=few_shot)
     messages = fmt.initial(rows)
     messages.append({"role": "assistant", "content": hermes_call_text("multiply", ARGUMENTS)})
     messages.append(fmt.tool_message("multiply", RESULT))

@@ -21,13 +21,23 @@ import pytest
 from app.core.settings import Settings
 from tests.conftest import new_project_key, settings_for, wait_until
 from tests.live_server import Server, serve
-from tests.serving.conftest import ENGINE_START_S, TINY, InferenceProcess, start_inference
+from tests.serving.conftest import (
+    ENGINE_HEADERS,
+    ENGINE_START_S,
+    TINY,
+    TOKEN,
+    InferenceProcess,
+    start_inference,
+)
 
 pytestmark = [pytest.mark.model, pytest.mark.process]
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MAX_RESPONSE_BYTES = 256 * 1024
+# GRPO_INFERENCE_MAX_TOKENS of the tier's API: below the tiny model's context (1,024 tokens).
+MAX_TOKENS = 1000
+CONTEXT = 1024
 # The request that killed the engine for every tenant (issue 32).
 ECHO_WITH_LOGPROBS = {"prompt": "a " * 200, "echo": True, "logprobs": 20, "n": 16, "max_tokens": 2}
 
@@ -70,7 +80,13 @@ def tier(
     pg_url: str, sqlite_dir: Path, queue_name: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Tier]:
     settings = settings_for(
-        "postgres", pg_url, sqlite_dir, queue_name, inference_max_response_bytes=MAX_RESPONSE_BYTES
+        "postgres",
+        pg_url,
+        sqlite_dir,
+        queue_name,
+        inference_max_response_bytes=MAX_RESPONSE_BYTES,
+        inference_max_tokens=MAX_TOKENS,
+        inference_token=TOKEN,  # the same as its `grpo inference`'s
     )
     tmp = tmp_path_factory.mktemp("tier")
     store = tmp / "checkpoints"
@@ -157,6 +173,36 @@ def test_the_engines_refusal_names_the_clients_field(tier: Tier) -> None:
         error = response.json()["error"]
         assert error["param"] == ("prompt" if path == COMPLETIONS else "messages"), error
         assert "context length" in error["message"]
+
+
+def _unbounded_chat(url: str, headers: dict[str, str], content: str) -> dict[str, Any]:
+    """A chat that sets no max_tokens and generates whatever it is allowed to (ignore_eos)."""
+    body = {"model": TINY, "messages": [{"role": "user", "content": content}]}
+    response = httpx.post(
+        f"{url}{CHAT}", json={**body, "ignore_eos": True}, headers=headers, timeout=120
+    )
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    assert answer["choices"][0]["finish_reason"] == "length", answer["choices"][0]
+    return answer
+
+
+def test_a_chat_without_max_tokens_stays_within_the_bound_and_the_context(tier: Tier) -> None:
+    """A chat that sets no max_tokens generated up to the model's context, past
+    GRPO_INFERENCE_MAX_TOKENS (the bound it was admitted and budgeted under): it is now sent
+    min(GRPO_INFERENCE_MAX_TOKENS, the engine's context), and vLLM stops where the context
+    ends. An API whose bound is above the context gets every token the context leaves."""
+    headers = tier.headers()
+    bounded = _unbounded_chat(tier.server.url, headers, "hi")["usage"]
+    assert bounded["completion_tokens"] == MAX_TOKENS < CONTEXT - bounded["prompt_tokens"]
+
+    long_prompt = _unbounded_chat(tier.server.url, headers, "a" * 900)["usage"]
+    assert long_prompt["completion_tokens"] == CONTEXT - long_prompt["prompt_tokens"] < MAX_TOKENS
+
+    above = tier.settings.model_copy(update={"inference_max_tokens": 4096})  # the default
+    with serve(above) as api:
+        whole = _unbounded_chat(api.url, headers, "hi")["usage"]
+    assert whole["completion_tokens"] == CONTEXT - whole["prompt_tokens"]
 
 
 def test_a_stream_left_early_is_charged_what_the_engine_did(tier: Tier) -> None:
@@ -247,7 +293,10 @@ def test_an_engine_that_dies_costs_other_tenants_one_restart_and_no_502(tier: Ti
     reader.start()
     wait_until(lambda: len(b_stream) >= 3, 60, "B's stream to start")
     killed = httpx.post(
-        f"{tier.engine_url}/v1/completions", json={"model": TINY, **ECHO_WITH_LOGPROBS}, timeout=60
+        f"{tier.engine_url}/v1/completions",
+        json={"model": TINY, **ECHO_WITH_LOGPROBS},
+        headers=ENGINE_HEADERS,
+        timeout=60,
     )
     assert killed.status_code == 500, killed.text  # vLLM's engine core died
     died = time.monotonic()

@@ -19,7 +19,7 @@ import pytest
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.inference import servers_repository
-from app.inference.protocol import ENSURE_PATH, Busy, EnsureResponse
+from app.inference.protocol import ENSURE_PATH, TOKEN_HEADER, Busy, EnsureResponse
 from tests.conftest import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +32,11 @@ KV_CACHE_BYTES = 16 * MIB
 OVERHEAD_BYTES = 64 * MIB
 TWO_ENGINES_BUDGET = 2 * (KV_CACHE_BYTES + OVERHEAD_BYTES + 2 * MIB)
 ENGINE_START_S = 600  # a tiny engine: 20 s on a quiet 2-core machine, up to 290 s seen under load
+# The secret every test's `grpo inference` is started with (it refuses to start without one);
+# an API in front of it gets the same (`inference_token=TOKEN` in its settings).
+TOKEN = "serving-tests-token-0123456789"
+CONTROL_HEADERS = {TOKEN_HEADER: TOKEN}
+ENGINE_HEADERS = {"Authorization": f"Bearer {TOKEN}"}  # the engines' /v1 routes
 
 
 @dataclass
@@ -44,7 +49,10 @@ class InferenceProcess:
 
     def ensure(self, **request: Any) -> httpx.Response:
         return httpx.post(
-            f"{self.url}{ENSURE_PATH}", json={"base_model": TINY, **request}, timeout=60
+            f"{self.url}{ENSURE_PATH}",
+            json={"base_model": TINY, **request},
+            headers=CONTROL_HEADERS,
+            timeout=60,
         )
 
     def ensure_ready(self, **request: Any) -> EnsureResponse:
@@ -65,7 +73,7 @@ class InferenceProcess:
         return found
 
     def engines(self) -> dict[str, dict[str, Any]]:
-        state = httpx.get(f"{self.url}/engines", timeout=30).json()
+        state = httpx.get(f"{self.url}/engines", headers=CONTROL_HEADERS, timeout=30).json()
         return {engine["key"]: engine for engine in state["engines"]}
 
     def registered(self) -> dict[str, Any] | None:
@@ -126,6 +134,7 @@ def start_inference(
         GRPO_INFERENCE_MAX_ADAPTERS="2",
         GRPO_INFERENCE_MAX_LORA_RANK="8",
         GRPO_INFERENCE_ENGINE_START_TIMEOUT_S=str(ENGINE_START_S),
+        GRPO_INFERENCE_TOKEN=TOKEN,
     )
     env.update({f"GRPO_INFERENCE_{k.upper()}": v for k, v in settings.items()})  # overrides
     env.update(env_extra or {})
@@ -161,7 +170,7 @@ def answers(base_url: str) -> bool:
 
 def complete(base_url: str, model: str, prompt: str = "1+1=") -> httpx.Response:
     body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-    return httpx.post(f"{base_url}/v1/completions", json=body, timeout=60)
+    return httpx.post(f"{base_url}/v1/completions", json=body, headers=ENGINE_HEADERS, timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ from app.inference.protocol import (
     ServerState,
 )
 from serving.control import create_control_app
-from serving.pool import EnginePool, EnsureError
+from serving.pool import EnginePool
+from serving.records import EnsureError
 from serving.settings import build_inference_settings
 
 

@@ -35,7 +35,7 @@ from tests.cli.helpers import cli
 from tests.conftest import REDIS_URL, new_project_key, tiny_spec, wait_until
 from tests.dashboard.conftest import browser_page  # noqa: F401  (fixture used below)
 from tests.live_server import Server, serve
-from tests.serving.conftest import InferenceProcess, start_inference
+from tests.serving.conftest import TOKEN, InferenceProcess, start_inference
 from tests.worker.conftest import WorkerProcess, start_worker  # noqa: F401
 from trainer.models.loading import resolve_model
 
@@ -59,6 +59,7 @@ def stack(
         database_url=pg_url,
         broker_url=REDIS_URL,
         queue_name=f"{queue_name}-serving",
+        inference_token=TOKEN,  # the same as its `grpo inference`'s
     )
     key, _ = new_project_key(settings)
     start_worker(settings)

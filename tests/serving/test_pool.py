@@ -20,13 +20,19 @@ from app.inference.protocol import Busy, EnsureResponse
 from serving import pool as pool_module
 from serving.engine import EngineFailed, EngineSpec, server_command
 from serving.metrics import EngineLoad
-from serving.pool import EnginePool, EnsureError
+from serving.pool import EnginePool
 from serving.process import preload_base
+from serving.records import EnsureError
 from serving.resolve import resolve_base
 from serving.settings import build_inference_settings
 from tests.hub_cache import add_snapshot
+from trainer.spec.prompt_format import TemplateTraits
 
 T = TypeVar("T")
+CONTEXT = 640  # what every stand-in engine says its context is
+# The traits the stand-in probe finds in every folder but those named in PROBE_FAILS.
+TRAITS = TemplateTraits(native_tools=False, tool_role=True)
+PROBE_FAILS: set[str] = set()
 WEIGHTS = 1000
 ENGINE = WEIGHTS + 100 + 10  # weights + KV cache + overhead, as configured below
 
@@ -59,6 +65,9 @@ class StandInEngine:
     async def load(self) -> EngineLoad:
         return EngineLoad(StandInEngine.running.get(self.spec.key, 0), 0, frozenset())
 
+    async def context_length(self) -> int | None:
+        return CONTEXT
+
     async def load_adapter(self, name: str, folder: Path) -> None:
         self.adapters.append(name)
 
@@ -77,6 +86,12 @@ def make_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
     base.mkdir()
     (base / "model.safetensors").write_bytes(b"w" * WEIGHTS)
     monkeypatch.setattr(pool_module, "resolve_base", lambda model, settings, **_: base)
+    PROBE_FAILS.clear()
+    monkeypatch.setattr(
+        pool_module,
+        "chat_traits",
+        lambda folder, **_: None if folder.parent.name in PROBE_FAILS else TRAITS,
+    )
     store = tmp_path / "data" / "checkpoints"
     for job in ("job_f1", "job_f2", "job_f3"):
         folder = store / job / "checkpoint-000001"
@@ -229,6 +244,29 @@ def test_adapters_past_the_bound_are_unloaded_and_loaded_again(
         back = await pool.ensure(adapter("job_a"))
         assert isinstance(back, EnsureResponse) and not back.warm
         assert engine.adapters == ["job_c/checkpoint-000001", "job_a/checkpoint-000001"]
+
+    run(scenario)
+
+
+def test_every_answer_carries_its_engines_chat_traits_and_context(
+    make_pool: Callable[..., EnginePool],
+) -> None:
+    """The gateway writes a chat with tools by the traits, and bounds a chat's tokens by the
+    context: each ensure answer of an engine holds them, an adapter's its engine's; a folder
+    whose probe failed answers with no traits (the gateway then refuses tools)."""
+
+    async def scenario() -> None:
+        pool = make_pool()
+        PROBE_FAILS.add("job_f2")
+        answers = [
+            await until_ready(pool, EngineEnsureRequest(base_model="tiny")),
+            await until_ready(pool, adapter("job_a")),  # loaded now
+            await until_ready(pool, adapter("job_a")),  # warm
+        ]
+        for answer in answers:
+            assert (answer.chat_traits, answer.max_model_len) == (TRAITS, CONTEXT), answer
+        unprobed = await until_ready(pool, full("job_f2"))
+        assert (unprobed.chat_traits, unprobed.max_model_len) == (None, CONTEXT)
 
     run(scenario)
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.processes import descendants
-from tests.serving.conftest import TINY, InferenceProcess, answers, complete
+from tests.serving.conftest import ENGINE_HEADERS, TINY, InferenceProcess, answers, complete
 
 pytestmark = [pytest.mark.process, pytest.mark.model]
 
@@ -155,7 +155,7 @@ def _read_then_leave(url: str, body: dict[str, object], chunks: list[dict[str, o
     """A client of a streamed request that reads three chunks into ``chunks`` and leaves."""
     with (
         httpx.Client(timeout=60) as client,
-        client.stream("POST", url, json=body) as stream,
+        client.stream("POST", url, json=body, headers=ENGINE_HEADERS) as stream,
     ):
         lines = (line for line in stream.iter_lines() if line.startswith("data: "))
         chunks.extend(json.loads(next(lines)[len("data: ") :]) for _ in range(3))

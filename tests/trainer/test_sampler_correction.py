@@ -18,10 +18,10 @@ from torch import Tensor
 
 from tests.trainer.conftest import tiny_llama
 from trainer.spec import GRPOSpec
+from trainer.update.batch import pack_batch
 from trainer.update.logprobs import completion_logprobs
-from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
+from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates
 from trainer.update.sampler_correction import correction_weights, mismatch_metrics
-from trainer.update.step import pack_batch
 
 VOCAB = 24
 PROMPT = [1, 2, 3]

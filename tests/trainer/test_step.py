@@ -11,16 +11,10 @@ from trainer.errors import NonFiniteLossError
 from trainer.models.loading import enable_gradient_checkpointing
 from trainer.seeding import derive_seed
 from trainer.spec import GRPOSpec
+from trainer.update.batch import Batch, by_length, forward_logprobs, pack_batch
 from trainer.update.logprobs import completion_logprobs
-from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
-from trainer.update.step import (
-    Batch,
-    by_length,
-    forward_logprobs,
-    lr_factor,
-    make_scheduler,
-    pack_batch,
-)
+from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates
+from trainer.update.schedule import lr_factor, make_scheduler
 
 
 def test_lr_schedules() -> None:

@@ -13,9 +13,9 @@ from trainer.models.loading import disable_dropout
 from trainer.models.lora import apply_lora
 from trainer.spec import GRPOSpec
 from trainer.spec.adaptation import LoraSpec
+from trainer.update.batch import Batch, forward_logprobs, pack_batch
 from trainer.update.optim import build_optimizer, decay_groups
-from trainer.update.passes import NonFiniteGuard, UpdateInputs, UpdateStats, run_updates
-from trainer.update.step import Batch, forward_logprobs, pack_batch
+from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, UpdateStats, run_updates
 
 VOCAB = 40
 

@@ -25,7 +25,7 @@ Owns (token ids and messages, no tensor math):
 Uses: ``trainer.spec`` (``ToolSpec``, ``EpisodeSpec``), ``trainer.rollout.base``
 (``RolloutEngine``, ``Completion``), ``trainer.sandbox`` (``SandboxPool`` in call mode) and
 ``trainer.seeding``. The update side needs nothing from here: ``Completion.loss_mask`` reaches
-the loss through ``trainer.update.phases.pack_groups`` / ``trainer.update.step.pack_batch``.
+the loss through ``trainer.update.inputs.pack_groups`` / ``trainer.update.batch.pack_batch``.
 
 Filled in by the worker (not here; ``worker.agents``): :class:`HttpTools` (the operator's tool
 endpoints, ``GRPO_TOOL_ENDPOINTS``) and an http :class:`Environment` (POST reset/step with an

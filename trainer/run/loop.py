@@ -2,7 +2,7 @@
 
 One step: sample prompts -> G completions each from the rollout engine -> scores (graders or a
 reward function; with DAPO dynamic sampling, zero-variance groups are dropped and refilled) ->
-the update phases of ``trainer.update.phases`` -> metrics, samples, evaluation, checkpoint.
+the update phases of ``trainer.update.inputs`` -> metrics, samples, evaluation, checkpoint.
 
 The worker and the CLI pass the job spec and everything is built from it
 (:mod:`trainer.run.setup`); a caller with pieces of its own (a notebook) passes them to
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from trainer.agents import Environment, HttpTools
@@ -31,17 +31,10 @@ from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine
 from trainer.run.callbacks import Callbacks
 from trainer.run.checkpoints import RunCheckpoints
-from trainer.run.engine_sync import sleep_engine, wake_engine
 from trainer.run.episodes import agent_rollout, refuse_unrunnable
 from trainer.run.evaluation import evaluate_run
 from trainer.run.metrics import build_samples, rollout_metrics, sampling_report
-from trainer.run.rank_batch import (
-    gather_rows,
-    rank_batch,
-    rank_figures,
-    rank_update_metrics,
-    trained_tokens,
-)
+from trainer.run.rank_batch import rank_figures
 from trainer.run.rank_callbacks import rank_callbacks
 from trainer.run.setup import (
     DEFAULT_SAMPLE_GROUPS,
@@ -50,21 +43,12 @@ from trainer.run.setup import (
     prepare_run,
     start_run_engine,
 )
-from trainer.scoring.collect import Collected, Group, collect_groups
+from trainer.run.step_update import StepContext, train_on
+from trainer.scoring.collect import collect_groups
 from trainer.scoring.rewards import RewardFn, Scorer
 from trainer.scoring.sampling import Rollout, SingleTurn, merge_metrics
 from trainer.spec import JobSpec
-from trainer.update.passes import UpdateInputs, run_updates
-from trainer.update.phases import (
-    advantages_by_group,
-    has_signal,
-    kl_only_groups,
-    needs_old_logprobs,
-    reward_kl_penalty,
-    score_logprobs,
-    shaped_rewards,
-    split_advantages,
-)
+from trainer.update.inputs import kl_only_groups
 
 __all__ = ["NonFiniteLossError", "TrainResult", "TrainerError", "train"]
 
@@ -124,7 +108,14 @@ def train(
     if config.is_agentic:  # what this trainer cannot run of it fails the job, with the reason
         refuse_unrunnable(config, http_tools=http_tools, http_environment=http_environment)
     given = Given(  # checks that the overrides go together
-        graders, reward_fn, model, tokenizer, engine, sample_groups, http_tools, http_environment
+        graders=graders,
+        reward_fn=reward_fn,
+        model=model,
+        tokenizer=tokenizer,
+        engine=engine,
+        sample_groups=sample_groups,
+        http_tools=http_tools,
+        http_environment=http_environment,
     )
     world = world or world_from_env()
     rank_device = world.device(device)
@@ -223,33 +214,33 @@ class _Run:
     # ------------------------------------------------------------------ one step
 
     def _step(self, step: int, *, final: bool) -> tuple[dict[str, float], bool]:
-        s = self.setup
+        setup = self.setup
         spec = self.spec
         assert self.engine is not None
         started = time.perf_counter()
-        col = collect_groups(
+        collected = collect_groups(
             self.engine,
-            s.scorer,
-            s.sampler,
-            s.train_ids,
-            s.train_rows,
+            setup.scorer,
+            setup.sampler,
+            setup.train_ids,
+            setup.train_rows,
             spec,
             seed=self.config.seed,
             step=step,
             should_stop=self.cb.should_stop,
-            world=s.world,
-            shares=s.shares,
+            world=setup.world,
+            shares=setup.shares,
             rollout=self.rollout,
         )
-        metrics = rollout_metrics(col, [*s.scorer.names, *self.rollout.extra_names])
-        metrics.update(merge_metrics(col.rollout_metrics))
-        kl_only = kl_only_groups(col, spec)
-        metrics.update(sampling_report(col, kl_only, spec, step, self.cb.on_event))
-        lr = float(s.optimizer.param_groups[0]["lr"])
-        advantages: dict[int, list[float]] = {}
+        metrics = rollout_metrics(collected, [*setup.scorer.names, *self.rollout.extra_names])
+        metrics.update(merge_metrics(collected.rollout_metrics))
+        kl_only = kl_only_groups(collected, spec)
+        metrics.update(sampling_report(collected, kl_only, spec, step, self.cb.on_event))
+        lr = float(setup.optimizer.param_groups[0]["lr"])
+        by_group: dict[int, list[float]] = {}
         trained = False
-        if col.kept or kl_only:
-            advantages, trained = self._train_on(col, kl_only, step, metrics)
+        if collected.kept or kl_only:
+            by_group, trained = train_on(self._step_context(), collected, kl_only, step, metrics)
         metrics["update/skipped"] = 0.0 if trained else 1.0
         if trained:
             with warnings.catch_warnings():
@@ -259,133 +250,32 @@ class _Run:
                 warnings.filterwarnings(
                     "ignore", message=r"Detected call of `lr_scheduler\.step\(\)`"
                 )
-                s.scheduler.step()
-        elif not (col.kept or kl_only):
+                setup.scheduler.step()
+        elif not (collected.kept or kl_only):
             # No batch, no update: the schedule waits for the next step that trains.
             self.cb.on_event("no_signal", f"step {step}: no group to train on; update skipped")
         metrics["lr"] = lr
-        metrics["data/skipped_prompts"] = float(s.skipped_prompts)
+        metrics["data/skipped_prompts"] = float(setup.skipped_prompts)
         samples = build_samples(
-            col,
-            advantages,
-            s.sample_prompts,
-            s.sample_answers,
-            s.sample_groups,
+            collected,
+            by_group,
+            setup.sample_prompts,
+            setup.sample_answers,
+            setup.sample_groups,
         )
         self.cb.on_samples(step, samples)
-        if s.eval_ids and (
+        if setup.eval_ids and (
             final or (self.config.eval.interval > 0 and step % self.config.eval.interval == 0)
         ):
             metrics["eval/accuracy"] = self._evaluate(step)
         metrics["time/step"] = time.perf_counter() - started
-        metrics.update(rank_figures(s.world, metrics["time/step"], s.device))
+        metrics.update(rank_figures(setup.world, metrics["time/step"], setup.device))
         clean = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
-        return clean, col.stop_requested
+        return clean, collected.stop_requested
 
-    def _train_on(
-        self, col: Collected, kl_only: list[Group], step: int, metrics: dict[str, float]
-    ) -> tuple[dict[int, list[float]], bool]:
-        """The update phases (``trainer.update.phases``) on the kept groups, in order, with
-        the ``kl_only`` groups in the KL terms only; fills ``metrics`` and returns the
-        advantages by group position in ``col.kept`` and whether an update ran (False when the
-        batch has no signal: every advantage 0 and no loss-side term, see
-        :func:`trainer.update.phases.has_signal`). On several ranks each trains its share of
-        the batch (:mod:`trainer.run.rank_batch`)."""
-        s = self.setup
-        spec = self.spec
-        assert self.engine is not None
-        clock = time.perf_counter()
-        rb = rank_batch(col.kept, spec, s.device, s.world, s.shares, kl_only)
-        if rb.left_out:
-            metrics["data/uneven_groups_left_out"] = float(rb.left_out)
-        if not (rb.kept or rb.kl_only):  # fewer groups than devices: nothing to share
-            metrics["time/update"] = 0.0
-            return {}, False
-        shaped = shaped_rewards(rb.kept, rb.whole, spec)
-        metrics["time/reward"] += time.perf_counter() - clock
-        rows = rb.whole.size
-
-        # Without KL in the reward the advantages come from the rewards alone: a batch without
-        # signal is known before the engine sleeps or any scoring pass runs.
-        adv = None if spec.kl.in_reward else split_advantages(shaped, None, spec, rows=rows)
-        if adv is not None and not has_signal(adv.total, spec):
-            metrics["time/logprobs"] = 0.0
-            return self._no_update(adv.total, len(rb.kept), metrics, engine_level=None)
-
-        # The update needs the device memory the engine's KV cache holds (GPU sleep mode).
-        level = self._engine_sleeps()
-        clock = time.perf_counter()
-        with_old = needs_old_logprobs(spec, rb.whole.size)
-        scored = score_logprobs(
-            s.model,
-            s.reference,
-            rb.batch,
-            spec,
-            pad_id=s.pad_id,
-            with_old=with_old,
-        )
-        metrics["time/logprobs"] = time.perf_counter() - clock
-
-        if adv is None:
-            penalty = reward_kl_penalty(scored, rb.batch, spec)
-            if penalty is not None:
-                penalty = gather_rows(s.world, rb, penalty, "reward")
-                metrics["kl/reward_penalty"] = float(penalty.mean())
-            adv = split_advantages(shaped, penalty, spec, rows=rows)
-            if not has_signal(adv.total, spec):
-                return self._no_update(adv.total, len(rb.kept), metrics, engine_level=level)
-
-        clock = time.perf_counter()
-        stats, pre = run_updates(
-            UpdateInputs(
-                model=s.model,
-                optimizer=s.optimizer,
-                batch=rb.batch,
-                advantages=rb.mine(adv.total),
-                kl_advantages=None if adv.kl is None else rb.mine(adv.kl),
-                old_logprobs=scored.old,
-                ref_logprobs=scored.ref,
-                pad_id=s.pad_id,
-                guard=s.guard,
-                step=step,
-                seed=self.config.seed,
-                collect_pre_update=not with_old,
-                world=s.world,
-            ),
-            spec,
-        )
-        metrics["time/update"] = time.perf_counter() - clock
-        metrics["tokens/trained"] = trained_tokens(rb.whole, spec)
-
-        # Only an applied update changed the weights the engine generates with; an engine
-        # that dropped its weights to sleep (level 2) needs them back either way.
-        applied = stats.updates > stats.skipped
-        if applied and s.mirror is not None:
-            s.mirror.mark_stale()
-        metrics["time/weight_sync"] = self._wake_engine(applied or level == 2)
-        task_rows = len(rb.kept) * spec.group_size
-        metrics.update(
-            rank_update_metrics(s.world, rb, stats, adv.total[:task_rows], scored, pre, spec)
-        )
-        return advantages_by_group(adv.total, len(rb.kept), spec.group_size), True
-
-    def _no_update(
-        self, adv: Tensor, groups: int, metrics: dict[str, float], *, engine_level: int | None
-    ) -> tuple[dict[int, list[float]], bool]:
-        """A batch without signal: no optimizer step (AdamW's momentum would still move every
-        weight), no schedule step, no sync. An engine put to sleep for it is woken, and synced
-        only when a level-2 sleep dropped its weights, which it needs back either way."""
-        if engine_level is not None:
-            self._wake_engine(engine_level == 2)
-        metrics["time/update"] = 0.0
-        return advantages_by_group(adv, groups, self.spec.group_size), False
-
-    def _wake_engine(self, must_sync: bool) -> float:
+    def _step_context(self) -> StepContext:
         assert self.started is not None
-        return wake_engine(self.setup, self.started, must_sync)
-
-    def _engine_sleeps(self) -> int | None:
-        return sleep_engine(self.started) if self.started is not None else None
+        return StepContext(self.setup, self.started, self.config.seed)
 
     def _evaluate(self, step: int) -> float:
         assert self.engine is not None

@@ -26,7 +26,7 @@ trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update`
 (prompt plus completion tokens of the batch trained on, times num_iterations; absent on a step
 with nothing to train on);
 ``update/skipped`` (1 when the step ran no update: no group to train on, or every advantage 0
-with no loss-side term, see ``trainer.update.phases.has_signal``; then the update's metrics above are
+with no loss-side term, see ``trainer.update.inputs.has_signal``; then the update's metrics above are
 absent; 0 otherwise); ``data/skipped_prompts`` (dataset rows the run skipped because their formatted prompt is longer
 than ``max_prompt_tokens``: the same value every step, 0 when none; a ``dataset`` event lists
 them by row number, see ``trainer.data.dataset.prompts_for_run``); ``eval/accuracy`` on
@@ -53,11 +53,11 @@ from trainer.scoring.rewards import Scorer
 from trainer.scoring.sampling import Rollout
 from trainer.spec import GRPOSpec, KLEstimatorName
 from trainer.update import kl as kl_math
+from trainer.update.batch import Batch
+from trainer.update.inputs import Scored
 from trainer.update.losses import masked_mean
-from trainer.update.passes import PreUpdate, UpdateStats
-from trainer.update.phases import Scored
+from trainer.update.policy_update import PreUpdate, UpdateStats
 from trainer.update.sampler_correction import mismatch_metrics
-from trainer.update.step import Batch
 
 __all__ = [
     "build_samples",
@@ -109,7 +109,7 @@ def sampling_report(
     """What the step's sampling left to say: a warning event per grader that failed (with its
     first error), and with dynamic sampling its metrics (``dynamic_sampling/rounds``,
     ``kept_groups``, ``dropped_groups``, and ``kl_only_groups``: the groups left out of the
-    task's update that the KL still acts on, ``trainer.update.phases.kl_only_groups``) and an
+    task's update that the KL still acts on, ``trainer.update.inputs.kl_only_groups``) and an
     event when it dropped groups."""
     for name, message in col.grader_messages.items():
         errors = col.grader_errors.get(name, 0)

@@ -22,9 +22,9 @@ from trainer.distributed.world import World
 from trainer.run.metrics import update_metrics, update_step_metrics
 from trainer.scoring.collect import Group
 from trainer.spec import GRPOSpec
-from trainer.update.passes import PreUpdate, UpdateStats
-from trainer.update.phases import Scored, pack_groups
-from trainer.update.step import Batch
+from trainer.update.batch import Batch
+from trainer.update.inputs import Scored, pack_groups
+from trainer.update.policy_update import PreUpdate, UpdateStats
 
 __all__ = [
     "RankBatch",
@@ -60,7 +60,7 @@ def rank_batch(
     kl_only: list[Group] | None = None,
 ) -> RankBatch:
     """The step's batch: the ``kept`` groups (the task's update) followed by the ``kl_only``
-    groups (``trainer.update.phases.kl_only_groups``), each list cut to a multiple of
+    groups (``trainer.update.inputs.kl_only_groups``), each list cut to a multiple of
     ``shares``; on several ranks each rank packs its share of each list."""
     groups = kept[: len(kept) - len(kept) % shares]
     extra = (kl_only or [])[: len(kl_only or []) - len(kl_only or []) % shares]

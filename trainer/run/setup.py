@@ -51,8 +51,8 @@ from trainer.scoring.rewards import RewardFn, Scorer, resolve_scorer
 from trainer.spec import JobSpec
 from trainer.spec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.update.optim import build_optimizer
-from trainer.update.passes import NonFiniteGuard
-from trainer.update.step import make_scheduler
+from trainer.update.policy_update import NonFiniteGuard
+from trainer.update.schedule import make_scheduler
 
 __all__ = [
     "DEFAULT_SAMPLE_GROUPS",
@@ -66,7 +66,7 @@ __all__ = [
 DEFAULT_SAMPLE_GROUPS = 2  # rollout groups handed to on_samples each step
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Given:
     """What the caller of :func:`~trainer.run.loop.train` supplied instead of the job spec
     (None: build it)."""

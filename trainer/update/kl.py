@@ -36,7 +36,7 @@ Placement: in the loss the caller adds ``beta * kl_aggregate(per_token_kl(...))`
 (``trainer.update.losses.kl_aggregate``: a constant normaliser whatever the policy loss's
 aggregation, so its expected gradient is the table's divided by ``max_new_tokens``); in the
 reward the loop subtracts :func:`kl_reward_penalty`, centred, from the advantages
-(``trainer.update.phases.split_advantages``) and the update aggregates that part the same way.
+(``trainer.update.inputs.split_advantages``) and the update aggregates that part the same way.
 
 In the reward the penalty acts through the policy-gradient term, ``E[penalty * grad log pi]``.
 With ``penalty = sum_t k1_t = log pi(y) - log ref(y)`` that is exactly ``grad KL_seq``
@@ -241,7 +241,7 @@ def per_token_kl(
 def kl_reward_penalty(per_token_kl: Tensor, mask: Tensor, beta: float) -> Tensor:
     """Sequence-level KL penalty for ``placement = "reward"``: [B, T] -> [B], detached.
 
-    Returns ``beta * sum_t mask[b, t] * kl[b, t]``; ``trainer.update.phases.compute_advantages``
+    Returns ``beta * sum_t mask[b, t] * kl[b, t]``; ``trainer.update.inputs.compute_advantages``
     centres it within its group and subtracts it from the task reward's advantages, unscaled.
 
     Sum, not mean, over tokens: the KL between the sequence distributions of two

@@ -24,9 +24,9 @@ from trainer.models.loading import load_policy, resolve_model
 from trainer.rollout.base import Completion
 from trainer.rollout.hf_engine import HFEngine
 from trainer.spec import EpisodeSpec, GRPOSpec
-from trainer.update import passes
-from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
-from trainer.update.step import pack_batch
+from trainer.update import policy_update
+from trainer.update.batch import pack_batch
+from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates
 
 
 class Recording:
@@ -109,7 +109,7 @@ def test_tiny_model_episodes_batch_per_turn_and_train_only_sampled_tokens(
         token_masks=masks,
     )
     seen: list[Tensor] = []
-    original = passes.completion_logprobs
+    original = policy_update.completion_logprobs
 
     def keep(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
         lp, ent = original(*args, **kwargs)
@@ -117,7 +117,7 @@ def test_tiny_model_episodes_batch_per_turn_and_train_only_sampled_tokens(
         seen.append(lp)
         return lp, ent
 
-    monkeypatch.setattr(passes, "completion_logprobs", keep)
+    monkeypatch.setattr(policy_update, "completion_logprobs", keep)
     size = len(comps)
     spec = GRPOSpec(micro_batch_size=size, sampler_correction={"mode": "none"})
     model.train()

@@ -40,8 +40,7 @@ from trainer.run.rank_batch import rank_batch
 from trainer.scoring.collect import collect_groups
 from trainer.scoring.rewards import RewardFunction
 from trainer.spec import GRPOSpec, LossAggregation
-from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
-from trainer.update.phases import (
+from trainer.update.inputs import (
     kl_only_groups,
     needs_old_logprobs,
     reward_kl_penalty,
@@ -49,6 +48,7 @@ from trainer.update.phases import (
     shaped_rewards,
     split_advantages,
 )
+from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates
 
 A, B, EOS, PROMPT = 0, 1, 2, 3
 VOCAB = 4  # the prompt token is never sampled (its logit is -inf)

@@ -14,9 +14,9 @@ from torch import Tensor
 
 from tests.trainer.conftest import tiny_llama
 from trainer.spec import GRPOSpec
-from trainer.update import passes
-from trainer.update.passes import NonFiniteGuard, UpdateInputs, run_updates
-from trainer.update.step import Batch, pack_batch
+from trainer.update import policy_update
+from trainer.update.batch import Batch, pack_batch
+from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates
 
 CPU = torch.device("cpu")
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
@@ -47,7 +47,7 @@ def capture_logprobs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Tensor]]:
     """The update's own log-probs of the sampled tokens ([b, t], with gradient), kept with
     their .grad after backward."""
     seen: list[Tensor] = []
-    original = passes.completion_logprobs
+    original = policy_update.completion_logprobs
 
     def keep(*args: Any, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
         lp, ent = original(*args, **kwargs)
@@ -55,7 +55,7 @@ def capture_logprobs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Tensor]]:
         seen.append(lp)
         return lp, ent
 
-    monkeypatch.setattr(passes, "completion_logprobs", keep)
+    monkeypatch.setattr(policy_update, "completion_logprobs", keep)
     yield seen
 
 

@@ -8,7 +8,7 @@ import torch
 from trainer.rollout.base import Completion
 from trainer.scoring.collect import Group
 from trainer.spec import GRPOSpec
-from trainer.update.phases import pack_groups, shaped_rewards
+from trainer.update.inputs import pack_groups, shaped_rewards
 from trainer.update.shaping import longest_turns
 
 SPEC = GRPOSpec(

@@ -1,6 +1,6 @@
 """The phases of one GRPO update, in the order the loop runs them on a step's kept groups:
 
-1. :func:`pack_groups`: the kept completions as a right-padded :class:`~trainer.update.step.Batch`.
+1. :func:`pack_groups`: the kept completions as a right-padded :class:`~trainer.update.batch.Batch`.
 2. :func:`shaped_rewards`: task reward plus the optional DAPO overlong penalty.
 3. :func:`score_logprobs`: no-grad logprobs of the sampled tokens under the policy before the
    update (``old``, only when :func:`needs_old_logprobs`) and under the reference (``ref``).
@@ -8,7 +8,7 @@
    :func:`split_advantages`: the task reward's group advantages minus the centred, unscaled
    penalty, with the penalty's part kept apart (the update aggregates it with a constant
    normaliser, ``trainer.update.losses.kl_aggregate``, whatever the task part uses).
-5. the update itself: ``trainer.update.passes.run_updates``, unless :func:`has_signal` says the batch
+5. the update itself: ``trainer.update.policy_update.run_updates``, unless :func:`has_signal` says the batch
    has none (then no optimizer step, no schedule step, no sync).
 6. the weight sync into the rollout engine (``RolloutEngine.sync_weights``), by the loop.
 7. ``trainer.run.metrics.update_step_metrics``: what the update and the token-level values
@@ -33,8 +33,8 @@ from trainer.scoring.collect import Collected, Group
 from trainer.spec import GRPOSpec
 from trainer.update import kl as kl_math
 from trainer.update.advantages import group_advantages, leave_one_out_centred
+from trainer.update.batch import Batch, forward_logprobs, pack_batch
 from trainer.update.shaping import longest_turns, overlong_penalty, truncation_loss_mask
-from trainer.update.step import Batch, forward_logprobs, pack_batch
 
 __all__ = [
     "Advantages",

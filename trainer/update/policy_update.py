@@ -24,12 +24,13 @@ from trainer.seeding import derive_seed
 from trainer.spec import GRPOSpec
 from trainer.update import kl as kl_math
 from trainer.update import losses
+from trainer.update.batch import Batch, by_length, micro_inputs
 from trainer.update.logprobs import completion_logprobs
 from trainer.update.sampler_correction import correction_weights
-from trainer.update.step import Batch, by_length, micro_inputs
 
 __all__ = [
     "NON_FINITE_LIMIT",
+    "ClipCounts",
     "NonFiniteGuard",
     "PreUpdate",
     "UpdateInputs",
@@ -263,6 +264,34 @@ def _micro_losses(
     return _Losses(policy=policy, kl=kl_term)
 
 
+@dataclass
+class ClipCounts:
+    """Loss tokens of a step's updates that could clip (every update but the first, which runs
+    at ratio 1), by what removed their gradient, and the loss tokens themselves."""
+
+    low: float = 0.0  # the lower bound 1 - eps_low binds (A < 0)
+    high: float = 0.0  # the upper bound 1 + eps_high binds (A > 0)
+    dual: float = 0.0  # the dual-clip cap binds
+    clamped: float = 0.0  # the +-20 log-ratio clamp, no bound binding
+    tokens: float = 0.0  # loss tokens
+
+    def add(self, res: _MicroResult) -> None:
+        self.low += res.clipped_low
+        self.high += res.clipped_high
+        self.dual += res.clipped_dual
+        self.clamped += res.clamped
+        self.tokens += res.tokens
+
+    def fractions(self, world: World) -> tuple[float, float, float, float]:
+        """(low, high, dual, clamped) over the loss tokens of every rank; NaN without any."""
+        low, high, dual, clamped, tokens = world.sum_floats(
+            [self.low, self.high, self.dual, self.clamped, self.tokens], "update"
+        )
+        if not tokens:
+            return (float("nan"),) * 4
+        return low / tokens, high / tokens, dual / tokens, clamped / tokens
+
+
 class _Pre:
     """The pre-update logprobs and entropies being collected ([B, T] each), when asked for."""
 
@@ -289,7 +318,7 @@ def _minibatch(
     *,
     spec: GRPOSpec,
     stats: UpdateStats,
-    counts: list[float],
+    counts: ClipCounts,
     pre: _Pre | None,
 ) -> tuple[float, float]:
     """Forward and backward of one minibatch, micro-batch by micro-batch; the gradients
@@ -307,11 +336,7 @@ def _minibatch(
         policy_sum += res.policy
         kl_sum += res.kl
         if stats.updates > 0:  # the step's first update runs at ratio 1: cannot clip
-            counts[0] += res.clipped_low
-            counts[1] += res.clipped_high
-            counts[2] += res.clipped_dual
-            counts[3] += res.clamped
-            counts[4] += res.tokens
+            counts.add(res)
         if pre is not None:
             pre.record(rows, res)
     return policy_sum, kl_sum
@@ -330,8 +355,7 @@ def run_updates(inputs: UpdateInputs, spec: GRPOSpec) -> tuple[UpdateStats, PreU
     pre = _Pre(batch, inputs.collect_pre_update)
 
     stats = UpdateStats()
-    # Token counts of the updates that could clip: [low, high, dual, clamped, loss tokens].
-    counts = [0.0] * 5
+    counts = ClipCounts()
     norms: list[float] = []
     model.train()
     generator = torch.Generator().manual_seed(derive_seed(inputs.seed, inputs.step, 7))
@@ -368,9 +392,6 @@ def run_updates(inputs: UpdateInputs, spec: GRPOSpec) -> tuple[UpdateStats, PreU
     if stats.updates:
         stats.policy_loss /= stats.updates
         stats.kl_loss /= stats.updates
-    counts = world.sum_floats(counts, "update")
-    tokens = counts[4]
-    frac = [c / tokens if tokens else float("nan") for c in counts[:4]]
-    stats.clip_low, stats.clip_high, stats.clip_dual, stats.clamped = frac
+    stats.clip_low, stats.clip_high, stats.clip_dual, stats.clamped = counts.fractions(world)
     stats.grad_norm = sum(norms) / len(norms) if norms else float("nan")
     return stats, pre.result()
