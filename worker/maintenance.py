@@ -10,7 +10,10 @@
   checkpoint folders first, then their samples, metrics, rollups, events and checkpoint rows
   (app.jobs.deletion says how a job is deleted).
 - the announcement rewrites this worker's row of the workers table (its size class), so the
-  API can tell a job that no worker of its size runs (app.jobs.size_classes).
+  API can tell a job that no worker of its size runs (app.jobs.size_classes);
+- the registry clean-up deletes the rows of inference processes gone for an hour (a process
+  killed outright never removes its own row; the gateway reads only fresh rows, but the table
+  would grow with every restart).
 Every worker runs them; compare-and-set transitions make concurrent runs safe, and the purge's
 steps are idempotent.
 """
@@ -26,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.core.clock import utcnow
 from app.core.db import session_scope
 from app.core.errors import IllegalTransition
+from app.inference import servers_repository
 from app.jobs import deletion_repository as deletion_repo
 from app.jobs import repository as jobs_repo
 from app.jobs import transitions
@@ -41,6 +45,8 @@ log = logging.getLogger(__name__)
 SWEEP_BATCH = 1000
 # A worker's row stays this long after it was last seen (then it is gone for good).
 FORGET_WORKERS_AFTER = timedelta(days=7)
+# An inference process's row stays this long after its last heartbeat.
+FORGET_INFERENCE_SERVERS_AFTER = timedelta(hours=1)
 
 
 def announce_worker(ctx: WorkerContext) -> None:
@@ -186,8 +192,18 @@ def purge_deleted_jobs(ctx: WorkerContext) -> list[str]:
     return purged
 
 
+def forget_gone_inference_servers(ctx: WorkerContext) -> int:
+    """Delete the registry rows of inference processes whose last heartbeat is older than
+    FORGET_INFERENCE_SERVERS_AFTER; how many went."""
+    with session_scope(ctx.sessions) as session:
+        return servers_repository.remove_stale(
+            session, older_than_s=FORGET_INFERENCE_SERVERS_AFTER.total_seconds()
+        )
+
+
 class MaintenanceThread:
-    """Runs the reaper, the sweep and the purge every `maintenance_seconds` until stopped."""
+    """Runs the reaper, the sweep, the purge and the registry clean-up every
+    `maintenance_seconds` until stopped."""
 
     def __init__(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
@@ -208,6 +224,7 @@ class MaintenanceThread:
                 reap_stale_jobs(self._ctx)
                 redispatch_queued(self._ctx)
                 purge_deleted_jobs(self._ctx)
+                forget_gone_inference_servers(self._ctx)
             except SQLAlchemyError as exc:
                 log.warning("maintenance skipped: database unavailable (%s)", exc)
             except Exception:  # never let the thread die

@@ -1,5 +1,7 @@
-"""Uploaded datasets as files of the project: create (rows read by app.datasets.upload_rows),
-get, list, delete, their content, and the spill of a job's large inline rows into a file."""
+"""The project's files: uploaded datasets (create, with rows read by app.datasets.upload_rows;
+get, list, delete) and a job's result file (app.files.result_files), and what
+``GET /v1/files/{id}/content`` sends for either. A new job's large inline rows are spilled into
+a file by app.datasets.service."""
 
 from __future__ import annotations
 

@@ -242,9 +242,21 @@ def test_racing_finishers_yield_exactly_one_terminal_state(
             assert changes == 2  # the claim and the single winner
 
 
-def test_the_lease_holding_states_are_declared_alike_for_queries_and_rules() -> None:
-    """The repositories filter on LEASE_HOLDING_STATES, the state machine fences on
-    LEASE_HOLDING_STATES: one set."""
-    from app.jobs.repository import LEASE_HOLDING_STATES
-
-    assert set(LEASE_HOLDING_STATES) == {s.value for s in transitions.LEASE_HOLDING_STATES}
+def test_the_lease_holding_states_are_the_ones_a_worker_reaches_without_giving_the_job_back() -> (
+    None
+):
+    """LEASE_HOLDING_STATES (which repositories filter on and the state machine fences on) must
+    be exactly the states the transition table lets a claimed job reach from running without
+    going back to the queue, pausing or ending, and from each of them a worker can still finish
+    the job (succeeded or failed). Derived from ALLOWED, so a state added to either side alone
+    fails here."""
+    ends = {JobStatus.QUEUED, JobStatus.PAUSED, *transitions.TERMINAL}
+    reached, todo = {JobStatus.RUNNING}, [JobStatus.RUNNING]
+    while todo:
+        for target in transitions.ALLOWED[todo.pop()]:
+            if target not in ends and target not in reached:
+                reached.add(target)
+                todo.append(target)
+    assert set(transitions.LEASE_HOLDING_STATES) == reached
+    for state in reached:
+        assert {JobStatus.SUCCEEDED, JobStatus.FAILED} <= transitions.ALLOWED[state], state

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from trainer.update.kl import KL_ESTIMATORS, KLEstimator, kl_reward_penalty, per_token_kl
+from trainer.spec import KLEstimatorName
+from trainer.update.kl import KL_ESTIMATORS, kl_reward_penalty, per_token_kl
 
 K = 5  # outcomes of the small categorical distributions
 TOL = 1e-6
@@ -24,7 +25,11 @@ def _dists(seed: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _expected_grad(
-    estimator: KLEstimator, theta: Tensor, ref: Tensor, sampling_logp: Tensor, old: Tensor | None
+    estimator: KLEstimatorName,
+    theta: Tensor,
+    ref: Tensor,
+    sampling_logp: Tensor,
+    old: Tensor | None,
 ) -> Tensor:
     """sum_x w(x) * grad k(x): the exact expectation of the estimator's gradient when tokens are
     drawn from exp(sampling_logp) (the weights are constants). The K outcomes are the T axis."""
@@ -117,7 +122,7 @@ def test_k3_off_policy_without_ratio_is_biased(seed: int) -> None:
 
 # Schulman, "Approximating KL Divergence" (2020): q = N(0, 1) samples, p = N(mu, 1), r = p / q.
 # In our notation the sampled policy is pi = q and the reference is p, so d = ref - lp = log r.
-def _moments(estimator: KLEstimator, mu: float) -> tuple[float, float]:
+def _moments(estimator: KLEstimatorName, mu: float) -> tuple[float, float]:
     """E_q[k] and std_q[k] by trapezoidal quadrature on [-15, 15] (30,001 points, float64)."""
     x = torch.linspace(-15.0, 15.0, 30_001, dtype=torch.float64)
     dx = float(x[1] - x[0])
@@ -155,7 +160,7 @@ def test_schulman_table(
 @pytest.mark.parametrize("ref_offset", [250.0, -250.0])
 @pytest.mark.parametrize("old_offset", [None, 250.0, -250.0])
 def test_finite_values_and_gradients_at_log_ratio_250(
-    estimator: KLEstimator, ref_offset: float, old_offset: float | None
+    estimator: KLEstimatorName, ref_offset: float, old_offset: float | None
 ) -> None:
     lp = torch.full((2, 3), -1.0, dtype=torch.float32, requires_grad=True)
     ref = lp.detach() + ref_offset
@@ -190,7 +195,7 @@ def test_estimator_values_on_hand_example() -> None:
     old = lp + torch.tensor([[0.0, math.log(2.0), 0.0]], dtype=torch.float64)
     e = math.e
     k3 = [math.exp(-1) + 1 - 1, 0.0, e**2 - 2 - 1]
-    expected: dict[KLEstimator, list[float]] = {
+    expected: dict[KLEstimatorName, list[float]] = {
         "k1": [1.0, 0.0, -2.0],
         "k2": [0.5, 0.0, 2.0],
         "k3": k3,

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from trainer.spec import LossAggregation
 from trainer.update.losses import (
-    AGGREGATION_MODES,
-    AggregationMode,
+    LOSS_AGGREGATIONS,
     aggregate,
     clipped_surrogate,
     masked_mean,
@@ -129,21 +129,21 @@ MASK = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
 # seq_mean_token_mean: sequence means 6/3 = 2, 4/1 = 4, 11/2 = 5.5 -> (2 + 4 + 5.5) / 3 = 11.5 / 3
 #   (the empty fourth sequence is not counted)
 # seq_mean_token_sum_norm with max_completion_len 4: sums 6, 4, 11 -> 1.5, 1.0, 2.75 -> 5.25 / 3
-EXPECTED: dict[AggregationMode, float] = {
+EXPECTED: dict[LossAggregation, float] = {
     "token_mean": 3.5,
     "seq_mean_token_mean": 11.5 / 3,
     "seq_mean_token_sum_norm": 1.75,
 }
 
 
-@pytest.mark.parametrize("mode", AGGREGATION_MODES)
-def test_aggregate_by_hand(mode: AggregationMode) -> None:
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
+def test_aggregate_by_hand(mode: LossAggregation) -> None:
     got = aggregate(VALUES, MASK, mode, max_completion_len=4)
     assert abs(float(got) - EXPECTED[mode]) < TOL
 
 
-@pytest.mark.parametrize("mode", AGGREGATION_MODES)
-def test_aggregate_micro_batches_sum_to_full_batch(mode: AggregationMode) -> None:
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
+def test_aggregate_micro_batches_sum_to_full_batch(mode: LossAggregation) -> None:
     total_tokens, total_sequences = valid_counts(MASK)
     assert (total_tokens, total_sequences) == (6.0, 3.0)
     parts = [
@@ -167,8 +167,8 @@ def test_aggregate_micro_batches_sum_to_full_batch(mode: AggregationMode) -> Non
     assert abs(float(sum(local)) - float(full)) > 1e-3
 
 
-@pytest.mark.parametrize("mode", AGGREGATION_MODES)
-def test_aggregate_empty_mask_is_zero_with_finite_gradient(mode: AggregationMode) -> None:
+@pytest.mark.parametrize("mode", LOSS_AGGREGATIONS)
+def test_aggregate_empty_mask_is_zero_with_finite_gradient(mode: LossAggregation) -> None:
     values = torch.randn(2, 3, requires_grad=True)
     mask = torch.zeros(2, 3)
     got = aggregate(values, mask, mode, max_completion_len=3)
@@ -181,7 +181,7 @@ def test_aggregate_gradient_weights() -> None:
     # by 1 / (3 * |o_i|): 1/9 for the 3-token sequence, 1/3 for the 1-token one, 1/6 for the
     # 2-token one; Dr. GRPO weighs all valid tokens 1 / (3 * 4) = 1/12.
     values = torch.where(MASK.bool(), VALUES, 0.0).requires_grad_(True)
-    weights: dict[AggregationMode, list[float]] = {
+    weights: dict[LossAggregation, list[float]] = {
         "token_mean": [1 / 6, 1 / 6, 1 / 6],
         "seq_mean_token_mean": [1 / 9, 1 / 3, 1 / 6],
         "seq_mean_token_sum_norm": [1 / 12, 1 / 12, 1 / 12],

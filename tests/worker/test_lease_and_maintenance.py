@@ -205,3 +205,26 @@ def test_should_stop_sees_a_pause_at_once(ctx: WorkerContext) -> None:
     with session_scope(ctx.sessions) as session:
         transitions.transition(session, job_id, JobStatus.PAUSING)
     assert callbacks.should_stop() is True and callbacks.stop_reason == "paused"
+
+
+def test_maintenance_forgets_inference_processes_gone_for_an_hour(ctx: WorkerContext) -> None:
+    """A `grpo inference` killed outright never removes its row; the maintenance pass does,
+    once its heartbeat is an hour old, and leaves a live process's row alone (rows of gone
+    processes stayed forever before)."""
+    from app.core.models import InferenceServer
+    from app.inference import servers_repository
+
+    with session_scope(ctx.sessions) as session:
+        for server_id in ("gone", "alive"):
+            servers_repository.register(
+                session, server_id=server_id, control_url="http://x", bases=["b"], state={}
+            )
+        session.execute(
+            update(InferenceServer)
+            .where(InferenceServer.id == "gone")
+            .values(heartbeat_at=utcnow() - timedelta(hours=1, minutes=1))
+        )
+    assert maintenance.forget_gone_inference_servers(ctx) == 1
+    with session_scope(ctx.sessions) as session:
+        left = session.scalars(select(InferenceServer.id)).all()
+    assert left == ["alive"]

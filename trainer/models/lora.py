@@ -43,7 +43,6 @@ __all__ = [
 ADAPTER = "default"  # peft's adapter name; a job trains exactly one
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-_PREFIX = "base_model.model."
 
 
 def apply_lora(model: nn.Module, spec: LoraSpec, *, base_name: str | None = None) -> PeftModel:

@@ -37,9 +37,6 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from trainer.spec import RolloutEngineName
-
-EngineKind = RolloutEngineName  # older name, kept importable
 FinishReason = Literal["stop", "length"]
 
 

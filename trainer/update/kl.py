@@ -53,17 +53,13 @@ the names; a test checks they match).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, get_args
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from trainer.spec import KLEstimatorName, KLPlacement
+from trainer.spec import KLEstimatorName
 from trainer.spec.traits import KL_REWARD_PENALTY
-
-# Older names, kept importable.
-KLEstimator = KLEstimatorName
-KL_PLACEMENTS: tuple[KLPlacement, ...] = get_args(KLPlacement)
 
 
 class _StraightThroughClamp(torch.autograd.Function):

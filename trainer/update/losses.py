@@ -22,9 +22,6 @@ from torch import Tensor
 
 from trainer.spec import LossAggregation
 
-# Older name, kept importable.
-AggregationMode = LossAggregation
-
 
 class SurrogateResult(NamedTuple):
     """Output of :func:`clipped_surrogate`; every field is [B, T]."""
@@ -239,8 +236,6 @@ LOSS_AGGREGATIONS: dict[LossAggregation, AggregationFn] = {
     "seq_mean_token_mean": _seq_mean_token_mean,
     "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
 }
-# Older name (once a tuple of the names; iterating either gives the names), kept importable.
-AGGREGATION_MODES = LOSS_AGGREGATIONS
 
 
 def aggregate(
