@@ -18,7 +18,7 @@ Outcomes, each a fenced state change:
                                    operator pre-fetches it (offline workers never download)
 - lease lost (another attempt)  -> nothing: the new lease holder owns the job
 
-Whatever the outcome, the job's tracker exports (`integrations`, worker.trackers) are ended
+Whatever the outcome, the job's tracker exports (`integrations`, worker.job_exports) are ended
 before it: the run's final checkpoint and status are sent within `tracker_flush_seconds`, and
 what was not exported becomes an `export_failed` event. A tracker never changes the outcome.
 
@@ -35,7 +35,6 @@ functions.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import secrets
@@ -57,12 +56,12 @@ from trainer.run.callbacks import Callbacks
 from trainer.spec import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from worker.attempts import end_attempt, pause, release, retry
 from worker.context import WorkerContext
+from worker.job_exports import close_exports, export_outcome, start_job_exports
 from worker.lease import LeaseKeeper
 from worker.progress import DatabaseCallbacks, LeaseLost
 from worker.retry import with_db_retry
 from worker.settings import WorkerSettings
-from worker.stop_reasons import EXPORT_OUTCOMES, RETRYABLE_REASONS
-from worker.trackers import Exports, Outcome, start_exports
+from worker.stop_reasons import retryable
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +263,7 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
     lease = LeaseKeeper(
         ctx.sessions, job_id, attempt, settings.heartbeat_seconds, settings=settings
     )
-    exports = _start_exports(settings, job_id, job)
+    exports = start_job_exports(settings, job_id, job)
     callbacks = DatabaseCallbacks(ctx, job_id, attempt, lease, exports)
     result: TrainOutcome | None = None
     error: Exception | None = None
@@ -294,8 +293,8 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
         except Exception as exc:  # judged below, once the heartbeat process has stopped
             error = exc
         # Still under the lease (its heartbeat goes on while the trackers flush).
-        outcome = _export_outcome(callbacks, error, lease.lost.is_set())
-        _close_exports(callbacks, outcome, settings.tracker_flush_seconds)
+        outcome = export_outcome(callbacks, error, lease.lost.is_set())
+        close_exports(callbacks, outcome, settings.tracker_flush_seconds)
     # The heartbeat process has exited: from here on only this function ends the attempt.
     if isinstance(error, LeaseLost) or lease.lost.is_set():
         return "lease_lost"
@@ -329,62 +328,12 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
     return "succeeded"
 
 
-def _start_exports(settings: WorkerSettings, job_id: str, job: Job) -> Exports:
-    """The job's tracker exports; a spec this worker cannot read exports nothing (the run
-    itself then fails on the same spec, with the reason)."""
-    try:
-        return start_exports(job_id, job.spec, settings)
-    except Exception:
-        log.exception("job %s: tracker exports could not start", job_id)
-        return Exports()
-
-
-def _export_outcome(callbacks: DatabaseCallbacks, error: Exception | None, lost: bool) -> Outcome:
-    if lost or isinstance(error, LeaseLost):
-        return "stopped"  # another attempt owns the job, and the run
-    if _retryable(error) is not None:
-        return "stopped"  # another attempt may continue the run
-    if error is not None:
-        return "failed"
-    if callbacks.stop_reason is not None:
-        return EXPORT_OUTCOMES[callbacks.stop_reason]
-    return "succeeded"
-
-
-def _close_exports(callbacks: DatabaseCallbacks, outcome: Outcome, timeout: float) -> None:
-    """End the tracker runs (at most `timeout` seconds) and record what was not exported as
-    events."""
-    exports = callbacks.exports
-    if exports.idle:
-        return
-    tags: dict[str, str] = {}
-    step = callbacks.last_checkpoint_step
-    if step is not None and outcome != "failed":
-        # A reference to the checkpoint through the API, never the worker's path.
-        tags = {
-            "grpo.final_checkpoint": f"/v1/jobs/{callbacks.job_id}/checkpoints/{step}/download",
-            "grpo.final_checkpoint_step": str(step),
-        }
-    reports = exports.close(tags, outcome, timeout)
-    if outcome == "stopped" and callbacks.lease.lost.is_set():
-        return  # this attempt may write nothing more
-    with contextlib.suppress(Exception):  # the job's outcome does not depend on its trackers
-        callbacks.report_exports(reports)
-
-
-def _retryable(error: Exception | None) -> TrainerError | None:
-    """`error` when another attempt may not meet it (a rank died), else None."""
-    if isinstance(error, TrainerError) and error.reason in RETRYABLE_REASONS:
-        return error
-    return None
-
-
 def _fail(ctx: WorkerContext, job_id: str, attempt: int, error: Exception) -> str:
     """End the attempt as failed. A TrainerError's message is ours and meant for the user; any
     other error may carry server paths or internals, so the user gets a reference and the
     worker log gets the traceback under the same reference. A retryable reason (a rank died)
     hands the job back to the queue instead while it has attempts left."""
-    if (again := _retryable(error)) is not None:
+    if (again := retryable(error)) is not None:
         log.warning("job %s attempt %s: %s (%s)", job_id, attempt, again.reason, again)
         message = str(again)[:4000]
         outcome = retry(ctx.sessions, ctx.dispatcher, job_id, attempt, again.reason, message)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+from trainer.errors import TrainerError
 from worker.trackers import Outcome
 
-__all__ = ["EXPORT_OUTCOMES", "RETRYABLE_REASONS", "RetryableReason", "StopReason"]
+__all__ = ["EXPORT_OUTCOMES", "RETRYABLE_REASONS", "RetryableReason", "StopReason", "retryable"]
 
 # lease_lost: another attempt owns the job (this one writes nothing more); cancelled, paused:
 # asked through the API; shutdown: this worker is stopping (SIGTERM), the job goes back to the
@@ -32,3 +33,10 @@ EXPORT_OUTCOMES: dict[StopReason, Outcome] = {
 # with the reason once its attempts are used up.
 RetryableReason = Literal["rank_failed", "distributed_timeout"]
 RETRYABLE_REASONS: frozenset[str] = frozenset(get_args(RetryableReason))
+
+
+def retryable(error: Exception | None) -> TrainerError | None:
+    """`error` when another attempt may not meet it (a rank died), else None."""
+    if isinstance(error, TrainerError) and error.reason in RETRYABLE_REASONS:
+        return error
+    return None

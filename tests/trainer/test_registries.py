@@ -184,9 +184,9 @@ def test_with_rows_replaces_the_source_and_revalidates() -> None:
 
 def test_trainer_config_re_exports_every_spec_section() -> None:
     import trainer.spec
-    from trainer.spec import base, dataset, graders, grpo
+    from trainer.spec import base, dataset, graders, grpo, rows
 
-    for module in (base, dataset, graders, grpo):
+    for module in (base, dataset, graders, grpo, rows):
         for name in module.__all__:
             assert getattr(trainer.spec, name) is getattr(module, name), name
             assert name in trainer.spec.__all__, name

@@ -118,7 +118,7 @@ def test_a_start_the_host_refuses_for_a_moment_is_tried_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     popen, calls = refusing_popen(2)
-    monkeypatch.setattr("trainer.sandbox.pool.subprocess.Popen", popen)
+    monkeypatch.setattr("trainer.sandbox.command.subprocess.Popen", popen)
     capacity = SandboxCapacity(total=1, per_project=1, queue_timeout_s=0.0)
     pool = SandboxPool(GOOD, build_sandbox_settings(processes=1), capacity=capacity)
     try:
@@ -134,7 +134,7 @@ def test_a_start_the_host_keeps_refusing_is_reported_not_raised(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     popen, _ = refusing_popen(None)
-    monkeypatch.setattr("trainer.sandbox.pool.subprocess.Popen", popen)
+    monkeypatch.setattr("trainer.sandbox.command.subprocess.Popen", popen)
     settings = build_sandbox_settings(processes=1, startup_timeout_s=0.5)
     # On a worker: every sample fails with the reason, the job goes on.
     worker = PythonGrade("py", 1.0, GOOD, settings=settings)

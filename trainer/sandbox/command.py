@@ -4,14 +4,27 @@ process takes before bubblewrap runs (see :mod:`trainer.sandbox.pool` for what i
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import resource
+import subprocess
 from pathlib import Path
 from typing import Any
 
+from trainer.sandbox.errors import SandboxError
 from trainer.sandbox.settings import SandboxSettings
 
-__all__ = ["bwrap_command", "limits"]
+__all__ = ["DiedAtStart", "bwrap_command", "limits", "start_process"]
+
+# What a start refused for want of processes, memory or descriptors (fork's EAGAIN is the
+# BlockingIOError the issue saw) gives: worth trying again once other sandboxes have gone.
+_TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+
+
+class DiedAtStart(Exception):
+    """A sandbox ended before it said it was ready (no reply at all), or the host refused to
+    start it (fork or exec failed for want of processes or memory)."""
+
 
 _CHILD = (Path(__file__).with_name("child_main.py")).read_text()
 
@@ -81,3 +94,29 @@ def bwrap_command(
         "--chdir", "/tmp",
         settings.python, "-I", "-S", "-c", _CHILD,
     ]  # fmt: skip
+
+
+def start_process(
+    settings: SandboxSettings, bwrap: str, seccomp_fd: int | None
+) -> subprocess.Popen[bytes]:
+    """The sandbox's process (bubblewrap with its limits, an empty environment, a session of
+    its own); DiedAtStart when the host refuses it for now, SandboxError otherwise."""
+    try:
+        return subprocess.Popen(
+            bwrap_command(settings, bwrap, seccomp_fd),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=limits(settings),
+            close_fds=True,
+            pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+            start_new_session=True,
+            env={},
+        )
+    except OSError as exc:
+        # fork, or exec under the sandbox user's process limit, refused for now.
+        if exc.errno in _TRANSIENT_ERRNOS:
+            raise DiedAtStart(f"{type(exc).__name__}: {exc.strerror}") from None
+        raise SandboxError(
+            f"the sandbox could not start ({type(exc).__name__}: {exc.strerror})"
+        ) from None

@@ -29,7 +29,6 @@ process limit) is tried again, then reported as :class:`SandboxBusy`, never rais
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
@@ -44,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trainer.sandbox.capacity import SandboxCapacity, process_capacity
-from trainer.sandbox.command import bwrap_command, limits
+from trainer.sandbox.command import DiedAtStart, start_process
 from trainer.sandbox.errors import SandboxBusy, SandboxError
 from trainer.sandbox.seccomp import program_fd, seccomp_program
 from trainer.sandbox.settings import SandboxSettings
@@ -52,16 +51,6 @@ from trainer.sandbox.settings import SandboxSettings
 __all__ = ["SandboxBusy", "SandboxError", "SandboxPool", "SandboxVerdict"]
 
 MAX_ERROR_CHARS = 500
-# What a start refused for want of processes, memory or descriptors (fork's EAGAIN is the
-# BlockingIOError the issue saw) gives: worth trying again once other sandboxes have gone.
-_TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
-
-
-class _DiedAtStart(Exception):
-    """A sandbox ended before it said it was ready (no reply at all), or the host refused to
-    start it (fork or exec failed for want of processes or memory)."""
-
-
 Failure = Literal["error", "timeout"]
 
 
@@ -172,7 +161,7 @@ class SandboxPool:
         while True:
             try:
                 return self._start(slot)
-            except _DiedAtStart:
+            except DiedAtStart:
                 if time.monotonic() + delay > deadline:
                     raise SandboxBusy(
                         "the sandbox could not start (the host's process or memory limit, "
@@ -189,7 +178,7 @@ class SandboxPool:
         # before it runs the interpreter (so bubblewrap's own setup is not filtered).
         seccomp_fd = program_fd() if self.settings.seccomp else None
         try:
-            process = self._popen(seccomp_fd)
+            process = start_process(self.settings, self._bwrap, seccomp_fd)
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
@@ -200,31 +189,10 @@ class SandboxPool:
         if not isinstance(reply, dict) or reply.get("ready") is not True:
             sandbox.kill()
             if not isinstance(reply, dict):
-                raise _DiedAtStart(str(reply))
+                raise DiedAtStart(str(reply))
             why = reply.get("error")
             raise SandboxError(f"the grader did not load: {str(why)[:MAX_ERROR_CHARS]}")
         return sandbox
-
-    def _popen(self, seccomp_fd: int | None) -> subprocess.Popen[bytes]:
-        try:
-            return subprocess.Popen(
-                bwrap_command(self.settings, self._bwrap, seccomp_fd),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=limits(self.settings),
-                close_fds=True,
-                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-                start_new_session=True,
-                env={},
-            )
-        except OSError as exc:
-            # fork, or exec under the sandbox user's process limit, refused for now.
-            if exc.errno in _TRANSIENT_ERRNOS:
-                raise _DiedAtStart(f"{type(exc).__name__}: {exc.strerror}") from None
-            raise SandboxError(
-                f"the sandbox could not start ({type(exc).__name__}: {exc.strerror})"
-            ) from None
 
     def close(self) -> None:
         """Kill every sandbox and give back the slots the pool took."""

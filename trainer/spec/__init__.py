@@ -45,14 +45,7 @@ from trainer.spec.checkpoint import (
     BestMode,
     CheckpointSpec,
 )
-from trainer.spec.dataset import (
-    ArithmeticGenerator,
-    ChatMessage,
-    DatasetSpec,
-    PromptRow,
-    SavedDataset,
-    row_fields_problem,
-)
+from trainer.spec.dataset import ArithmeticGenerator, DatasetSpec, SavedDataset
 from trainer.spec.graders import (
     GRADER_SPECS,
     GRADER_TYPES,
@@ -107,6 +100,7 @@ from trainer.spec.model_source import (
     is_hub_repo_id,
 )
 from trainer.spec.resources import MAX_DEVICES, ResourcesSpec
+from trainer.spec.rows import ChatMessage, PromptRow, row_fields_problem
 
 __all__ = [
     "ALL_LINEAR",
