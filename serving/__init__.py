@@ -9,7 +9,10 @@ It owns:
   (serving.pool, serving.budget), checkpoints confined to the store (serving.checkpoints),
   the engines' devices kept off the training workers' (serving.devices);
 - LoRA adapters loaded into a running engine on demand, least recently used unloaded past a
-  bound and loaded again on the next request (serving.adapters);
+  bound and loaded again on the next request (serving.adapters, serving.records);
+- each engine's chat-template traits (how it takes tools) and context, told to the gateway in
+  every ensure answer (serving.records; the traits probed by the trainer's own rule in the
+  serving.resolve subprocess);
 - the control API the gateway calls (serving.control: ``POST /engines/ensure``, ``GET
   /engines``, ``GET /health``) and this process's row in ``inference_servers``, rewritten every
   heartbeat (serving.registry).
@@ -17,7 +20,8 @@ It owns:
 It touches the rest of the project only through the gateway protocol
 (``app.inference.protocol``), the registry queries (``app.inference.servers_repository``), the
 shared persistence (``app.core.db``, ``app.core.models``, ``app.core.settings``) and the
-trainer's model resolution (``trainer.models.loading.resolve_model``, run in a short-lived
-subprocess, serving.resolve, so the control process itself never loads torch). The API, the
+trainer's model resolution and chat-template probe (``trainer.models.loading.resolve_model``,
+``trainer.agents.chat.chat_format``, run in a short-lived subprocess, serving.resolve, so the
+control process itself never loads torch). The API, the
 worker and the trainer never import it (import-linter contracts in pyproject.toml).
 """

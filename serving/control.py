@@ -11,8 +11,10 @@
 - ``GET /engines``: the ServerState (what the registry row holds, fresh).
 - ``GET /health``: 200 while the process runs.
 
-Guard: it listens on loopback by default (serving.settings); with ``GRPO_INFERENCE_TOKEN`` set,
-every call but /health must carry it in ``X-Inference-Token`` (app.inference.protocol).
+Guard: it listens on loopback by default (serving.settings), and every call but /health must
+carry ``GRPO_INFERENCE_TOKEN`` in ``X-Inference-Token`` (app.inference.protocol); `grpo
+inference` refuses to start without a token (serving.process). An app built without one (the
+tests' pools in-process) checks nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from app.inference.protocol import (
     EnsureResponse,
     ServerState,
 )
-from serving.pool import EnginePool, EnsureError
+from serving.pool import EnginePool
+from serving.records import EnsureError
 
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import socket
@@ -33,6 +34,8 @@ from serving import guard
 from serving.devices import engine_environment
 from serving.metrics import EngineLoad, parse_load
 from serving.settings import InferenceSettings
+
+log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 15.0  # the guard's SIGTERM-to-SIGKILL wait for the server's group
@@ -232,17 +235,36 @@ class Engine:
             response.raise_for_status()
         return parse_load(response.text)
 
+    async def context_length(self) -> int | None:
+        """The context vLLM serves its model with (its model card's ``max_model_len``: the
+        model's own, or ``--max-model-len``); None when it does not say (logged)."""
+        try:
+            async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as client:
+                response = await client.get(f"{self._local_url}/v1/models", headers=self._auth())
+            response.raise_for_status()
+            cards = response.json()["data"]
+            found = [c for c in cards if c.get("id") == self.spec.served_model] or cards[:1]
+            length = found[0]["max_model_len"]
+            return int(length) if isinstance(length, int) and length > 0 else None
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+            log.warning("engine %s did not say its context length", self.spec.key, exc_info=True)
+            return None
+
     async def load_adapter(self, name: str, folder: Path) -> None:
         await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
 
     async def unload_adapter(self, name: str) -> None:
         await self._post("/v1/unload_lora_adapter", {"lora_name": name})
 
-    async def _post(self, path: str, body: dict[str, str]) -> None:
+    def _auth(self) -> dict[str, str]:
         token = self._settings.token
-        headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
+        return {"Authorization": f"Bearer {token.get_secret_value()}"} if token else {}
+
+    async def _post(self, path: str, body: dict[str, str]) -> None:
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as client:
-            response = await client.post(f"{self._local_url}{path}", json=body, headers=headers)
+            response = await client.post(
+                f"{self._local_url}{path}", json=body, headers=self._auth()
+            )
         if response.status_code != 200:
             failure = EngineRefused if 400 <= response.status_code < 500 else EngineFailed
             raise failure(

@@ -12,9 +12,10 @@ their base; adapters of a rank past ``max_lora_rank`` are refused (422) before a
   budget is held by engines in use, Busy ``memory_budget``.
 - Base models are resolved once (serving.resolve, a subprocess of seconds); meanwhile Busy
   ``engine_starting`` too.
-- An adapter is loaded into its ready engine during the ensure (milliseconds to seconds); past
-  ``max_adapters`` the least recently used one no request is using is unloaded first
-  (serving.adapters), to be loaded again on its next ensure.
+- An adapter is loaded into its ready engine during the ensure (serving.records).
+- An engine is ready once its server answers, its context is read from it and its chat
+  template's traits are probed (serving.resolve, in a subprocess, while the engine starts):
+  every answer for it carries both, for the gateway to write a chat as training did.
 - Whatever an ensure made ready is kept from eviction for ``keep_after_ensure_s``: the gateway's
   request follows the ensure and must find it (eviction never causes a 404).
 
@@ -28,21 +29,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-import httpx
 
 from app.core.settings import Settings
 from app.inference.engine_identity import EngineEnsureRequest, engine_key
-from app.inference.protocol import (
-    Busy,
-    EngineState,
-    EnsureResponse,
-    ServerState,
-    WeightsRef,
-)
+from app.inference.protocol import Busy, EngineState, EnsureResponse, ServerState, WeightsRef
 from serving.adapters import AdapterSlots
 from serving.budget import Holder, NeverFits, engine_cost, plan_evictions
 from serving.checkpoints import (
@@ -55,32 +47,17 @@ from serving.checkpoints import (
     served_name,
     weight_bytes,
 )
-from serving.engine import (
-    Engine,
-    EngineFailed,
-    EngineRefused,
-    EngineSpec,
-    Launcher,
-    engine_log_name,
-)
-from serving.resolve import BaseAt, BaseModelUnavailable, resolve_base
+from serving.engine import Engine, EngineSpec, Launcher, engine_log_name
+from serving.records import EnsureError, Record, ensure_adapter
+from serving.resolve import BaseAt, BaseModelUnavailable, chat_traits, resolve_base
 from serving.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
 
 STARTING_RETRY_S = 5  # Retry-After while an engine starts (the tiny model takes ~20 s on CPU)
 BUDGET_RETRY_S = 10
-ADAPTER_RETRY_S = 1
 RESOLVE_TIMEOUT_S = 900.0  # a packaged model is built on first use (SmolLM2: a GGUF conversion)
-
-
-class EnsureError(Exception):
-    """An ensure that no retry will fix; ``status`` is its HTTP status."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
+TRAITS_TIMEOUT_S = 120.0  # importing transformers and reading a tokenizer: seconds
 
 
 @dataclass(frozen=True)
@@ -88,17 +65,6 @@ class Target:
     key: str  # also the name the engine serves its weights under
     folder: Path
     dtype: str
-
-
-@dataclass
-class Record:
-    engine: Engine
-    cost: int
-    adapters: AdapterSlots
-    status: Literal["starting", "ready", "stopping"] = "starting"
-    last_used: float = 0.0
-    kept_until: float = 0.0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class EnginePool:
@@ -143,10 +109,14 @@ class EnginePool:
             return ready
         record, warm = ready
         if adapter is None or adapter_folder is None:
-            return EnsureResponse(
-                base_url=record.engine.base_url, served_model=engine_target.key, warm=warm
-            )
-        return await self._ensure_adapter(record, served_name(adapter), adapter_folder)
+            return record.answer(engine_target.key, warm=warm)
+        return await ensure_adapter(
+            record,
+            served_name(adapter),
+            adapter_folder,
+            clock=self._clock,
+            keep_s=self.settings.keep_after_ensure_s,
+        )
 
     async def _engine_target(self, request: EngineEnsureRequest) -> Target | None:
         """What engine serves the request (None: its base model is still being resolved)."""
@@ -298,11 +268,19 @@ class EnginePool:
 
     async def _run_start(self, record: Record, stopping: list[Record]) -> None:
         key = record.engine.spec.key
+        probing = asyncio.ensure_future(  # beside the start, which takes longer
+            asyncio.to_thread(
+                chat_traits, record.engine.spec.model_folder, timeout_s=TRAITS_TIMEOUT_S
+            )
+        )
         try:
             await asyncio.gather(*(self._stop(victim) for victim in stopping))
             await asyncio.to_thread(record.engine.start)
             await record.engine.wait_ready(self.settings.engine_start_timeout_s)
+            record.max_model_len = await record.engine.context_length()
+            record.chat_traits = await probing
         except Exception as exc:  # a start always settles: ready, or gone and its failure kept
+            probing.cancel()
             log.error("inference: %s", exc)
             async with self._lock:
                 self._records.pop(key, None)
@@ -327,43 +305,6 @@ class EnginePool:
             key = record.engine.spec.key
             if self._records.get(key) is record:
                 del self._records[key]
-
-    # ------------------------------------------------------------------ adapters
-
-    async def _ensure_adapter(
-        self, record: Record, name: str, folder: Path
-    ) -> EnsureResponse | Busy:
-        engine = record.engine
-        async with record.lock:
-            now = self._clock()
-            if name in record.adapters:
-                record.adapters.touch(name, now)
-                return EnsureResponse(base_url=engine.base_url, served_model=name, warm=True)
-            if record.adapters.full():
-                victim = record.adapters.victim(
-                    in_use=(await engine.load()).adapters_in_use,
-                    kept_since=now - self.settings.keep_after_ensure_s,
-                )
-                if victim is None:
-                    return Busy(
-                        reason="adapter_loading",
-                        detail=f"every adapter slot of {engine.spec.key} is in use",
-                        retry_after_s=ADAPTER_RETRY_S,
-                    )
-                await engine.unload_adapter(victim)
-                record.adapters.remove(victim)
-                log.info("inference: unloaded adapter %s from %s", victim, engine.spec.key)
-            try:
-                await engine.load_adapter(name, folder)
-            except EngineRefused as exc:  # for good (adapters of another architecture)
-                # vLLM's message names the folder: the client sees the adapter's name instead.
-                why = str(exc).replace(str(folder), name)
-                raise EnsureError(422, f"vLLM refused the adapters: {why}") from exc
-            except (EngineFailed, httpx.HTTPError) as exc:  # the engine failed: a retry may not
-                log.warning("inference: loading %s into %s failed: %r", name, engine.spec.key, exc)
-                raise EnsureError(502, f"the engine failed to load adapter {name}") from exc
-            record.adapters.touch(name, self._clock())
-            return EnsureResponse(base_url=engine.base_url, served_model=name, warm=False)
 
     # ------------------------------------------------------------------ state and shutdown
 

@@ -1,7 +1,8 @@
 """`grpo inference`: the control API under uvicorn, the engine pool, and the registration
 heartbeat, in one process.
 
-Start: refuse devices shared with the training workers (serving.devices), register, start the
+Start: refuse to start without the token shared with the API (GRPO_INFERENCE_TOKEN), refuse
+devices shared with the training workers (serving.devices), register, start the
 engines of the ``preload`` bases (in the background). Nothing else is resolved or started
 before the first ensure asks for it. Every ``HEARTBEAT_S``: rewrite the
 row with the state. SIGTERM or SIGINT (uvicorn's handlers): stop serving, stop every engine,
@@ -24,11 +25,15 @@ from app.inference.engine_identity import EngineEnsureRequest
 from app.inference.protocol import HEARTBEAT_S, Busy
 from serving.control import create_control_app
 from serving.devices import sharing_refusal
-from serving.pool import EnginePool, EnsureError
+from serving.pool import EnginePool
+from serving.records import EnsureError
 from serving.registry import Registration
 from serving.settings import InferenceSettings
 
 log = logging.getLogger(__name__)
+
+# The API's own bound on its copy of the token (app.core.inference_settings).
+MIN_TOKEN_CHARS = 16
 
 
 async def _heartbeat(pool: EnginePool, registration: Registration) -> None:
@@ -75,8 +80,23 @@ def build_app(settings: InferenceSettings, app_settings: Settings) -> FastAPI:
     return create_control_app(pool, lifespan=lifespan)
 
 
+def token_refusal(settings: InferenceSettings) -> str | None:
+    """Why the process must not start without its token: whoever reaches an unguarded control
+    API can make any project's checkpoint servable and call the engines (issue 32)."""
+    token = settings.token.get_secret_value() if settings.token is not None else ""
+    if len(token) >= MIN_TOKEN_CHARS:
+        return None
+    said = "is not set" if not token else f"has {len(token)} characters"
+    return (
+        f"GRPO_INFERENCE_TOKEN {said}: set it, {MIN_TOKEN_CHARS} characters or more (e.g. "
+        "`openssl rand -hex 32`), to the same value as the API's GRPO_INFERENCE_TOKEN; the "
+        "control API and the engines answer only calls that carry it (`grpo serve` makes one "
+        "for its embedded process)"
+    )
+
+
 def run_inference(settings: InferenceSettings, app_settings: Settings) -> int:
-    refusal = sharing_refusal(
+    refusal = token_refusal(settings) or sharing_refusal(
         settings.engine_devices, settings.training_devices, share=settings.share_devices
     )
     if refusal is not None:

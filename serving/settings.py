@@ -52,8 +52,9 @@ class InferenceSettings(BaseSettings):
     )
     token: SecretStr | None = Field(
         default=None,
-        description="Shared secret the gateway sends as `X-Inference-Token`; unset: no check "
-        "(keep `host` on loopback then).",
+        description="Shared secret the gateway sends as `X-Inference-Token` (and to the "
+        "engines as their API key); the same value as the API's GRPO_INFERENCE_TOKEN, 16 "
+        "characters or more. `grpo inference` refuses to start without it.",
     )
     server_id: str = Field(default_factory=_default_server_id, max_length=64)
     bases: str = Field(

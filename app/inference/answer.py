@@ -12,7 +12,10 @@ body is never parsed whole:
   with json's own decoder (a token such as "model" inside `top_logprobs` is never mistaken for
   the key). An answer shaped otherwise is parsed whole, in a worker thread;
 - the usage is read from the tail (:func:`usage_in`): `usage` is the one key of vLLM's answers
-  whose value is an object holding `prompt_tokens`, and it follows `choices`.
+  whose value is an object holding `prompt_tokens`, and it follows `choices`;
+- a chat whose tool calls are read (:func:`with_tool_calls`: tools it may call) is parsed whole,
+  bounded like any answer, in a worker thread, and written back with the calls in OpenAI's
+  shape (app.inference.chat_as_trained).
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ import anyio
 import httpx
 
 from app.core.errors import InvalidRequest, UpstreamFailed
+from app.inference import chat_as_trained
 from app.inference.request_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     InferenceRequest,
 )
+from trainer.spec.prompt_format import TemplateTraits
 
 SETTING = "GRPO_INFERENCE_MAX_RESPONSE_BYTES"
 TAIL_BYTES = 64 * 1024  # the end of an answer kept for its usage (vLLM's: a few hundred bytes)
@@ -111,7 +116,11 @@ def _model_span(head: str) -> tuple[int, int] | None:
         return None
 
 
-def _rewrite_whole(content: bytes, client_model: str) -> bytes:
+def _rewrite_whole(
+    content: bytes, client_model: str, traits: TemplateTraits | None = None
+) -> bytes:
+    """The answer parsed, `model` set to the client's name and, with `traits`, the tool calls
+    of each choice read out of its text."""
     try:
         data = json.loads(content)
     except ValueError as exc:
@@ -119,7 +128,15 @@ def _rewrite_whole(content: bytes, client_model: str) -> bytes:
     if not isinstance(data, dict):
         raise UpstreamFailed("the inference engine's answer is not a JSON object; retry")
     data["model"] = client_model
+    if traits is not None:
+        chat_as_trained.with_tool_calls(data, traits)
     return json.dumps(data, separators=(",", ":")).encode()
+
+
+async def with_tool_calls(content: bytes, client_model: str, traits: TemplateTraits) -> bytes:
+    """A chat answer with `model` set to the client's name and each choice's tool calls in
+    OpenAI's shape (`tool_calls`, `finish_reason: "tool_calls"`), parsed off the event loop."""
+    return await anyio.to_thread.run_sync(_rewrite_whole, content, client_model, traits)
 
 
 async def with_client_model(content: bytes, client_model: str) -> bytes:

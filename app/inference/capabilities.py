@@ -21,7 +21,7 @@ import time
 
 import httpx
 
-from app.inference.engine_limits import UnsupportedParameter
+from app.inference.request_parts import UnsupportedParameter
 
 log = logging.getLogger(__name__)
 

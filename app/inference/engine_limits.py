@@ -19,14 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.core.errors import InvalidRequest
+from app.inference.request_parts import UnsupportedParameter
 from app.inference.request_schemas import CompletionRequest, InferenceRequest
-
-
-class UnsupportedParameter(InvalidRequest):
-    """A request field (or combination) this service does not serve (OpenAI's code)."""
-
-    code = "unsupported_parameter"
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from trainer.spec.prompt_format import TemplateTraits
+
 ENSURE_PATH = "/engines/ensure"
 ANY_BASE = "*"  # a server whose bases hold this serves any base model its host can load
 HEARTBEAT_S = 5.0  # how often a process rewrites its row
-# The header carrying the shared secret (GRPO_INFERENCE_TOKEN) on every control API call; a
-# process started without a token does not check it.
+# The header carrying the shared secret (GRPO_INFERENCE_TOKEN) on every control API call
+# (`grpo inference` refuses to start without a token).
 TOKEN_HEADER = "X-Inference-Token"
 FRESH_S = 20.0  # a row older than this is a process that is gone: no request is routed to it
 
@@ -55,6 +57,14 @@ class EnsureResponse(BaseModel):
     base_url: str  # the vLLM OpenAI server, e.g. http://127.0.0.1:8301 (no /v1)
     served_model: str  # what to send as `model` to it
     warm: bool  # the weights were ready before this call (no engine start, no adapter load)
+    # How the engine's chat template takes tools, probed with the trainer's own rule
+    # (trainer.agents.chat) where the tokenizer is: a chat with tools is written as training
+    # wrote it (app.inference.chat_as_trained). None: not known (a process older than this
+    # field, or a probe that failed); such a chat is refused rather than guessed.
+    chat_traits: TemplateTraits | None = None
+    # The engine's context in tokens (vLLM's max_model_len): a chat that sets no max_tokens is
+    # sent at most this many (app.inference.proxy). None: not known.
+    max_model_len: int | None = Field(default=None, ge=1)
 
 
 class Busy(BaseModel):

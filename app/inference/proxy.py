@@ -2,7 +2,15 @@
 reading its answer back in the client's terms.
 
 - The body is the client's, validated (app.inference.request_schemas), with `model` replaced by
-  the name the engine serves it under. A stream always asks for usage on every chunk
+  the name the engine serves it under (:func:`upstream_body`).
+- A chat to a model trained with a system prompt or few-shot turns, or one with tools or tool
+  turns, is written as training wrote prompts (app.inference.chat_as_trained, by the engine's
+  chat-template traits, which its ensure answer carries).
+- A chat that sets no `max_tokens` is sent min(GRPO_INFERENCE_MAX_TOKENS, the engine's
+  context): vLLM then generates at most the context left after the prompt (it clamps to it),
+  and never more than the bound the request was admitted and budgeted under. A completion that
+  sets none keeps OpenAI's default, 16, which vLLM applies.
+- A stream always asks for usage on every chunk
   (`stream_options.include_usage` and vLLM's `continuous_usage_stats`), so the gateway knows
   what the engine did even when the client leaves mid-stream; the usage is dropped again from
   the chunks, and the final usage chunk unless the client asked for it.
@@ -27,7 +35,12 @@ from typing import Any, Literal
 import httpx
 
 from app.core.errors import ApiError, UpstreamFailed, UpstreamRefused
+from app.inference import chat_as_trained
+from app.inference.chat_as_trained import TrainedPrompt
+from app.inference.protocol import EnsureResponse
+from app.inference.request_parts import UnsupportedParameter
 from app.inference.request_schemas import ChatCompletionRequest, InferenceRequest
+from trainer.spec.prompt_format import TemplateTraits
 
 Endpoint = Literal["chat/completions", "completions"]
 
@@ -39,6 +52,8 @@ _PROMPT_PARAMS = frozenset(
 _FIELD_HEAD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*")
 _PARAM_IN_MESSAGE = re.compile(r"\s*\(parameter=[^)]*\)\s*$")
 MAX_ERROR_BYTES = 64 * 1024
+# Traits for a chat without tools or tool turns, which reads none of them.
+NO_TOOLS = TemplateTraits(native_tools=False, tool_role=False)
 
 
 def endpoint_of(body: InferenceRequest) -> Endpoint:
@@ -49,15 +64,54 @@ def prompt_field(body: InferenceRequest) -> str:
     return "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
 
 
-def upstream_body(body: InferenceRequest, served_model: str) -> dict[str, Any]:
-    """What is sent to the engine: the fields the client set, `model` replaced; a stream asks
-    for usage."""
+def upstream_body(
+    body: InferenceRequest,
+    target: EnsureResponse,
+    *,
+    prompt: TrainedPrompt | None,
+    max_tokens: int,
+) -> dict[str, Any]:
+    """What is sent to the engine `target`: the fields the client set, `model` replaced, a chat
+    written as the model was trained (`prompt`: its job's prompt settings) with its tokens
+    bounded by `max_tokens` (GRPO_INFERENCE_MAX_TOKENS) when it sets none; a stream asks for
+    usage. UnsupportedParameter for tools the engine's traits are not known for."""
     data = body.model_dump(mode="json", exclude_unset=True, by_alias=True)
-    data["model"] = served_model
+    data["model"] = target.served_model
+    if isinstance(body, ChatCompletionRequest):
+        data = _as_trained(body, data, prompt, target.chat_traits)
+        if body.new_tokens() is None and target.max_model_len is not None:
+            data["max_tokens"] = min(max_tokens, target.max_model_len)
+    elif body.max_tokens is None:
+        data.pop("max_tokens", None)  # null: OpenAI's default, which the engine applies
     if body.stream:
         options = data.get("stream_options") or {}
         data["stream_options"] = {**options, "include_usage": True, "continuous_usage_stats": True}
     return data
+
+
+def _as_trained(
+    body: ChatCompletionRequest,
+    data: dict[str, Any],
+    prompt: TrainedPrompt | None,
+    traits: TemplateTraits | None,
+) -> dict[str, Any]:
+    """The chat's body as training wrote prompts, when it needs writing: the model was trained
+    with a system prompt or few-shot turns, or the request has tools or tool turns (which need
+    the engine's traits). Otherwise the client's messages, untouched."""
+    trained = prompt is not None and bool(prompt.system_prompt or prompt.few_shot)
+    with_tools = bool(body.tools) or body.has_tool_turns
+    if not body.tools:
+        data.pop("tool_choice", None)  # vLLM would want its own tool parser for "auto"
+    if not (trained or with_tools):
+        return data
+    if with_tools and traits is None:
+        raise UnsupportedParameter(
+            "the inference process serving this model did not say how its chat template "
+            "takes tools (an older `grpo inference`, or its probe failed), so tools and tool "
+            "turns cannot be written as in training; ask without them",
+            param="tools" if body.tools else "messages",
+        )
+    return chat_as_trained.render_messages(data, prompt or TrainedPrompt(), traits or NO_TOOLS)
 
 
 def client_param(raw: object, body: InferenceRequest) -> str | None:

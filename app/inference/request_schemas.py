@@ -2,8 +2,11 @@
 `openai` SDK's requests validate unchanged), every field bounded.
 
 What is accepted is an allow-list: OpenAI's sampling fields, plus vLLM's `top_k`, `min_p`,
-`repetition_penalty` and `ignore_eos`. Any other field is a 400 naming it (`extra="forbid"`), as
-OpenAI answers an unrecognized argument. vLLM's `prompt_logprobs` is parsed only to be refused
+`repetition_penalty` and `ignore_eos`; for chat, OpenAI's function `tools` (each validated as a
+job's tool is, trainer.spec.agents.ToolFunction), `tool_choice` `none` or `auto`, assistant
+messages with `tool_calls` and `tool` messages (app.inference.chat_as_trained writes them as
+training did). Any other field is a 400 naming it (`extra="forbid"`), as OpenAI answers an
+unrecognized argument. vLLM's `prompt_logprobs` is parsed only to be refused
 with its reason (app.inference.engine_limits: what the engine cannot serve safely). The
 operator's bounds (`GRPO_INFERENCE_MAX_TOKENS`, `_MAX_CHOICES`, `_MAX_PROMPT_CHARS`) are checked
 by :func:`check_bounds` (they are settings, not constants). The model's context is the engine's
@@ -14,144 +17,40 @@ Text the engine would get is refused when it holds a NUL character (`param` name
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import AfterValidator, Discriminator, Field, Tag
 
 from app.core.errors import InvalidRequest
-from app.inference.schemas import MAX_MODEL_NAME, holds_control_characters
-
-MAX_MESSAGES = 2048
-MAX_CONTENT_PARTS = 256
-MAX_STOP = 4
-MAX_STOP_CHARS = 256
-MAX_PROMPTS = 256
-MAX_SCHEMA_BYTES = 64 * 1024
-MAX_LOGIT_BIAS = 300
-MAX_TOKEN_ID = 2**31 - 1
-# Characters of one string field (a message's content is also counted in the request's total).
-MAX_TEXT = 4 * 1024 * 1024
-
-
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters (\\u0000)")
-    return value
-
-
-def _no_control(value: str) -> str:
-    """A model name is printable: a trailing newline must not pass for the name without it."""
-    if holds_control_characters(value):
-        raise ValueError("must not contain control characters (a newline, a tab, NUL, ...)")
-    return value
+from app.inference.request_parts import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    MAX_LOGIT_BIAS,
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    MAX_TOKEN_ID,
+    MAX_TOOLS,
+    Message,
+    Name,
+    NamedToolChoice,
+    ResponseFormat,
+    Stop,
+    StreamOptions,
+    Strict,
+    Text,
+    TokenId,
+    Tool,
+    UnsupportedParameter,
+    no_control_characters,
+    union_member,
+)
+from app.inference.schemas import MAX_MODEL_NAME
 
 
-Text = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(_no_nul)]
-Name = Annotated[str, Field(max_length=256), AfterValidator(_no_nul)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: Text
-
-
-def _shape(value: Any) -> str:
-    """The union member a value is meant for, so that an error names that member's problem (a
-    NUL in a part's text), not every member's; the tags are the labels app.core.field_paths
-    leaves out of a `param`."""
-    if value is None:
-        return "none"
-    if isinstance(value, str):
-        return "str"
-    if isinstance(value, list) and value and isinstance(value[0], list):
-        return "list[list[int]]"
-    if isinstance(value, list) and value and isinstance(value[0], int):
-        return "list[int]"
-    return "list[parts]"
-
-
-Content = Annotated[
-    Annotated[Text, Tag("str")]
-    | Annotated[
-        list[TextPart],
-        Field(min_length=1, max_length=MAX_CONTENT_PARTS),
-        Tag("list[parts]"),
-    ],
-    Discriminator(_shape),
-]
-
-
-class Message(_Strict):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: Content
-    name: Name | None = None
-    tool_call_id: Name | None = None
-
-    def chars(self) -> int:
-        if isinstance(self.content, str):
-            return len(self.content)
-        return sum(len(part.text) for part in self.content)
-
-
-class StreamOptions(_Strict):
-    include_usage: bool = False
-
-
-def _json_without_nul(value: dict[str, Any]) -> dict[str, Any]:
-    """A JSON schema is free JSON: bounded by its encoded size, NUL-free anywhere, and with
-    finite numbers only (JSON has no NaN or Infinity; the engine would refuse the body)."""
-    try:
-        encoded = json.dumps(value, allow_nan=False)  # escapes NUL as \\u0000
-    except ValueError:
-        raise ValueError("must hold finite numbers only (no NaN or Infinity)") from None
-    if len(encoded) > MAX_SCHEMA_BYTES:
-        raise ValueError(f"is larger than {MAX_SCHEMA_BYTES} bytes as JSON")
-    if "\\u0000" in encoded:
-        raise ValueError("must not contain NUL characters (\\u0000)")
-    return value
-
-
-class JsonSchema(_Strict):
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
-    description: Name | None = None
-    # `schema` is the field's name on the wire; pydantic's BaseModel has a `schema` method.
-    json_schema: Annotated[dict[str, Any], AfterValidator(_json_without_nul)] = Field(
-        alias="schema"
-    )
-    strict: bool | None = None
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchema | None = None
-
-
-Stop = Annotated[
-    Annotated[Name, Tag("str")]
-    | Annotated[
-        list[Annotated[Name, Field(max_length=MAX_STOP_CHARS)]],
-        Field(max_length=MAX_STOP),
-        Tag("list[parts]"),
-    ]
-    # None inside the union: a discriminated union made optional from outside loses its tags.
-    | Annotated[None, Tag("none")],
-    Discriminator(_shape),
-]
-
-
-class _Sampling(_Strict):
+class _Sampling(Strict):
     """The fields both endpoints share."""
 
     model: Annotated[
-        str, Field(min_length=1, max_length=MAX_MODEL_NAME), AfterValidator(_no_control)
+        str, Field(min_length=1, max_length=MAX_MODEL_NAME), AfterValidator(no_control_characters)
     ]
     n: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
@@ -221,9 +120,22 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     def prompt_chars(self) -> int:
-        return sum(m.chars() for m in self.messages)
+        tools = sum(tool.chars() for tool in self.tools or ())
+        return sum(m.chars() for m in self.messages) + tools
+
+    @property
+    def has_tool_turns(self) -> bool:
+        """Whether the conversation holds tool calls or tool results."""
+        return any(m.tool_calls or m.role == "tool" for m in self.messages)
+
+    @property
+    def reads_tool_calls(self) -> bool:
+        """Whether the answer's tool calls are read out of its text (tools the model may call)."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     def token_fields(self) -> dict[str, int | None]:
         return {"max_tokens": self.max_tokens, "max_completion_tokens": self.max_completion_tokens}
@@ -241,7 +153,7 @@ Prompt = Annotated[
         Field(min_length=1, max_length=MAX_PROMPTS),
         Tag("list[list[int]]"),
     ],
-    Discriminator(_shape),
+    Discriminator(union_member),
 ]
 
 
@@ -249,6 +161,10 @@ class CompletionRequest(_Sampling):
     prompt: Prompt
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool | None = None
+
+    def new_tokens(self) -> int:
+        # Left out (or null), the gateway leaves it to the engine: OpenAI's default.
+        return self.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS
 
     def prompts(self) -> int:
         """How many prompts the request holds (each gets `n` choices)."""
@@ -310,4 +226,24 @@ def check_bounds(
         raise InvalidRequest(
             "response_format.json_schema is required with type json_schema, and only with it",
             param="response_format.json_schema",
+        )
+    if isinstance(body, ChatCompletionRequest):
+        _check_tools(body)
+
+
+def _check_tools(body: ChatCompletionRequest) -> None:
+    """What of OpenAI's tool calling is not served, each an UnsupportedParameter naming it."""
+    choice = body.tool_choice
+    if choice is not None and choice not in ("none", "auto"):
+        asked = repr(choice) if isinstance(choice, str) else "a named function"
+        raise UnsupportedParameter(
+            f"tool_choice {asked} is not served: the model decides whether to call a tool "
+            "(its calls are read from its answer, as in training); use 'auto' or 'none'",
+            param="tool_choice",
+        )
+    if body.stream and body.reads_tool_calls:
+        raise UnsupportedParameter(
+            "a streamed answer with tools is not served: its tool calls are read from the "
+            "whole answer; ask without stream, or with tool_choice 'none'",
+            param="stream",
         )

@@ -10,9 +10,12 @@ When the response runs, it:
 2. has an inference process make the weights ready (app.inference.routing.ensure_ready; 503
    with Retry-After while an engine starts); a `response_format` request for a model that
    cannot write JSON is a 400 (app.inference.capabilities);
-3. forwards the request (app.inference.proxy) and answers:
+3. forwards the request (app.inference.proxy: a chat written as the model was trained) and
+   answers:
    - not streamed: the engine's bytes, `model` rewritten in place and nothing else parsed, up
-     to GRPO_INFERENCE_MAX_RESPONSE_BYTES (app.inference.answer; 400 beyond). A client that
+     to GRPO_INFERENCE_MAX_RESPONSE_BYTES (app.inference.answer; 400 beyond); a chat with tools
+     the model may call is parsed (in a thread) and its tool calls given in OpenAI's shape
+     (app.inference.chat_as_trained; streaming one is refused before it starts). A client that
      leaves does not stop it: the engine finishes, and the request is charged what it did and
      holds its slot and work until then (aborting it freed both at once and charged nothing,
      so leaving was a way past every budget);
@@ -49,7 +52,7 @@ from app.core.ratelimit import STREAM_RENEW_S, Lease
 from app.core.state import AppState
 from app.inference import answer, capabilities, proxy, quota, routing
 from app.inference.protocol import EnsureResponse
-from app.inference.request_schemas import InferenceRequest
+from app.inference.request_schemas import ChatCompletionRequest, InferenceRequest
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +190,7 @@ class GatewayResponse(Response):
             if self.request.stream:
                 await self._stream(upstream, receive, send)
             else:
-                await self._once(upstream, scope, receive, send)
+                await self._once(upstream, target, scope, receive, send)
         finally:
             with anyio.CancelScope(shield=True):
                 await upstream.aclose()  # unread: the connection closes, vLLM aborts
@@ -196,7 +199,12 @@ class GatewayResponse(Response):
         request = client.build_request(
             "POST",
             proxy.completion_url(target.base_url, proxy.endpoint_of(self.request)),
-            json=proxy.upstream_body(self.request, target.served_model),
+            json=proxy.upstream_body(
+                self.request,
+                target,
+                prompt=self.plan.prompt,
+                max_tokens=self.settings.inference_max_tokens,
+            ),
             headers=self._auth(),
             timeout=proxy.timeouts(self.settings.inference_read_timeout_s),
         )
@@ -219,7 +227,12 @@ class GatewayResponse(Response):
         )
 
     async def _once(
-        self, upstream: httpx.Response, scope: Scope, receive: Receive, send: Send
+        self,
+        upstream: httpx.Response,
+        target: EnsureResponse,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
     ) -> None:
         """The engine's answer, to its end even when the client has left (see the module
         doc), charged before it is sent."""
@@ -231,7 +244,12 @@ class GatewayResponse(Response):
         await self._record(proxy.Usage.of(answer.usage_in(body.tail)) or proxy.Usage(0, 0))
         if body.content is None:
             raise answer.too_large(self.request, body.size, limit)
-        content = await answer.with_client_model(body.content, self.plan.model)
+        traits = target.chat_traits  # known: a chat with tools is refused without (proxy)
+        if isinstance(self.request, ChatCompletionRequest) and self.request.reads_tool_calls:
+            assert traits is not None
+            content = await answer.with_tool_calls(body.content, self.plan.model, traits)
+        else:
+            content = await answer.with_client_model(body.content, self.plan.model)
         await Response(content, media_type="application/json")(scope, receive, send)
 
     async def _stream(self, upstream: httpx.Response, receive: Receive, send: Send) -> None:

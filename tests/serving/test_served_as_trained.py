@@ -57,6 +57,7 @@ from tests.live_server import serve
 from tests.serving.checkpoints import write_lora_checkpoint, write_tool_caller_checkpoint
 from tests.serving.conftest import ENGINE_HEADERS, TINY, TOKEN, InferenceProcess, start_inference
 from trainer.agents.chat import chat_format
+from trainer.data.dataset import conversation as trainer_conversation
 from trainer.data.dataset import format_prompt
 from trainer.models.loading import load_policy, resolve_model
 from trainer.spec.prompt_format import TemplateTraits, hermes_call_text
@@ -274,6 +275,16 @@ def test_an_agent_trained_here_is_called_as_an_agent(stack: Stack) -> None:
             logprobs=True,
             top_logprobs=5,
         )
+        plain = client.chat.completions.create(  # no tools: the text, as the model wrote it
+            model=job_id, messages=question, temperature=0, max_tokens=8
+        )
+    [text] = plain.choices
+    assert text.message.content == hermes_call_text("multiply", ARGUMENTS)
+    assert text.message.tool_calls is None and text.finish_reason == "stop"
+    rows = trainer_conversation(
+        QUESTION_OF_THE_EPISODE, system_prompt=SYSTEM_PROMPT, few_shot=FEW_SHOT
+    )
+    assert plain.usage is not None and plain.usage.prompt_tokens == len(fmt.render(rows))
     trained = trained_ids(fmt)
     assert followed.usage is not None and followed.usage.prompt_tokens == len(trained)
     [answered] = followed.choices
