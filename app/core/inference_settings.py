@@ -17,8 +17,8 @@ class InferenceSettings(BaseSettings):
         min_length=16,
         description=(
             "Shared secret the API sends as `Authorization: Bearer` to the inference processes "
-            "(their control API and their vLLM servers); set the same on `grpo inference`. "
-            "Unset: none is sent (a private network only)."
+            "(their control API and their vLLM servers); set the same on `grpo inference`, "
+            "which refuses to start without one (`grpo serve` makes one for itself)."
         ),
     )
     inference_rate_limit_per_minute: int = Field(

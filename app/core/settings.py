@@ -279,8 +279,9 @@ class Settings(InferenceSettings):
         description=(
             "Work one project's chat and completion requests in flight may ask of the engines "
             "together: each counts its choices x max_tokens (GRPO_INFERENCE_MAX_TOKENS when "
-            "left out) plus its prompt's characters (a token id counts one). Beyond, 429 with "
-            "Retry-After; a request alone is always admitted, whatever its size."
+            "left out of a chat; 16 for a completion, as OpenAI) plus its prompt's characters "
+            "(a token id counts one). Beyond, 429 with Retry-After; a request alone is always "
+            "admitted, whatever its size."
         ),
     )
     inference_max_response_bytes: int = Field(
