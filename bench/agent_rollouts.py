@@ -376,10 +376,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)  # in case torch was imported before main()
     from transformers import AutoTokenizer
 
+    from jobspec import EpisodeSpec
     from trainer.agents import SandboxEnvironment, TurnSettings, chat_format
     from trainer.models.loading import resolve_model
     from trainer.rollout.registry import make_engine
-    from trainer.spec import EpisodeSpec
 
     before = load_snapshot()
     total_started = time.perf_counter()

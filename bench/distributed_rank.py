@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from jobspec import JobSpec
 from trainer.run.callbacks import Callbacks
 from trainer.run.loop import train
-from trainer.spec import JobSpec
 
 COLLECTIVE_MARKS = ("all_gather", "allgather", "reduce_scatter", "all_reduce", "allreduce",
                     "broadcast", "gloo:", "nccl:")  # fmt: skip

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, load_snapshot, machine_info
-from trainer.spec import JobSpec
+from jobspec import JobSpec
 
 
 def spec(devices: int, steps: int) -> JobSpec:

@@ -31,10 +31,10 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, Qwen2Config
 
+from jobspec import GRPOSpec, LoraSpec
 from trainer.models.loading import disable_dropout, enable_gradient_checkpointing
 from trainer.models.lora import apply_lora
 from trainer.models.precision import enable_tf32
-from trainer.spec import GRPOSpec, LoraSpec
 from trainer.update.batch import pack_batch
 from trainer.update.optim import build_optimizer
 from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates

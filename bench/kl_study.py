@@ -29,10 +29,10 @@ import torch
 import yaml
 from torch import Tensor, nn
 
+from jobspec import JobSpec
 from trainer.models.loading import load_policy, resolve_model
 from trainer.run.callbacks import Callbacks
 from trainer.run.loop import train
-from trainer.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2-arithmetic.yaml"

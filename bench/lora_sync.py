@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from jobspec.adaptation import LoraSpec
 from trainer.models.loading import load_policy, resolve_model
 from trainer.models.lora import apply_lora
 from trainer.rollout.registry import make_engine
-from trainer.spec.adaptation import LoraSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [

@@ -107,9 +107,9 @@ def main() -> None:
 
     import torch
 
+    from jobspec import JobSpec
     from trainer.run.callbacks import Callbacks, RunInfo
     from trainer.run.loop import train
-    from trainer.spec import JobSpec
 
     spec = JobSpec.model_validate(
         job_spec_dict(

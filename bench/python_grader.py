@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from trainer.sandbox import SandboxPool, build_sandbox_settings
+from grading.sandbox import SandboxPool, build_sandbox_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_STEP_S = 63.8  # BENCHMARKS.md section 2, ours with the vLLM engine, 64 completions

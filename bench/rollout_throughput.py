@@ -107,10 +107,10 @@ def _summary(calls: list[dict[str, float]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = _parse(argv)
+    from jobspec import DatasetSpec, PromptRow
     from trainer.data.dataset import Example, encode_prompts
     from trainer.models.loading import load_policy, resolve_model
     from trainer.rollout.registry import make_engine
-    from trainer.spec import DatasetSpec, PromptRow
 
     before = load_snapshot()
     threads_at_start = torch.get_num_threads()

@@ -17,16 +17,11 @@ RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap libs
 WORKDIR /srv/grpo
 COPY pyproject.toml README.md alembic.ini ./
 COPY app ./app
-# Only the torch-free part of the trainer: the job spec, the model-folder rule, the names of
-# a checkpoint's trainer-only files, the fair slots of shared capacities, and the graders (with their templates, formulas, sandbox,
-# subprocess pool and judge client) that POST /v1/graders/run runs.
-COPY trainer/__init__.py trainer/fair_slots.py ./trainer/
-COPY trainer/models/__init__.py trainer/models/paths.py ./trainer/models/
-COPY trainer/checkpoint/__init__.py trainer/checkpoint/files.py ./trainer/checkpoint/
-COPY trainer/spec ./trainer/spec
-COPY trainer/graders ./trainer/graders
-COPY trainer/sandbox ./trainer/sandbox
-COPY trainer/judge ./trainer/judge
+# The torch-free ground the API stands on: the job spec (with the model-folder rule and the
+# names of a checkpoint's trainer-only files) and the graders (their templates, formulas,
+# sandbox, subprocess pool and judge client, which POST /v1/graders/run runs). Nothing of trainer/.
+COPY jobspec ./jobspec
+COPY grading ./grading
 COPY grpo_cli ./grpo_cli
 COPY migrations ./migrations
 COPY worker/__init__.py ./worker/__init__.py

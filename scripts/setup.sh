@@ -39,7 +39,7 @@ if [ "$SCOPE" = all ]; then EXTRAS="cpu,dev"; else EXTRAS="cpu"; fi
 # browser test drives Debian's Chromium (never a browser build downloaded by playwright).
 missing=()
 [ "$SCOPE" = run ] || [ -x /usr/bin/chromium ] || missing+=(chromium)
-# Python graders run in bubblewrap sandboxes (trainer/sandbox); the system python3 runs inside.
+# Python graders run in bubblewrap sandboxes (grading/sandbox); the system python3 runs inside.
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 ldconfig -p 2>/dev/null | grep -q libseccomp.so.2 || missing+=(libseccomp2)
 [ -x /usr/bin/python3 ] || missing+=(python3)

@@ -20,9 +20,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jobspec import JobSpec  # noqa: E402
 from trainer.run.callbacks import CallbackList, Callbacks, ConsoleCallbacks  # noqa: E402
 from trainer.run.loop import train  # noqa: E402
-from trainer.spec import JobSpec  # noqa: E402
 
 
 class JsonlLog(Callbacks):

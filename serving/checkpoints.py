@@ -1,6 +1,6 @@
 """Where a checkpoint named by the gateway (a WeightsRef: job id and folder name) lies on this
 host: ``<checkpoint store>/<job_id>/<folder>``, the layout the workers write
-(worker.runner: output_dir = resolved_checkpoint_dir / job_id).
+(jobspec.checkpoint_files.job_folder).
 
 Names only, never paths, cross the wire; still, a name is checked before it touches the disk,
 and the folder it reaches after every symlink is followed must stay inside the store (a symlink
@@ -13,10 +13,10 @@ import re
 from pathlib import Path
 
 from app.inference.protocol import WeightsRef
+from jobspec.checkpoint_files import checkpoint_step, job_folder
 
 # Job ids are `job_<hex>` (app.core.ids); any id-like name is accepted, nothing path-like.
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_FOLDER = re.compile(r"^checkpoint-\d{6,}$")
 ADAPTER_MARKER = "adapter_config.json"
 MODEL_MARKER = "config.json"
 
@@ -38,11 +38,11 @@ def served_name(ref: WeightsRef) -> str:
 def checkpoint_folder(store: Path, ref: WeightsRef, *, marker: str) -> Path:
     """The real folder of ``ref`` under ``store``, holding ``marker`` (ADAPTER_MARKER for LoRA
     adapters, MODEL_MARKER for a full model). Raises CheckpointRefused or CheckpointMissing."""
-    if not _JOB_ID.match(ref.job_id) or not _FOLDER.match(ref.folder):
+    if not _JOB_ID.match(ref.job_id) or checkpoint_step(ref.folder) is None:
         raise CheckpointRefused(f"not a checkpoint name: {ref.job_id!r} {ref.folder!r}")
     root = store.resolve()
     try:
-        real = (root / ref.job_id / ref.folder).resolve(strict=True)
+        real = (job_folder(root, ref.job_id) / ref.folder).resolve(strict=True)
     except (OSError, RuntimeError) as exc:  # missing, unreadable, a symlink loop
         raise CheckpointMissing(f"no checkpoint {served_name(ref)}") from exc
     if not real.is_relative_to(root) or real == root:

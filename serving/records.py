@@ -19,9 +19,9 @@ from typing import Literal
 import httpx
 
 from app.inference.protocol import Busy, EnsureResponse
+from jobspec.prompt_format import TemplateTraits
 from serving.adapters import AdapterSlots
 from serving.engine import Engine, EngineFailed, EngineRefused
-from trainer.spec.prompt_format import TemplateTraits
 
 log = logging.getLogger(__name__)
 

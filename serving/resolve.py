@@ -29,8 +29,8 @@ from typing import NamedTuple
 from pydantic import ValidationError
 
 from app.core.settings import Settings
-from trainer.spec import is_hub_repo_id
-from trainer.spec.prompt_format import TemplateTraits
+from jobspec import is_hub_repo_id
+from jobspec.prompt_format import TemplateTraits
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.inference.protocol import ANY_BASE
+from jobspec import PACKAGED_MODELS
 from serving.devices import DeviceSet, parse_devices, worker_devices_from_env
-from trainer.spec import PACKAGED_MODELS
 
 GIB = 1024**3
 MIB = 1024**2

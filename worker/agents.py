@@ -33,11 +33,11 @@ from app.core.tool_endpoints import (
     ToolEndpointSettings,
     build_tool_endpoint_settings,
 )
+from jobspec import HttpEnvironment as HttpEnvironmentSpec
+from jobspec import JobSpec
 from trainer.agents.environment import EnvStep, env_step_from_json
 from trainer.agents.tools import MAX_RESULT_CHARS, ToolResult
 from trainer.errors import TrainerError
-from trainer.spec import HttpEnvironment as HttpEnvironmentSpec
-from trainer.spec import JobSpec
 
 __all__ = ["EndpointFailure", "HttpEnvironment", "HttpToolClient", "http_agents"]
 

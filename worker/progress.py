@@ -35,10 +35,10 @@ from app.usage import service as checkpoint_quota
 from app.usage.service import StorageUse
 from app.webhooks.outbox import record_job_event
 from app.webhooks.protocol import CHECKPOINT_EVENT
-from trainer.checkpoint.files import folder_bytes
+from jobspec import CheckpointSpec
+from jobspec.checkpoint_files import folder_bytes
 from trainer.errors import TrainerError
 from trainer.run.callbacks import Callbacks, RolloutSample, RunInfo
-from trainer.spec import CheckpointSpec
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.retention import record_checkpoint, remove_folders

@@ -19,7 +19,6 @@ resume starts from, is always kept.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 from collections.abc import Iterable
 from datetime import datetime
@@ -29,12 +28,10 @@ from sqlalchemy.orm import Session
 
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.progress import repository as progress_repo
-from trainer.checkpoint.files import TRASH_PREFIX, remove_folder
-from trainer.spec import CheckpointSpec
+from jobspec import CheckpointSpec
+from jobspec.checkpoint_files import TRASH_PREFIX, checkpoint_step, job_folder, remove_folder
 
 log = logging.getLogger(__name__)
-
-_FOLDER = re.compile(r"^checkpoint-\d+$")
 
 
 def _ranked_value(metrics: dict[str, object] | None, name: str | None) -> float | None:
@@ -84,11 +81,11 @@ def remove_folders(checkpoint_dir: Path, job_id: str, paths: Iterable[str]) -> l
     """Remove the recorded folders `paths` of the job's deleted checkpoints that still exist;
     returns those removed. Only the job's own ``checkpoint-<step>`` folders in the checkpoint
     store are touched: a recorded path anywhere else (or a link) is left alone and logged."""
-    job_dir = (checkpoint_dir / job_id).resolve()
+    job_dir = job_folder(checkpoint_dir, job_id).resolve()
     removed = []
     for recorded in paths:
         folder = Path(recorded)
-        if not folder.is_absolute() or not _FOLDER.match(folder.name):
+        if not folder.is_absolute() or checkpoint_step(folder.name) is None:
             log.warning("job %s: not removing %r: not a checkpoint folder", job_id, recorded)
             continue
         if folder.parent.resolve() != job_dir:
@@ -106,7 +103,7 @@ def remove_job_folder(checkpoint_dir: Path, job_id: str) -> bool:
     """Remove the job's whole folder of checkpoints (its purge), and any trash an interrupted
     removal of it left; True when the folder was there."""
     root = checkpoint_dir.resolve()
-    folder = root / job_id
+    folder = job_folder(root, job_id)
     if not job_id or job_id in (".", "..") or "/" in job_id or folder.parent != root:
         log.warning("not removing the folder of job %r: not a job id", job_id)
         return False

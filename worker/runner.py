@@ -49,11 +49,12 @@ from app.jobs import repository as jobs_repo
 from app.jobs import transitions
 from app.jobs.transitions import JobStatus
 from app.progress import repository as progress_repo
+from jobspec import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
+from jobspec.checkpoint_files import job_folder
+from jobspec.paths import allowed_dataset_folder, dataset_refusal
 from trainer.data.saved_datasets import hub_dataset_folder, saved_dataset_rows
 from trainer.errors import ModelNotAllowed, TrainerError
-from trainer.models.paths import allowed_dataset_folder, dataset_refusal
 from trainer.run.callbacks import Callbacks
-from trainer.spec import PACKAGED_MODELS, JobSpec, PromptRow, is_hub_repo_id
 from worker.attempts import end_attempt, pause, release, retry
 from worker.context import WorkerContext
 from worker.job_exports import close_exports, export_outcome, start_job_exports
@@ -284,7 +285,7 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
             result = run(
                 spec,
                 callbacks,
-                output_dir=settings.resolved_checkpoint_dir / job_id,
+                output_dir=job_folder(settings.resolved_checkpoint_dir, job_id),
                 resume_from=resume_from,
                 device=settings.device,
                 sample_groups=settings.sample_groups_per_step,

@@ -11,7 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from app.core.queue import queue_for
 from app.core.settings import Settings
-from trainer.spec.resources import MAX_DEVICES
+from jobspec.resources import MAX_DEVICES
 
 
 def _default_name() -> str:

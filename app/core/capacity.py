@@ -1,6 +1,6 @@
 """What the API answers when a shared capacity of the process is full: a project at its own
 share gets 429, everyone else 503, both with Retry-After and a message naming the setting
-(trainer.fair_slots). One place for every such capacity: python-grader sandboxes, upload
+(grading.fair_slots). One place for every such capacity: python-grader sandboxes, upload
 decoding."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import Iterator
 
 from app.core.errors import ApiError, Overloaded, TooManyRequests
-from trainer.fair_slots import FairSlots, SlotsBusy
+from grading.fair_slots import FairSlots, SlotsBusy
 
 __all__ = ["held_slot", "refusal"]
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, get_args, get_origin
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from trainer.spec import JobSpec
+from jobspec import JobSpec
 
 _LOCATIONS = {"body", "query", "path", "header", "cookie"}
 

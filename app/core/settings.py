@@ -14,9 +14,9 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.core.inference_settings import InferenceSettings
-from trainer.models.paths import hub_allowlist, hub_model_refusal
-from trainer.spec.integrations import IntegrationSpecUnion, integration_refusal, normalized_uri
-from trainer.spec.resources import MAX_DEVICES
+from jobspec.integrations import IntegrationSpecUnion, integration_refusal, normalized_uri
+from jobspec.paths import hub_allowlist, hub_model_refusal
+from jobspec.resources import MAX_DEVICES
 
 
 class Settings(InferenceSettings):
@@ -339,7 +339,7 @@ class Settings(InferenceSettings):
 
     def hub_model_refusal(self, repo_id: str) -> str | None:
         """Why this deployment refuses the Hub repo id `repo_id`, or None (the one rule, in
-        trainer.models.paths, that the API and the worker both apply)."""
+        jobspec.paths, that the API and the worker both apply)."""
         return hub_model_refusal(
             repo_id,
             allow_hub=self.allow_hub_models,
@@ -354,7 +354,7 @@ class Settings(InferenceSettings):
 
     def integration_refusal(self, integration: IntegrationSpecUnion) -> tuple[str, str] | None:
         """Why this deployment refuses a job's tracker `integration` (see
-        trainer.spec.integrations.integration_refusal), or None."""
+        jobspec.integrations.integration_refusal), or None."""
         return integration_refusal(
             integration,
             mlflow_uris=self.mlflow_tracking_uri_list,

@@ -15,8 +15,8 @@ from app.core.queue import CeleryDispatcher, Dispatcher
 from app.core.ratelimit import Limits, build_limits
 from app.core.session_tokens import SessionTokens, load_or_create_secret
 from app.core.settings import Settings
-from trainer.fair_slots import FairSlots, SlotNames
-from trainer.sandbox import SandboxCapacity, build_sandbox_settings
+from grading.fair_slots import FairSlots, SlotNames
+from grading.sandbox import SandboxCapacity, build_sandbox_settings
 
 
 class RequestSlots:

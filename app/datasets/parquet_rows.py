@@ -6,7 +6,7 @@ whole. The file is refused from its footer first (row count, leaf column count, 
 declared uncompressed size, column types); then it is read in record batches that keep every text column
 dictionary-encoded, so a batch costs its distinct values and one index per record; each record's
 decoded size is bounded from the Arrow buffers (string lengths, list offsets) and charged to the
-:class:`~trainer.spec.row_budget.RowBudget` before any record of the batch becomes Python
+:class:`~jobspec.row_budget.RowBudget` before any record of the batch becomes Python
 objects.
 """
 
@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from app.core.errors import InvalidRequest
-from trainer.spec import MAX_INLINE_ROWS
-from trainer.spec.row_budget import MAX_ROW_DECODED_BYTES, RowBudget
+from jobspec import MAX_INLINE_ROWS
+from jobspec.row_budget import MAX_ROW_DECODED_BYTES, RowBudget
 
 __all__ = ["MAX_PARQUET_COLUMNS", "MAX_PARQUET_ROW_GROUPS", "parquet_records"]
 

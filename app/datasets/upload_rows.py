@@ -3,14 +3,14 @@ per line) or Parquet (one row per record), validated row by row so a user learns
 at once, and decoded within one memory budget whatever the format.
 
 A row is ``{prompt}`` or ``{messages}``, an optional ``answer`` and any other fields (kept for the
-graders as ``item``; trainer.spec.dataset.PromptRow). The format comes from the file name
+graders as ``item``; jobspec.dataset.PromptRow). The format comes from the file name
 (``.csv``, ``.parquet``), JSONL otherwise. In a CSV every cell is text, except ``messages`` and
 cells that hold a JSON object or list (written as JSON), and empty cells are left out.
 
 Every reader streams: a line (a CSV record, a Parquet record) over the row limit is refused
 before it is decoded, and what is decoded is charged to a
-:class:`~trainer.spec.row_budget.RowBudget`, so an upload costs at most its body plus the
-budget (trainer/spec/row_budget.py says why the numbers are what they are). JSONL and CSV are
+:class:`~jobspec.row_budget.RowBudget`, so an upload costs at most its body plus the
+budget (jobspec/row_budget.py says why the numbers are what they are). JSONL and CSV are
 charged whole, from byte counts, before their first row is decoded: a file that could expand
 past the budget is refused in one pass over its bytes (well under a second for 16 MiB).
 """
@@ -26,8 +26,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.core.errors import InvalidRequest, PayloadTooLarge
-from trainer.spec import MAX_INLINE_ROWS, PromptRow
-from trainer.spec.row_budget import RowBudget, RowBudgetExceeded, text_record_bound
+from jobspec import MAX_INLINE_ROWS, PromptRow
+from jobspec.row_budget import RowBudget, RowBudgetExceeded, text_record_bound
 
 __all__ = ["MAX_LINE_ERRORS", "parse_rows"]
 

@@ -18,7 +18,7 @@ from app.core.clock import as_utc, utcnow
 from app.core.models import File, Job
 from app.jobs import repository as jobs_repo
 from app.progress import metrics_repository as metrics_repo
-from trainer.spec import MAX_STEPS
+from jobspec import MAX_STEPS
 
 PREFIX = "file_results_"
 PURPOSE = "fine-tune-results"

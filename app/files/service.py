@@ -21,8 +21,8 @@ from app.datasets.upload_rows import parse_rows
 from app.files import result_files
 from app.jobs import repository as jobs_repo
 from app.jobs import transitions
-from trainer.fair_slots import FairSlots
-from trainer.spec import text_problem
+from grading.fair_slots import FairSlots
+from jobspec import text_problem
 
 
 def create_file(

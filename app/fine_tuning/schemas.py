@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from trainer.spec import (
+from jobspec import (
     MAX_SEED,
     MAX_STEPS,
     MAX_TOOLS,
@@ -84,7 +84,7 @@ class RftTool(StrictModel):
     _no_url = field_validator("url", "server_url", "headers", mode="before")(_refuse_hosted)
 
     def native_function(self) -> dict[str, Any]:
-        """The native ``function`` section (``trainer.spec.ToolFunction``'s fields)."""
+        """The native ``function`` section (``jobspec.ToolFunction``'s fields)."""
         if self.function is not None:
             return self.function.model_dump(exclude_none=True)
         flat = {

@@ -40,7 +40,7 @@ from app.core.field_paths import field_path
 from app.datasets import repository as files_repo
 from app.fine_tuning.schemas import FineTuningJobCreate, GrpoExtension
 from app.fine_tuning.tools import add_agents
-from trainer.spec import MAX_SEED, EvalSpec, GRPOSpec, JobSpec
+from jobspec import MAX_SEED, EvalSpec, GRPOSpec, JobSpec
 
 # The native defaults "auto" starts from (declared by the spec itself).
 _GRPO_DEFAULTS = GRPOSpec()

@@ -12,7 +12,7 @@ from app.core.responses import ERRORS, ErrorResponse
 from app.graders import service as graders_service
 from app.graders.schemas import GraderRunErrors, GraderRunMetadata, GraderRunOut, GraderValidateOut
 from app.sessions.deps import PrincipalDep
-from trainer.spec import MAX_TEXT_CHARS, GraderSpec, row_fields_problem, text_problem
+from jobspec import MAX_TEXT_CHARS, GraderSpec, row_fields_problem, text_problem
 
 router = APIRouter(prefix="/v1/graders", tags=["graders"], responses=ERRORS)
 

@@ -1,12 +1,12 @@
 """Try a grader before spending a GPU: run one on one sample and one row, or only check it.
 
-The grader runs in the API process exactly as on a worker (the same ``trainer.graders``
+The grader runs in the API process exactly as on a worker (the same ``grading.graders``
 classes); a ``python`` grader runs in the same sandbox, one sandbox at a time for the request,
 started for it and stopped after it (``GRPO_SANDBOX_*`` apply). Graders are bounded by
 construction (RE2, length caps, the sandbox's and the math grader's time limits), so a request
 cannot hold the API longer than a grader's own limit.
 
-Sandboxes are a shared, bounded resource of the API process (``trainer.sandbox.capacity``): a
+Sandboxes are a shared, bounded resource of the API process (``grading.sandbox.capacity``): a
 request with python in it holds one slot of ``AppState.sandboxes`` while it grades, under its
 project's cap. No slot within the queue's bounds and time limit is a 429 with Retry-After when
 the project is at its own cap, else a 503 with Retry-After; either names the limit. A request
@@ -24,10 +24,10 @@ from typing import Any, cast
 
 from app.core.capacity import held_slot
 from app.jobs.admission import admit_judge
-from trainer.graders import BatchGrader, Grader, Multi, build_grader, grade_one
-from trainer.graders.python import PythonGrade
-from trainer.sandbox import SandboxCapacity, build_sandbox_settings
-from trainer.spec import GraderSpecBase, grader_name, literal_tag
+from grading.graders import BatchGrader, Grader, Multi, build_grader, grade_one
+from grading.graders.python import PythonGrade
+from grading.sandbox import SandboxCapacity, build_sandbox_settings
+from jobspec import GraderSpecBase, grader_name, literal_tag
 
 __all__ = ["GraderRun", "run_grader", "validate_grader"]
 

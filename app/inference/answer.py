@@ -35,7 +35,7 @@ from app.inference.request_schemas import (
     CompletionRequest,
     InferenceRequest,
 )
-from trainer.spec.prompt_format import TemplateTraits
+from jobspec.prompt_format import TemplateTraits
 
 SETTING = "GRPO_INFERENCE_MAX_RESPONSE_BYTES"
 TAIL_BYTES = 64 * 1024  # the end of an answer kept for its usage (vLLM's: a few hundred bytes)

@@ -1,10 +1,10 @@
 """A chat request to a model trained here, written as its training wrote prompts, and the tool
 calls of its answer in OpenAI's shape (issue 32: an agent trained here is called as an agent).
 
-The rules are the trainer's, declared once in trainer.spec.prompt_format; this module maps
+The rules are the trainer's, declared once in jobspec.prompt_format; this module maps
 OpenAI's request and answer shapes onto them, with the job's prompt settings
 (:class:`TrainedPrompt`, from its spec) and the template's
-:class:`~trainer.spec.prompt_format.TemplateTraits` (probed where the tokenizer is):
+:class:`~jobspec.prompt_format.TemplateTraits` (probed where the tokenizer is):
 
 - :func:`render_messages`: an assistant turn's ``tool_calls`` become Hermes call text after its
   content (in training the model's turn is the text it sampled); a ``tool`` turn becomes the
@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.spec.agents import ToolFunction
-from trainer.spec.prompt_format import (
+from jobspec.agents import ToolFunction
+from jobspec.prompt_format import (
     TOOL_CALL_PARSERS,
     TemplateTraits,
     conversation,

@@ -17,8 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from app.inference.protocol import EnsureRequest
-from trainer.spec import RolloutSpec
-from trainer.spec.model_source import MAX_REVISION_CHARS
+from jobspec import RolloutSpec
+from jobspec.model_source import MAX_REVISION_CHARS
 
 EngineDtype = Literal["float32", "bfloat16"]
 # A bare base model (no job) answers as a job's first rollouts would: in the trainer's default.

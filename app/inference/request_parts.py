@@ -1,7 +1,7 @@
 """The parts of a chat or completion request's body (app.inference.request_schemas), each
 bounded: text (no NUL), messages (with the tool calls of an assistant turn and the `tool` turns
 that answer them), function tools (validated as a job's tools are,
-trainer.spec.agents.ToolFunction), stop sequences and response formats."""
+jobspec.agents.ToolFunction), stop sequences and response formats."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pydantic import (
 
 from app.core.errors import InvalidRequest
 from app.inference.schemas import holds_control_characters
-from trainer.spec.agents import ToolFunction
+from jobspec.agents import ToolFunction
 
 MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 256

@@ -3,7 +3,7 @@
 
 What is accepted is an allow-list: OpenAI's sampling fields, plus vLLM's `top_k`, `min_p`,
 `repetition_penalty` and `ignore_eos`; for chat, OpenAI's function `tools` (each validated as a
-job's tool is, trainer.spec.agents.ToolFunction), `tool_choice` `none` or `auto`, assistant
+job's tool is, jobspec.agents.ToolFunction), `tool_choice` `none` or `auto`, assistant
 messages with `tool_calls` and `tool` messages (app.inference.chat_as_trained writes them as
 training did). Any other field is a 400 naming it (`extra="forbid"`), as OpenAI answers an
 unrecognized argument. vLLM's `prompt_logprobs` is parsed only to be refused

@@ -53,6 +53,7 @@ from app.inference.protocol import (
     WeightsRef,
 )
 from app.jobs import checkpoints_repository as checkpoints_repo
+from jobspec.checkpoint_files import folder_name
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +117,8 @@ def ensure_request(
                 f"{step} of job {job_id}, which is no longer kept: it cannot be served.",
                 param="model",
             )
-        base_weights = WeightsRef(job_id=job_id, folder=_folder_name(kept.path))
+        base_weights = WeightsRef(job_id=job_id, folder=folder_name(kept.path))
     return EnsureRequest(base_model=model.base_model, adapter=weights, base_weights=base_weights)
-
-
-def _folder_name(path: str) -> str:
-    return path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
 
 
 def _names(entry: str, ref: WeightsRef) -> bool:

@@ -1,7 +1,7 @@
 """The model catalogue and the resolution of a model name to what would serve it.
 
 Names (docs/openai-compat.md, "Models"):
-- a packaged base model (`trainer.spec.PACKAGED_MODELS`), or a base model an inference process
+- a packaged base model (`jobspec.PACKAGED_MODELS`), or a base model an inference process
   serves by name (its GRPO_INFERENCE_BASES: a Hub id, a folder under GRPO_MODEL_ROOTS), owned
   by "system";
 - `ft:<model>:<suffix>:<job id>` (app.fine_tuning.names): the job's final weights, its newest
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import PurePath
 
 from sqlalchemy.orm import Session
 
@@ -51,7 +50,8 @@ from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import repository as jobs_repo
 from app.progress import repository as progress_repo
 from app.sessions import repository as projects_repo
-from trainer.spec import PACKAGED_MODELS
+from jobspec import PACKAGED_MODELS
+from jobspec.checkpoint_files import folder_name
 
 SYSTEM_OWNER = "system"
 NATIVE_PREFIX = "job_"
@@ -163,7 +163,7 @@ def _fine_tuned(job: Job, checkpoint: Checkpoint, *, name: str, final: bool) -> 
         parent=base_model(job),
         job_id=job.id,
         step=checkpoint.step,
-        checkpoint_folder=PurePath(checkpoint.path).name,
+        checkpoint_folder=folder_name(checkpoint.path),
         base_checkpoint=NamedWeights(str(init_from["job_id"]), int(init_from["step"]))
         if lora and init_from
         else None,

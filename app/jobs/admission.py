@@ -1,13 +1,13 @@
 """Admission: what a valid job spec may still not ask of *this* service.
 
-`trainer.spec.JobSpec` checks a spec on its own (types, bounds, storable text). Whether this
+`jobspec.JobSpec` checks a spec on its own (types, bounds, storable text). Whether this
 deployment accepts it depends on the operator: which model folders a job may read, and how big
 a job may be. `admit` checks both, at submission (`POST /v1/jobs`) and in the dry run
 (`POST /v1/jobs/validate`), and raises a 422 naming the field. The worker checks the model
 again before it loads anything (defense in depth), so this is the first gate, not the only one.
 
 Model folders: a job may name a packaged model, or a Hugging Face folder under one of the
-operator's model roots (`GRPO_MODEL_ROOTS`), by the rule of `trainer.models.paths`, which the
+operator's model roots (`GRPO_MODEL_ROOTS`), by the rule of `jobspec.paths`, which the
 worker applies again: every refusal gives the same message, which names no path. Or a Hugging
 Face Hub repo id, when the operator allows Hub models (`GRPO_ALLOW_HUB_MODELS`) and the id
 matches `GRPO_HUB_MODEL_ALLOWLIST` (when set); whether the worker's cache holds it is only known
@@ -34,20 +34,20 @@ from app.core.settings import Settings
 from app.core.tool_endpoints import build_tool_endpoint_settings
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import repository as jobs_repo
-from trainer.judge import build_judge_settings
-from trainer.models.paths import (
-    allowed_dataset_folder,
-    allowed_model_folder,
-    dataset_refusal,
-    model_refusal,
-)
-from trainer.spec import (
+from grading.judge import build_judge_settings
+from jobspec import (
     PACKAGED_MODELS,
     GraderSpecBase,
     JobSpec,
     is_hub_repo_id,
     spec_limits_violations,
     text_problem,
+)
+from jobspec.paths import (
+    allowed_dataset_folder,
+    allowed_model_folder,
+    dataset_refusal,
+    model_refusal,
 )
 
 
@@ -68,7 +68,7 @@ def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Sessio
 
 def _admit_dataset(spec: JobSpec, settings: Settings) -> None:
     """A saved dataset only from under the operator's dataset roots (the rule of
-    trainer.models.paths; the worker applies it again); the refusal names no path."""
+    jobspec.paths; the worker applies it again); the refusal names no path."""
     dataset = getattr(spec, "dataset", None)
     source = getattr(dataset, "saved_dataset", None)
     if source is None:
@@ -144,7 +144,7 @@ def _admit_agent_endpoints(spec: JobSpec) -> None:
 def _admit_integrations(spec: JobSpec, settings: Settings) -> None:
     """A tracker integration only to the operator's trackers: an MLflow tracking_uri from
     GRPO_MLFLOW_TRACKING_URIS, W&B only when GRPO_WANDB_MODE is not disabled (the rule of
-    trainer.spec.integrations, which the worker applies again)."""
+    jobspec.integrations, which the worker applies again)."""
     for i, integration in enumerate(getattr(spec, "integrations", ())):
         refusal = settings.integration_refusal(integration)
         if refusal is not None:

@@ -22,7 +22,7 @@ from app.jobs.schemas import EventList, JobDeleted, JobList, JobOut, ValidationR
 from app.jobs.service import Answer
 from app.jobs.transitions import JobStatus
 from app.sessions.deps import PrincipalDep
-from trainer.spec import JobSpec, text_problem
+from jobspec import JobSpec, text_problem
 
 # Set on the stored first answer of an idempotent retry (app.jobs.service.JobCreation).
 REPLAYED_HEADER = "Idempotent-Replayed"

@@ -1,4 +1,4 @@
-"""Response bodies of /v1/jobs (requests are the job spec itself, trainer.spec.JobSpec); each
+"""Response bodies of /v1/jobs (requests are the job spec itself, jobspec.JobSpec); each
 domain declares its own beside its routes."""
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from app.jobs.dispatch import send_after_commit
 from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.size_classes import SizeClassWatch, record_warning
 from app.jobs.transitions import JobStatus
-from trainer.spec import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
+from jobspec import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
 
 # An in-progress idempotency claim older than this belongs to a request that died mid-way.
 STALE_CLAIM = timedelta(seconds=60)

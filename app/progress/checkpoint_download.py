@@ -3,7 +3,7 @@
 The archive holds the checkpoint's model: a Hugging Face model folder, or for a LoRA job the
 adapter folder (`adapter_config.json`, `adapter_model.safetensors`) and the tokenizer, under one
 top folder `<job_id>-step<step>/`. The trainer's resume state (optimizer, RNG states, manifest:
-`trainer.checkpoint.files`) is left out.
+`jobspec.checkpoint_files`) is left out.
 
 It is never built in memory or on disk: `locate` checks the folder and lists its files (with the
 caller's session), then `CheckpointArchive.chunks` writes each member's tar header, the file's
@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import Gone, NotFound
 from app.progress import repository as progress_repo
-from trainer.checkpoint.files import is_model_file
+from jobspec.checkpoint_files import checkpoint_folder, is_model_file
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def locate(session: Session, *, checkpoint_dir: Path, job_id: str, step: int) ->
     if row.deleted_at is not None:
         raise gone
     root = checkpoint_dir.resolve()
-    expected = root / job_id / f"checkpoint-{step:06d}"
+    expected = checkpoint_folder(root, job_id, step)
     stored = Path(row.path)
     refused = NotFound(
         f"the checkpoint of step {step} is not in this service's checkpoint store", param="step"

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.core.errors import InvalidRequest
 from app.progress import metrics_repository as metrics_repo
 from app.progress.metrics_repository import MAX_NAME_CHARS, ROLLUP_LEVELS, STEPS
-from trainer.spec import text_problem
+from jobspec import text_problem
 
 Point = dict[str, Any]
 Run = tuple[int, int, int]  # (level, first block, last block)

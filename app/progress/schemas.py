@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import PurePath
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
+
+from jobspec.checkpoint_files import folder_name
 
 
 class MetricPoint(BaseModel):
@@ -133,7 +134,7 @@ class CheckpointOut(BaseModel):
     @classmethod
     def _folder_name(cls, path: str) -> str:
         # Rows store the worker's absolute folder, which tells a tenant about the server.
-        return PurePath(path).name
+        return folder_name(path)
 
 
 class CheckpointList(BaseModel):

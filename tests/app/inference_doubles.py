@@ -35,8 +35,8 @@ from app.inference.protocol import (
     EnsureRequest,
     EnsureResponse,
 )
+from jobspec.prompt_format import TemplateTraits
 from tests.conftest import free_port, wait_until
-from trainer.spec.prompt_format import TemplateTraits
 
 
 @dataclass

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from app.core.settings import Settings
 from app.main import create_app
-from tests.app.test_checkpoint_download import ADAPTER, FULL, write_checkpoint
-from tests.app.test_progress_api import running_job
+from tests.app.progress.test_checkpoint_download import ADAPTER, FULL, write_checkpoint
+from tests.app.progress.test_progress_api import running_job
 from tests.cli.helpers import cli
 from tests.conftest import Api, new_project_key, settings_for
 from tests.live_server import serve

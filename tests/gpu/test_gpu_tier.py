@@ -14,11 +14,11 @@ import torch
 
 from bench import gpu_update
 from bench.gpu_update import Shape, qwen25_05b_config, run_config
+from jobspec import JobSpec
 from trainer.models.loading import load_policy, resolve_model
 from trainer.rollout.colocation import MIN_ENGINE_SHARE
 from trainer.rollout.registry import make_engine
 from trainer.rollout.startup import plan_colocation
-from trainer.spec import JobSpec
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from jobspec import LoraSpec
 from trainer.checkpoint.store import save_checkpoint
 from trainer.models.loading import build_tiny_tokenizer, load_policy, resolve_model
 from trainer.models.lora import apply_lora
-from trainer.spec import LoraSpec
 
 TINY = "tiny-random-llama"
 

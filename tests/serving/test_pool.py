@@ -17,6 +17,7 @@ import pytest
 from app.core.settings import build_settings
 from app.inference.engine_identity import EngineEnsureRequest
 from app.inference.protocol import Busy, EnsureResponse
+from jobspec.prompt_format import TemplateTraits
 from serving import pool as pool_module
 from serving.engine import EngineFailed, EngineSpec, server_command
 from serving.metrics import EngineLoad
@@ -26,7 +27,6 @@ from serving.records import EnsureError
 from serving.resolve import resolve_base
 from serving.settings import build_inference_settings
 from tests.hub_cache import add_snapshot
-from trainer.spec.prompt_format import TemplateTraits
 
 T = TypeVar("T")
 CONTEXT = 640  # what every stand-in engine says its context is

@@ -41,7 +41,8 @@ from transformers import AutoTokenizer
 from app.core.settings import Settings
 from app.inference.protocol import EnsureResponse
 from app.main import create_app
-from tests.app.test_chat_as_trained import (
+from jobspec.prompt_format import TemplateTraits, hermes_call_text
+from tests.app.inference.test_chat_as_trained import (
     ARGUMENTS,
     FEW_SHOT,
     RESULT,
@@ -50,8 +51,8 @@ from tests.app.test_chat_as_trained import (
     served_body,
     trained_ids,
 )
-from tests.app.test_chat_as_trained import QUESTION as QUESTION_OF_THE_EPISODE
-from tests.app.test_models_catalogue import _train
+from tests.app.inference.test_chat_as_trained import QUESTION as QUESTION_OF_THE_EPISODE
+from tests.app.inference.test_models_catalogue import _train
 from tests.conftest import new_project_key, settings_for, tiny_spec, wait_until
 from tests.live_server import serve
 from tests.serving.checkpoints import write_lora_checkpoint, write_tool_caller_checkpoint
@@ -60,7 +61,6 @@ from trainer.agents.chat import chat_format
 from trainer.data.dataset import conversation as trainer_conversation
 from trainer.data.dataset import format_prompt
 from trainer.models.loading import load_policy, resolve_model
-from trainer.spec.prompt_format import TemplateTraits, hermes_call_text
 
 pytestmark = [pytest.mark.process, pytest.mark.model]
 

@@ -36,12 +36,8 @@ PROCESS_RUNS = (
     "test_memory.py",
     "distributed/test_equivalence.py",  # torchrun, two ranks
     "distributed/test_ranks.py",
-    "test_sandbox.py",  # bubblewrap sandboxes, some killed and restarted
     "agents/test_sandbox_tools.py",  # python tools and environments in bubblewrap
     "agents/test_agent_training.py",  # the same, in agent jobs
-    "test_graders.py::test_a_hanging_grader_is_cut_off_at_its_time_limit",
-    "test_graders.py::test_the_batch_budget_bounds_a_grader_that_always_hangs",
-    "test_graders.py::test_isolated_workers_share_a_batch_and_are_reused_then_closed",
     # torchrun's agent and its ranks (trainer.run.launch)
     "test_launch.py",
     "test_cli.py::test_two_ranks_train_from_the_command_line",

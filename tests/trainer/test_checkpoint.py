@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from jobspec import CheckpointSpec
 from trainer.checkpoint.store import (
     checkpoint_path,
     latest_checkpoint,
@@ -15,7 +16,6 @@ from trainer.checkpoint.store import (
     sweep_temp_dirs,
 )
 from trainer.models.loading import load_policy, resolve_model
-from trainer.spec import CheckpointSpec
 
 
 @pytest.fixture(scope="module")

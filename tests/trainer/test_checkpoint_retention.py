@@ -12,8 +12,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from jobspec import CheckpointSpec, JobSpec
+from jobspec.checkpoint_files import folder_bytes, remove_folder
 from tests.conftest import tiny_spec
-from trainer.checkpoint.files import folder_bytes, remove_folder
 from trainer.checkpoint.store import (
     RETENTION_METRIC,
     list_checkpoints,
@@ -22,7 +23,6 @@ from trainer.checkpoint.store import (
     sweep_temp_dirs,
 )
 from trainer.models.loading import load_policy, resolve_model
-from trainer.spec import CheckpointSpec, JobSpec
 
 
 def test_keeps_the_newest_n_and_the_best_by_the_metric() -> None:

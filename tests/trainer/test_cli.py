@@ -149,7 +149,7 @@ def test_the_calculator_recipes_tool_evaluates_arithmetic_only() -> None:
 
 
 def test_smollm2_recipe_graders_on_typical_answers() -> None:
-    from trainer.graders import build_graders
+    from grading.graders import build_graders
 
     graders = build_graders(load_recipe(RECIPES / "smollm2-arithmetic.yaml").graders)
     totals, per = graders.score(

@@ -5,6 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from jobspec import DatasetSpec, PromptRow
 from trainer.data.dataset import (
     Example,
     PromptSampler,
@@ -22,7 +23,6 @@ from trainer.data.dataset import (
 )
 from trainer.errors import TrainerError
 from trainer.models.loading import build_tiny_tokenizer
-from trainer.spec import DatasetSpec, PromptRow
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from jobspec import JobSpec
 from tests.conftest import wait_until
 from tests.trainer.ranks_support import (
     Recorder,
@@ -27,7 +28,6 @@ from trainer.errors import RankFailed, TrainerError
 from trainer.run.cli import load_recipe
 from trainer.run.launch import launch_ranks
 from trainer.run.rank_main import pid_file
-from trainer.spec import JobSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny-smoke.yaml"

@@ -211,7 +211,7 @@ def test_given_engine_is_used_synced_and_left_open(
 
 @dataclass(frozen=True)
 class Contains:
-    """A grader object (the ``trainer.graders.Grader`` protocol), not a spec."""
+    """A grader object (the ``grading.graders.Grader`` protocol), not a spec."""
 
     name: str
     weight: float

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import trainer.rollout.startup as startup_module
+from jobspec import JobSpec
 from trainer.checkpoint.store import RETENTION_METRIC
 from trainer.data.dataset import PromptsTooLong
 from trainer.errors import NonFiniteLossError, TrainerError
@@ -23,7 +24,6 @@ from trainer.rollout.base import Completion, RolloutEngine
 from trainer.rollout.registry import make_engine
 from trainer.run.callbacks import Callbacks, RolloutSample, RunInfo
 from trainer.run.loop import train
-from trainer.spec import JobSpec
 from trainer.update import losses
 from trainer.update.inputs import Advantages
 

@@ -13,6 +13,7 @@ import torch
 from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
+from jobspec import LoraSpec
 from tests.trainer.conftest import tiny_llama
 from tests.trainer.test_loop import Recorder, tiny_spec
 from trainer.errors import LoraTargetNotSupported
@@ -28,7 +29,6 @@ from trainer.models.lora import (
 )
 from trainer.models.reference import reference_for
 from trainer.run.loop import train
-from trainer.spec import LoraSpec
 from trainer.update.logprobs import completion_logprobs
 
 

@@ -178,8 +178,8 @@ def test_smollm2_conversion_answers_arithmetic() -> None:
 
 
 def test_every_packaged_name_has_exactly_one_builder() -> None:
+    from jobspec import PACKAGED_MODELS
     from trainer.models.loading import PACKAGED_BUILDERS
-    from trainer.spec import PACKAGED_MODELS
 
     assert set(PACKAGED_BUILDERS) == set(PACKAGED_MODELS)
     folders = [p.folder for p in PACKAGED_BUILDERS.values()]

@@ -1,4 +1,4 @@
-"""The job spec (trainer.spec) declares every selectable name once; the name-keyed registries
+"""The job spec (jobspec) declares every selectable name once; the name-keyed registries
 that implement them, the API's error paths and the CLI's choices must agree with it."""
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ import torch
 from pydantic import ValidationError
 
 from app.core.field_paths import field_path
-from trainer.graders import GRADER_BUILDERS
-from trainer.rollout.registry import ROLLOUT_ENGINES, make_engine
-from trainer.run.cli import build_parser
-from trainer.spec import (
+from grading.graders import GRADER_BUILDERS
+from jobspec import (
     GRADER_TYPES,
     AdvantageScale,
     DatasetSpec,
@@ -26,7 +24,9 @@ from trainer.spec import (
     RolloutEngineName,
     SamplerCorrectionMode,
 )
-from trainer.spec.traits import KL_ESTIMATOR_TRAITS, ROLLOUT_ENGINE_TRAITS
+from jobspec.traits import KL_ESTIMATOR_TRAITS, ROLLOUT_ENGINE_TRAITS
+from trainer.rollout.registry import ROLLOUT_ENGINES, make_engine
+from trainer.run.cli import build_parser
 from trainer.update.advantages import ADVANTAGE_SCALES, group_advantages
 from trainer.update.kl import KL_ESTIMATORS, REWARD_ESTIMATOR, per_token_kl
 from trainer.update.losses import LOSS_AGGREGATIONS, aggregate
@@ -35,7 +35,7 @@ from trainer.update.sampler_correction import SAMPLER_CORRECTIONS
 
 def _spec_grader_tags() -> set[str]:
     """The grader types the API accepts, read from the published JSON schema (not from the
-    helpers in trainer.spec, so that a union built differently from GRADER_SPECS shows up)."""
+    helpers in jobspec, so that a union built differently from GRADER_SPECS shows up)."""
     items = JobSpec.model_json_schema()["properties"]["graders"]["items"]
     return set(items["discriminator"]["mapping"])
 
@@ -183,23 +183,23 @@ def test_with_rows_replaces_the_source_and_revalidates() -> None:
 
 
 def test_trainer_config_re_exports_every_spec_section() -> None:
-    import trainer.spec
-    from trainer.spec import base, dataset, graders, grpo, rows
+    import jobspec
+    from jobspec import base, dataset, graders, grpo, rows
 
     for module in (base, dataset, graders, grpo, rows):
         for name in module.__all__:
-            assert getattr(trainer.spec, name) is getattr(module, name), name
-            assert name in trainer.spec.__all__, name
+            assert getattr(jobspec, name) is getattr(module, name), name
+            assert name in jobspec.__all__, name
 
 
 def test_the_spec_and_the_graders_load_no_torch() -> None:
     """The API validates specs (RE2 included) and isolated graders' subprocesses import
-    trainer.graders: neither may pull in torch, numpy or the model stack."""
+    grading.graders: neither may pull in torch, numpy or the model stack."""
     import subprocess
     import sys
 
     code = (
-        "import sys, trainer.spec, trainer.graders, trainer.graders.pool; "
+        "import sys, jobspec, grading.graders, grading.graders.pool; "
         "print(','.join(sorted(m for m in ('torch', 'numpy', 'transformers', 'vllm') "
         "if m in sys.modules)))"
     )

@@ -152,8 +152,8 @@ def test_ranks_write_where_they_cannot_collide(tmp_path: Path) -> None:
 
 
 def test_launch_ranks_refuses_a_single_rank(tmp_path: Path) -> None:
+    from jobspec import JobSpec
     from tests.conftest import tiny_spec
-    from trainer.spec import JobSpec
 
     spec = JobSpec.model_validate(tiny_spec())
     with pytest.raises(ValueError, match="nproc >= 2"):
@@ -166,8 +166,8 @@ def test_launch_ranks_refuses_a_single_rank(tmp_path: Path) -> None:
     "recipe", ["tiny-smoke.yaml", "smollm2-arithmetic.yaml", "smollm2-arithmetic-lora.yaml"]
 )
 def test_a_spec_survives_its_trip_to_the_ranks_as_json(recipe: str) -> None:
+    from jobspec import JobSpec
     from trainer.run.cli import load_recipe
-    from trainer.spec import JobSpec
 
     spec = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / recipe)
     # As the worker hands it over: generated rows inline, a validation set appended.

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from jobspec import DatasetSpec, SavedDataset
+from jobspec.paths import allowed_dataset_folder
 from trainer.data.saved_datasets import saved_dataset_rows
 from trainer.errors import TrainerError
-from trainer.models.paths import allowed_dataset_folder
-from trainer.spec import DatasetSpec, SavedDataset
 
 datasets = pytest.importorskip("datasets")
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from app.core.tool_endpoints import ToolEndpoint, build_tool_endpoint_settings
+from jobspec import JobSpec
 from tests.conftest import free_port, tiny_spec
 from trainer.errors import TrainerError
-from trainer.spec import JobSpec
 from worker.agents import HttpEnvironment, HttpToolClient, http_agents
 from worker.runner import agent_endpoints
 

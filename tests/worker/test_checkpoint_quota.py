@@ -17,9 +17,9 @@ from app.core.db import make_engine, make_session_factory, session_scope
 from app.jobs import transitions
 from app.progress import repository as progress_repo
 from app.usage import service as checkpoint_quota
+from jobspec import JobSpec
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
 from trainer.run.callbacks import Callbacks, RunInfo
-from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.maintenance import purge_deleted_jobs

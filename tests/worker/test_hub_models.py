@@ -13,11 +13,11 @@ import pytest
 
 from app.core.db import make_engine, make_session_factory
 from app.core.settings import Settings
+from jobspec import JobSpec
 from tests.conftest import RecordingDispatcher, tiny_spec
 from tests.hub_cache import add_snapshot
 from tests.worker.test_runner import FakeResult, fake_trainer, job, make_job
 from trainer.run.callbacks import Callbacks
-from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.runner import run_job
 from worker.settings import build_worker_settings

@@ -38,10 +38,10 @@ from app.core.models import Job, JobEvent
 from app.core.settings import Settings
 from app.jobs import pausing, transitions
 from app.jobs import service as jobs_service
+from jobspec import JobSpec
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec, wait_until
 from tests.worker.test_runner import FakeResult
 from trainer.run.callbacks import Callbacks, RunInfo
-from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.maintenance import reap_stale_jobs
 from worker.runner import run_job

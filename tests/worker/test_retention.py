@@ -14,11 +14,11 @@ import torch
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.jobs import transitions
+from jobspec import JobSpec
 from tests.conftest import Api, RecordingDispatcher, tiny_spec
 from trainer.checkpoint.store import list_checkpoints, save_checkpoint
 from trainer.models.loading import load_policy, resolve_model
 from trainer.run.callbacks import Callbacks, RunInfo
-from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.lease import LeaseKeeper
 from worker.progress import DatabaseCallbacks

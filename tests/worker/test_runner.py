@@ -22,10 +22,10 @@ from app.jobs import pausing, transitions
 from app.jobs import service as jobs_service
 from app.jobs.quota import ActiveLimits
 from app.jobs.transitions import JobStatus
+from jobspec import JobSpec
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
 from trainer.errors import TrainerError
 from trainer.run.callbacks import Callbacks, RunInfo
-from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.progress import LeaseLost
 from worker.runner import Train, run_job

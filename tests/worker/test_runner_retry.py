@@ -17,11 +17,11 @@ from sqlalchemy import select
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.models import JobEvent
 from app.core.settings import Settings
+from jobspec import JobSpec
 from tests.conftest import RecordingDispatcher
 from tests.worker.test_runner import _control, fake_trainer, job, make_job, metric_steps
 from trainer.errors import RankFailed, TrainerError
 from trainer.run.callbacks import Callbacks, RunInfo
-from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.runner import Train, load_trainer, run_job
 from worker.settings import build_worker_settings

@@ -3,8 +3,8 @@ dataset's rows or the integrations themselves."""
 
 from __future__ import annotations
 
+from jobspec import JobSpec
 from tests.conftest import tiny_spec
-from trainer.spec import JobSpec
 from worker.trackers.params import MAX_PARAMS, MAX_VALUE_CHARS, flatten_spec
 
 

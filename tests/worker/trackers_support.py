@@ -25,9 +25,9 @@ from app.core.models import Job, JobEvent, JobMetric
 from app.core.settings import Settings
 from app.jobs import transitions
 from bench.metrics_read import start_mlflow as bench_start_mlflow
+from jobspec import JobSpec
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
 from trainer.run.callbacks import Callbacks, RunInfo
-from trainer.spec import JobSpec
 from worker.context import WorkerContext
 from worker.runner import Train
 from worker.settings import build_worker_settings

@@ -22,8 +22,8 @@ Owns (token ids and messages, no tensor math):
 - ``samples``: episodes as training samples (``Completion.loss_mask``), grader transcripts, the
   rollout viewer's bounded transcript and the ``episode/*``/``tools/*`` metrics.
 
-Uses: ``trainer.spec`` (``ToolSpec``, ``EpisodeSpec``), ``trainer.rollout.base``
-(``RolloutEngine``, ``Completion``), ``trainer.sandbox`` (``SandboxPool`` in call mode) and
+Uses: ``jobspec`` (``ToolSpec``, ``EpisodeSpec``), ``trainer.rollout.base``
+(``RolloutEngine``, ``Completion``), ``grading.sandbox`` (``SandboxPool`` in call mode) and
 ``trainer.seeding``. The update side needs nothing from here: ``Completion.loss_mask`` reaches
 the loss through ``trainer.update.inputs.pack_groups`` / ``trainer.update.batch.pack_batch``.
 

@@ -34,15 +34,15 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from trainer.agents.outside import OutsideText, PlainTextEncoder, outside
-from trainer.agents.parsing import TOOL_CALL_PARSERS, ParsedTurn, parser_family
-from trainer.spec.prompt_format import (
+from jobspec.prompt_format import (
     TOOL_RESULT_PREFIX,
     Message,
     default_tool_prompt,
     tool_result_message,
     with_tool_prompt,
 )
+from trainer.agents.outside import OutsideText, PlainTextEncoder, outside
+from trainer.agents.parsing import TOOL_CALL_PARSERS, ParsedTurn, parser_family
 
 __all__ = [
     "TOOL_RESULT_PREFIX",

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jobspec import EpisodeSpec
 from trainer.agents.chat import ChatFormat
 from trainer.agents.environment import Environment, EnvStep
 from trainer.agents.episode import Episode, token_delta
@@ -43,7 +44,6 @@ from trainer.agents.parsing import ToolCall
 from trainer.agents.tools import ToolResult, ToolRunner
 from trainer.rollout.base import Completion, RolloutEngine, prefix_cache_kept
 from trainer.seeding import derive_seed
-from trainer.spec import EpisodeSpec
 
 __all__ = ["EPISODE_ID_BYTES", "TurnSettings", "new_episode_id", "run_episodes", "start_episodes"]
 

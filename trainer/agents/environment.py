@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from trainer.sandbox import SandboxError, SandboxPool, SandboxSettings, build_sandbox_settings
+from grading.sandbox import SandboxError, SandboxPool, SandboxSettings, build_sandbox_settings
 
 __all__ = ["EnvStep", "Environment", "SandboxEnvironment", "env_step_from_json"]
 

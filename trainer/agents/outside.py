@@ -23,7 +23,7 @@ import re
 
 from transformers import PreTrainedTokenizerBase
 
-from trainer.spec.prompt_format import clean_json, clean_text
+from jobspec.prompt_format import clean_json, clean_text
 
 __all__ = ["OutsideText", "PlainTextEncoder", "clean_json", "clean_text", "outside"]
 

@@ -1,7 +1,7 @@
 """Tool calls out of an assistant turn's text, by the model family's format.
 
 The formats and their parsers are declared once, torch-free, in
-:mod:`trainer.spec.prompt_format`, where the served model reads them too (an agent trained here
+:mod:`jobspec.prompt_format`, where the served model reads them too (an agent trained here
 is called as an agent through ``/v1/chat/completions``); this module names them for the
 trainer and reads a tokenizer's family.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from trainer.spec.prompt_format import (
+from jobspec.prompt_format import (
     DEFAULT_FAMILY,
     MAX_CALLS_PER_TURN,
     TOOL_CALL_PARSERS,
@@ -39,6 +39,6 @@ __all__ = [
 
 def parser_family(tokenizer: PreTrainedTokenizerBase) -> str:
     """The tool-call format of the tokenizer's model family, read from its chat template
-    (:func:`~trainer.spec.prompt_format.template_family`)."""
+    (:func:`~jobspec.prompt_format.template_family`)."""
     template = getattr(tokenizer, "chat_template", None)
     return template_family(template if isinstance(template, str) else None)

@@ -1,5 +1,5 @@
 """The job's tools, run a turn's calls at a time: python tools in the grader sandbox
-(:class:`~trainer.sandbox.SandboxPool` in call mode, one pool per tool, with the sandbox's
+(:class:`~grading.sandbox.SandboxPool` in call mode, one pool per tool, with the sandbox's
 limits and ``episode.tool_timeout_s`` per call), http tools through an :class:`HttpTools` the
 worker provides (the operator's registered endpoints; the trainer never sees an address).
 
@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from grading.sandbox import SandboxError, SandboxPool, SandboxSettings, build_sandbox_settings
+from jobspec import HttpToolImplementation, PythonToolImplementation, ToolSpec
 from trainer.agents.parsing import ToolCall
-from trainer.sandbox import SandboxError, SandboxPool, SandboxSettings, build_sandbox_settings
-from trainer.spec import HttpToolImplementation, PythonToolImplementation, ToolSpec
 
 __all__ = ["MAX_RESULT_CHARS", "HttpTools", "ToolResult", "ToolRunner", "Toolbox"]
 

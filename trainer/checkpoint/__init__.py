@@ -1,5 +1,5 @@
 """What a run leaves on disk: checkpoint folders written, read and retained
-(:mod:`trainer.checkpoint.store`), the names of a checkpoint's files (:mod:`trainer.checkpoint.files`,
+(:mod:`trainer.checkpoint.store`), the names of a checkpoint's files (:mod:`jobspec.checkpoint_files`,
 torch-free: the API imports it), and export of a checkpoint as a plain model folder
 (:mod:`trainer.checkpoint.export`).
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint.files import MANIFEST, is_model_file
+from jobspec.checkpoint_files import MANIFEST, is_model_file
 from trainer.models.lora import (
     ADAPTER_CONFIG,
     adapter_config,

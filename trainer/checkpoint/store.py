@@ -14,7 +14,7 @@ It is written into a hidden temporary folder, every file fsynced, then renamed i
 ``checkpoint-*`` folder is always complete; a crash leaves only a temporary folder, which
 :func:`sweep_temp_dirs` removes on the next start.
 
-Which checkpoints are kept is the job spec's ``checkpoint`` section (``trainer.spec.checkpoint``:
+Which checkpoints are kept is the job spec's ``checkpoint`` section (``jobspec.checkpoint``:
 the newest N and the best by a metric). :func:`prune_checkpoints` applies that rule to an output
 folder, reading each checkpoint's metric value from its manifest (``extra[RETENTION_METRIC]``).
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 import time
 import uuid
@@ -39,17 +38,20 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedTokenizerBase
 
-from trainer.checkpoint.files import (
+from jobspec.checkpoint import CheckpointSpec
+from jobspec.checkpoint_files import (
+    CHECKPOINT_PREFIX,
     MANIFEST,
     OPTIMIZER_FILE,
     RNG_FILE,
     SHARDED_DIR,
     TRASH_PREFIX,
+    checkpoint_folder_name,
+    checkpoint_step,
     remove_folder,
 )
 from trainer.checkpoint.sharded import load_sharded
 from trainer.models.lora import ADAPTER_WEIGHTS, is_lora, load_adapter_weights
-from trainer.spec.checkpoint import CheckpointSpec
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -66,12 +68,10 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-CHECKPOINT_PREFIX = "checkpoint-"
 _TMP_PREFIX = ".tmp-checkpoint-"
 # The key of a checkpoint's ``extra`` that holds ``{"name": metric, "value": float | None}``: the
 # value of the spec's ``checkpoint.keep_best_by`` at or before the checkpoint's step.
 RETENTION_METRIC = "retention_metric"
-_NAME = re.compile(r"^checkpoint-(\d{6,})$")
 
 
 @dataclass
@@ -100,7 +100,7 @@ def new_temp_dir(output_dir: Path, step: int) -> Path:
 
 
 def checkpoint_path(output_dir: Path, step: int) -> Path:
-    return Path(output_dir) / f"{CHECKPOINT_PREFIX}{step:06d}"
+    return Path(output_dir) / checkpoint_folder_name(step)
 
 
 # --------------------------------------------------------------------------- durability
@@ -180,9 +180,9 @@ def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     if not root.is_dir():
         return []
     for entry in root.iterdir():
-        match = _NAME.match(entry.name)
-        if match and entry.is_dir() and (entry / MANIFEST).is_file():
-            out.append((int(match.group(1)), entry))
+        step = checkpoint_step(entry.name)
+        if step is not None and entry.is_dir() and (entry / MANIFEST).is_file():
+            out.append((step, entry))
     return sorted(out)
 
 

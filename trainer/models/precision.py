@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.spec import TrainingDtype
+from jobspec import TrainingDtype
 
 __all__ = [
     "autocast",

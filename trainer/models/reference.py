@@ -13,9 +13,9 @@ from typing import Any
 
 from torch import nn
 
+from jobspec import TrainingDtype
 from trainer.models.lora import adapters_disabled, is_lora
 from trainer.models.precision import frozen_reference
-from trainer.spec import TrainingDtype
 
 __all__ = ["Reference", "reference_for"]
 

@@ -23,7 +23,7 @@ Sampling semantics every engine follows, so that the trainer can treat them alik
 
 Adding an engine: its module under ``trainer/rollout/`` (built on this interface), a factory in
 :data:`trainer.rollout.registry.ROLLOUT_ENGINES` that imports that module lazily, and its name
-in ``trainer.spec.RolloutEngineName`` (a test checks the keys equal the spec's names).
+in ``jobspec.RolloutEngineName`` (a test checks the keys equal the spec's names).
 """
 
 from __future__ import annotations

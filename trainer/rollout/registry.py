@@ -5,8 +5,8 @@ declares.
 The engines' shared interface and helpers are in :mod:`trainer.rollout.base`; each engine's
 module builds on it, and each factory here imports its engine's module only when it runs, so
 that importing this module never imports vllm. Adding an engine: its module under
-``trainer/rollout/``, a factory here, its name in ``trainer.spec.RolloutEngineName`` and its
-traits (what starting it involves) in ``trainer.spec.traits.ROLLOUT_ENGINE_TRAITS`` (a test
+``trainer/rollout/``, a factory here, its name in ``jobspec.RolloutEngineName`` and its
+traits (what starting it involves) in ``jobspec.traits.ROLLOUT_ENGINE_TRAITS`` (a test
 checks the keys equal the spec's names).
 """
 
@@ -19,9 +19,9 @@ from typing import Any, Protocol
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from jobspec import RolloutEngineName
 from trainer.rollout.base import RolloutEngine
 from trainer.rollout.stop_tokens import stop_token_ids as declared_stop_token_ids
-from trainer.spec import RolloutEngineName
 
 DEFAULT_KV_BYTES = 2 << 30  # vLLM KV cache when the caller does not size it
 
@@ -100,7 +100,7 @@ def _transformers(
     )
 
 
-# Keys must equal trainer.spec.RolloutEngineName and trainer.spec.traits.ROLLOUT_ENGINE_TRAITS
+# Keys must equal jobspec.RolloutEngineName and jobspec.traits.ROLLOUT_ENGINE_TRAITS
 # (tests/trainer/test_registries.py).
 ROLLOUT_ENGINES: dict[RolloutEngineName, EngineFactory] = {
     "vllm": _vllm,

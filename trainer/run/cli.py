@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import yaml
 from pydantic import ValidationError
 
-from trainer.spec import JobSpec, RolloutEngineName
+from jobspec import JobSpec, RolloutEngineName
 
 if TYPE_CHECKING:
     from trainer.run.callbacks import ConsoleCallbacks

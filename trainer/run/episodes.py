@@ -17,7 +17,7 @@
   engine cannot hold more; reason ``max_episode_tokens``): the run says so in a warning event
   when it starts (:func:`episode_token_limit`).
 - Graders grade the episode's final answer as ``sample.output_text`` with the transcript as
-  ``sample.messages`` and ``sample.tool_calls`` (:class:`~trainer.spec.templates.EpisodeAnswer`).
+  ``sample.messages`` and ``sample.tool_calls`` (:class:`~jobspec.templates.EpisodeAnswer`).
 - The rollout viewer's samples carry each episode's turns, bounded
   (:func:`~trainer.agents.sample_transcript`, ``CompletionSample.transcript``).
 - The environment's reward (the sum of its steps' rewards; 0 when it gave none) is a reward
@@ -44,6 +44,16 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from jobspec import (
+    DatasetSpec,
+    EpisodeSpec,
+    GRPOSpec,
+    HttpEnvironment,
+    HttpToolImplementation,
+    JobSpec,
+    PythonEnvironment,
+)
+from jobspec.templates import EpisodeAnswer
 from trainer.agents import (
     ChatFormat,
     Environment,
@@ -72,16 +82,6 @@ from trainer.rollout.base import (
 from trainer.rollout.stop_tokens import stop_token_ids
 from trainer.run.setup import Given, RunSetup
 from trainer.scoring.sampling import Rolled
-from trainer.spec import (
-    DatasetSpec,
-    EpisodeSpec,
-    GRPOSpec,
-    HttpEnvironment,
-    HttpToolImplementation,
-    JobSpec,
-    PythonEnvironment,
-)
-from trainer.spec.templates import EpisodeAnswer
 
 __all__ = [
     "ENVIRONMENT_REWARD",

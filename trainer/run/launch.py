@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import trainer
+from jobspec import JobSpec
 from trainer.distributed.timeout import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, dist_timeout_s
 from trainer.errors import DistributedTimeout, RankFailed
 from trainer.run.callbacks import Callbacks
@@ -60,7 +61,6 @@ from trainer.run.relay import (
     RelayTimeout,
     deliver,
 )
-from trainer.spec import JobSpec
 
 if TYPE_CHECKING:
     from trainer.run.loop import TrainResult

@@ -22,10 +22,11 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from grading.graders import Grader
+from jobspec import JobSpec
 from trainer.agents import Environment, HttpTools
 from trainer.distributed.world import World, init_world, world_from_env
 from trainer.errors import NonFiniteLossError, TrainerError
-from trainer.graders import Grader
 from trainer.models.reference import Reference
 from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine
@@ -47,7 +48,6 @@ from trainer.run.step_update import StepContext, train_on
 from trainer.scoring.collect import collect_groups
 from trainer.scoring.rewards import RewardFn, Scorer
 from trainer.scoring.sampling import Rollout, SingleTurn, merge_metrics
-from trainer.spec import JobSpec
 from trainer.update.inputs import kl_only_groups
 
 __all__ = ["NonFiniteLossError", "TrainResult", "TrainerError", "train"]

@@ -5,7 +5,7 @@ Names emitted by the loop:
 ``reward/<grader>/errors`` (how many of the step's calls of that grader failed and scored 0:
 it raised, returned something that is not a score in [0, 1], or ran past its time limit),
 ``reward/errors`` (the sum over graders) and ``reward/timeouts`` (of those, the calls that ran
-past their time limit; only isolated graders have one, see ``trainer.graders.pool``), and
+past their time limit; only isolated graders have one, see ``grading.graders.pool``), and
 ``frac_zero_std_groups``, ``completion_len/mean``, ``completion_len/max``, ``truncated_frac``
 over EVERY completion sampled in the step (all dynamic-sampling rounds, kept or dropped: the
 honest learning curve; rewards before overlong/KL shaping);
@@ -44,14 +44,14 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from grading.graders import Item
+from jobspec import GRPOSpec, KLEstimatorName
 from trainer.data.dataset import Example
-from trainer.graders import Item
 from trainer.rollout.base import RolloutEngine
 from trainer.run.callbacks import CompletionSample, RolloutSample
 from trainer.scoring.collect import Collected, Group
 from trainer.scoring.rewards import Scorer
 from trainer.scoring.sampling import Rollout
-from trainer.spec import GRPOSpec, KLEstimatorName
 from trainer.update import kl as kl_math
 from trainer.update.batch import Batch
 from trainer.update.inputs import Scored

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from jobspec import GRPOSpec
 from trainer.distributed.world import World
 from trainer.run.metrics import update_metrics, update_step_metrics
 from trainer.scoring.collect import Group
-from trainer.spec import GRPOSpec
 from trainer.update.batch import Batch
 from trainer.update.inputs import Scored, pack_groups
 from trainer.update.policy_update import PreUpdate, UpdateStats

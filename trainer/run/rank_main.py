@@ -21,10 +21,10 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+from jobspec import JobSpec
 from trainer.errors import TrainerError
 from trainer.run.callbacks import Callbacks
 from trainer.run.relay import Failed, Finished, RelayCallbacks, connect_from_env
-from trainer.spec import JobSpec
 
 __all__ = ["main", "pid_file", "set_parent_death_signal"]
 

@@ -21,6 +21,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import PreTrainedTokenizerBase
 
+from grading.graders import Grader
+from jobspec import JobSpec
+from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.agents import Environment, HttpTools
 from trainer.checkpoint.store import sweep_temp_dirs
 from trainer.data.dataset import (
@@ -34,7 +37,6 @@ from trainer.data.dataset import (
 from trainer.distributed.sharding import mesh_for, shard_model
 from trainer.distributed.weights import Mirror
 from trainer.distributed.world import World
-from trainer.graders import Grader
 from trainer.models.loading import (
     disable_dropout,
     enable_gradient_checkpointing,
@@ -48,8 +50,6 @@ from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine, start_engine
 from trainer.run.callbacks import Callbacks, RunInfo
 from trainer.scoring.rewards import RewardFn, Scorer, resolve_scorer
-from trainer.spec import JobSpec
-from trainer.spec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.update.optim import build_optimizer
 from trainer.update.policy_update import NonFiniteGuard
 from trainer.update.schedule import make_scheduler

@@ -1,6 +1,6 @@
 """A step's rollouts and their rewards: the scorer that turns completions into rewards (graders
 or a reward function, :mod:`trainer.scoring.rewards`), the subprocess pool that runs isolated
-graders under a deadline (:mod:`trainer.graders.pool`, torch-free: the API runs graders
+graders under a deadline (:mod:`grading.graders.pool`, torch-free: the API runs graders
 too), and the collection of a step's groups from the rollout engine, with DAPO dynamic sampling
 (:mod:`trainer.scoring.collect`).
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from jobspec import GRPOSpec
 from trainer.data.dataset import Example, PromptSampler
 from trainer.distributed.world import World
 from trainer.models.memory import release_free_memory
@@ -20,7 +21,6 @@ from trainer.rollout.base import Completion, RolloutEngine
 from trainer.scoring.rewards import Scorer, score_batch
 from trainer.scoring.sampling import Rolled, Rollout, SingleTurn
 from trainer.seeding import derive_seed
-from trainer.spec import GRPOSpec
 
 __all__ = ["Collected", "Group", "collect_groups", "prompts_for_round", "zero_variance_groups"]
 

@@ -6,12 +6,12 @@ reports ``reward/<name>/mean`` for each of ``scorer.names``. ``scorer.max_total`
 fully correct completion reaches: evaluation counts a held-out row as correct at that total, and
 reports the mean total reward instead when it is 0 or less (see ``trainer.run.metrics``).
 
-A scorer that fails quietly (a :class:`~trainer.graders.GraderSet` scores a failed grader call
+A scorer that fails quietly (a :class:`~grading.graders.GraderSet` scores a failed grader call
 0) also counts those failures: it is a :class:`CountingScorer`, with a ``score_batch`` method.
 The step collection calls :func:`score_batch`, which uses it when the scorer has one, and
 reports the counts as ``reward/<name>/errors``, ``reward/errors`` and ``reward/timeouts``.
 
-A :class:`~trainer.graders.GraderSet` is a Scorer. :class:`RewardFunction` makes one out of a
+A :class:`~grading.graders.GraderSet` is a Scorer. :class:`RewardFunction` makes one out of a
 function ``fn(completions, items) -> rewards`` for callers who would rather write Python than
 grader specs (``train(..., reward_fn=fn)`` wraps it).
 """
@@ -23,8 +23,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from trainer.graders import BatchGrader, Grader, GraderSet, Item, ScoreBatch, build_graders
-from trainer.spec import GraderSpec
+from grading.graders import BatchGrader, Grader, GraderSet, Item, ScoreBatch, build_graders
+from jobspec import GraderSpec
 
 __all__ = [
     "CountingScorer",

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from jobspec import GRPOSpec
 from trainer.data.dataset import Example
 from trainer.rollout.base import Completion, RolloutEngine
-from trainer.spec import GRPOSpec
 
 __all__ = ["Rolled", "Rollout", "SingleTurn", "merge_metrics"]
 

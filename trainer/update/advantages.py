@@ -6,7 +6,7 @@ All standard deviations here are population standard deviations (``unbiased=Fals
 ``unbiased=True`` a group of G = 1 would give NaN.
 
 Adding a scale: one function here, an entry in :data:`ADVANTAGE_SCALES`, and its name in
-``trainer.spec.AdvantageScale`` (the spec declares the names; a test checks they match).
+``jobspec.AdvantageScale`` (the spec declares the names; a test checks they match).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from trainer.spec import AdvantageScale
+from jobspec import AdvantageScale
 
 
 def _as_float(rewards: Tensor) -> Tensor:
@@ -41,7 +41,7 @@ def _unscaled(rewards: Tensor, centred: Tensor, eps: float) -> Tensor:
 
 
 # (rewards [N_groups, G], rewards minus their group mean [N_groups, G], eps) -> advantages.
-# Keys must equal trainer.spec.AdvantageScale (tests/trainer/test_registries.py).
+# Keys must equal jobspec.AdvantageScale (tests/trainer/test_registries.py).
 ADVANTAGE_SCALES: dict[AdvantageScale, Callable[[Tensor, Tensor, float], Tensor]] = {
     "group": _group_std,
     "batch": _batch_std,

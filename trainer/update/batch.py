@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from jobspec import TrainingDtype
 from trainer.models.memory import release_free_memory
 from trainer.models.precision import autocast
-from trainer.spec import TrainingDtype
 from trainer.update.logprobs import completion_logprobs
 
 __all__ = [

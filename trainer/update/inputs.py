@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from jobspec import GRPOSpec
 from trainer.models.reference import Reference
 from trainer.scoring.collect import Collected, Group
-from trainer.spec import GRPOSpec
 from trainer.update import kl as kl_math
 from trainer.update.advantages import group_advantages, leave_one_out_centred
 from trainer.update.batch import Batch, forward_logprobs, pack_batch
@@ -234,7 +234,7 @@ def compute_advantages(shaped: Tensor, penalty: Tensor | None, spec: GRPOSpec) -
     depends on the samples (0.16x to 12x of beta, pointing elsewhere); had it been left out of
     groups whose task rewards are all equal (where most of the late drift happens), the
     penalty would vanish exactly where it is needed. So it holds in every group, under every
-    scaling (tests/trainer/test_kl_reward.py enumerates all K^G groups), and the update keeps
+    scaling (tests/trainer/update/test_kl_reward.py enumerates all K^G groups), and the update keeps
     it exact under every loss aggregation (tests/trainer/update/test_kl_exact.py).
     """
     return split_advantages(shaped, penalty, spec).total

@@ -27,7 +27,7 @@ k1_causal      ``-d`` (its value is k1)     ``grad KL_seq`` exactly: each token'
 distribution toward the reference but ignores that changing an early token changes which
 prefixes the later positions see. On one categorical (a one-token completion) it equals
 ``grad KL``; on longer completions it does not (Tang & Munos 2025; on the 2-token toy of
-tests/trainer/test_kl_sequence.py the relative error to ``grad KL_seq`` is 0.3 to 0.9).
+tests/trainer/update/test_kl_sequence.py the relative error to ``grad KL_seq`` is 0.3 to 0.9).
 ``k1_causal`` is the score-function gradient of the sequence KL,
 ``E[sum_t grad log pi_t * sum_{s>=t} k1_s]`` (terms with ``s < t`` have zero expectation),
 which is ``grad KL_seq`` on-policy; like k2 it is biased off-policy (``num_iterations > 1``).
@@ -43,11 +43,11 @@ With ``penalty = sum_t k1_t = log pi(y) - log ref(y)`` that is exactly ``grad KL
 (``E[grad log pi] = 0`` removes the rest), and for no other estimator here: enumeration on a
 small categorical gives errors of 0.17 (k2) and 0.20 (k3, k3_unbiased). So the reward-side
 penalty is always :data:`REWARD_ESTIMATOR`, whatever estimator a job names for its reported
-``kl`` metric (tests/trainer/test_kl_reward.py enumerates every combination).
+``kl`` metric (tests/trainer/update/test_kl_reward.py enumerates every combination).
 
 Adding an estimator: one function here, an entry in :data:`KL_ESTIMATORS`, its name in
-``trainer.spec.KLEstimatorName`` and its exactness per placement (the table above) in
-``trainer.spec.traits.KL_ESTIMATOR_TRAITS``, which validation's warnings read (the spec declares
+``jobspec.KLEstimatorName`` and its exactness per placement (the table above) in
+``jobspec.traits.KL_ESTIMATOR_TRAITS``, which validation's warnings read (the spec declares
 the names; a test checks they match).
 """
 
@@ -58,8 +58,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from trainer.spec import KLEstimatorName
-from trainer.spec.traits import KL_REWARD_PENALTY
+from jobspec import KLEstimatorName
+from jobspec.traits import KL_REWARD_PENALTY
 
 
 class _StraightThroughClamp(torch.autograd.Function):
@@ -184,7 +184,7 @@ def _k1_causal(
 # score-function gradient is the gradient of KL(pi || ref). Declared with the estimators' traits.
 REWARD_ESTIMATOR: KLEstimatorName = KL_REWARD_PENALTY
 
-# Keys must equal trainer.spec.KLEstimatorName and trainer.spec.traits.KL_ESTIMATOR_TRAITS
+# Keys must equal jobspec.KLEstimatorName and jobspec.traits.KL_ESTIMATOR_TRAITS
 # (how exact each is per placement) (tests/trainer/test_registries.py).
 KL_ESTIMATORS: dict[KLEstimatorName, KLEstimatorFn] = {
     "none": _none,

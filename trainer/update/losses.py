@@ -10,7 +10,7 @@ aggregated apart from the policy's task term, with the constant normaliser of
 aggregation.
 
 Adding an aggregation: one function here, an entry in :data:`LOSS_AGGREGATIONS`, and its name in
-``trainer.spec.LossAggregation`` (the spec declares the names; a test checks they match).
+``jobspec.LossAggregation`` (the spec declares the names; a test checks they match).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from trainer.spec import LossAggregation
+from jobspec import LossAggregation
 
 
 class SurrogateResult(NamedTuple):
@@ -230,7 +230,7 @@ def _seq_mean_token_sum_norm(
     return _over_sequences(per_seq, mask, total_sequences)
 
 
-# Keys must equal trainer.spec.LossAggregation (tests/trainer/test_registries.py).
+# Keys must equal jobspec.LossAggregation (tests/trainer/test_registries.py).
 LOSS_AGGREGATIONS: dict[LossAggregation, AggregationFn] = {
     "token_mean": _token_mean,
     "seq_mean_token_mean": _seq_mean_token_mean,

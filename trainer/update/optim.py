@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from jobspec import GRPOSpec
 from trainer.models.lora import trainable_parameters
-from trainer.spec import GRPOSpec
 
 
 def decay_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:

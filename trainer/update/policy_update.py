@@ -15,13 +15,13 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from jobspec import GRPOSpec
 from trainer.distributed.sharding import backward_scale, full_value
 from trainer.distributed.world import World
 from trainer.errors import NonFiniteLossError
 from trainer.models.memory import release_free_memory
 from trainer.models.precision import autocast
 from trainer.seeding import derive_seed
-from trainer.spec import GRPOSpec
 from trainer.update import kl as kl_math
 from trainer.update import losses
 from trainer.update.batch import Batch, by_length, micro_inputs

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from trainer.spec import SamplerCorrectionMode
+from jobspec import SamplerCorrectionMode
 
 __all__ = ["SAMPLER_CORRECTIONS", "Correction", "correction_weights", "mismatch_metrics"]
 
@@ -71,7 +71,7 @@ def _none(log_ratio: Tensor, cap: float) -> Correction:
 
 
 # mode -> ([B, T] clamped per-token log-ratios, cap) -> Correction (before padding is zeroed).
-# Keys must equal trainer.spec.SamplerCorrectionMode (tests/trainer/test_registries.py).
+# Keys must equal jobspec.SamplerCorrectionMode (tests/trainer/test_registries.py).
 SAMPLER_CORRECTIONS: dict[SamplerCorrectionMode, Callable[[Tensor, float], Correction]] = {
     "none": _none,
     "token_truncate": _truncate,

@@ -8,7 +8,7 @@ import math
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer.spec import GRPOSpec
+from jobspec import GRPOSpec
 
 __all__ = ["lr_factor", "make_scheduler"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from trainer.spec import JobSpec, MlflowIntegration, WandbIntegration
-from trainer.spec.integrations import normalized_uri
+from jobspec import JobSpec, MlflowIntegration, WandbIntegration
+from jobspec.integrations import normalized_uri
 from worker.settings import WorkerSettings
 from worker.trackers.exporter import Exporter, Outcome, Report, Tracker
 from worker.trackers.mlflow import MlflowTracker

@@ -15,6 +15,7 @@ import torch
 import yaml
 from transformers import PreTrainedTokenizerBase
 
+from jobspec import JobSpec
 from tests.agent_jobs import (
     CALCULATOR,
     HOSTILE,
@@ -29,7 +30,6 @@ from trainer.errors import TrainerError
 from trainer.run.callbacks import Callbacks, RolloutSample
 from trainer.run.cli import main
 from trainer.run.loop import train
-from trainer.spec import JobSpec
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from jobspec import DatasetSpec
 from trainer.agents import (
     chat_format,
     default_tool_prompt,
@@ -18,7 +19,6 @@ from trainer.agents import (
 from trainer.agents.chat import TOOL_RESULT_PREFIX
 from trainer.data.dataset import Example
 from trainer.run.episodes import conversation
-from trainer.spec import DatasetSpec
 
 TOOLS = [
     {

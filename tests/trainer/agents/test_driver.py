@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerBase
 
+from jobspec import EpisodeSpec
 from tests.agent_jobs import SMOL_END, ScriptedEngine
 from trainer.agents import (
     EnvStep,
@@ -25,7 +26,6 @@ from trainer.agents import (
 )
 from trainer.agents.chat import ChatFormat
 from trainer.agents.episode import END_REASONS, Episode
-from trainer.spec import EpisodeSpec
 
 TOOLS = [
     {

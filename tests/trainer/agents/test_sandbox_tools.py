@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from grading.sandbox import build_sandbox_settings
+from jobspec import ToolSpec
 from trainer.agents import SandboxEnvironment, Toolbox, ToolCall
-from trainer.sandbox import build_sandbox_settings
-from trainer.spec import ToolSpec
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from transformers import PreTrainedTokenizerBase
 
+from jobspec import GRPOSpec, JobSpec
 from tests.agent_jobs import ScriptedEngine, agent_job
 from tests.trainer.agents.test_driver import drifting, thinking_reply
 from trainer.agents import ToolResult
 from trainer.data.dataset import Example
 from trainer.run.episodes import AgentRollout
-from trainer.spec import GRPOSpec, JobSpec
 
 HTTP_CALCULATOR = {
     "type": "function",

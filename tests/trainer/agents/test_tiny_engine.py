@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from jobspec import EpisodeSpec, GRPOSpec
 from trainer.agents import (
     EnvStep,
     TurnSettings,
@@ -23,7 +24,6 @@ from trainer.agents import (
 from trainer.models.loading import load_policy, resolve_model
 from trainer.rollout.base import Completion
 from trainer.rollout.hf_engine import HFEngine
-from trainer.spec import EpisodeSpec, GRPOSpec
 from trainer.update import policy_update
 from trainer.update.batch import pack_batch
 from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates

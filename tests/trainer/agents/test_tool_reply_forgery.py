@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
+from grading.sandbox import build_sandbox_settings
+from jobspec import ToolSpec
 from trainer.agents import Toolbox, ToolCall
-from trainer.sandbox import build_sandbox_settings
-from trainer.spec import ToolSpec
 
 pytestmark = [
     pytest.mark.process,

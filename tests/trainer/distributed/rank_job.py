@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
+from jobspec import JobSpec
 from trainer.run.callbacks import Callbacks
 from trainer.run.loop import train
-from trainer.spec import JobSpec
 
 
 class _Steps(Callbacks):

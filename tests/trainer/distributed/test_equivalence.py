@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from jobspec import JobSpec
 from trainer.run.loop import train
-from trainer.spec import JobSpec
 
 HERE = Path(__file__).resolve().parent
 STEPS = 3

@@ -56,9 +56,9 @@ def test_an_agent_jobs_cache_holds_episodes_of_at_most_the_models_context() -> N
     there (the cache was 4 times what any episode could use)."""
     from torch import nn
 
+    from jobspec import JobSpec
     from tests.trainer.test_loop import tiny_spec
     from trainer.rollout.startup import max_model_len, run_kv_cache_bytes
-    from trainer.spec import JobSpec
 
     tool = {
         "type": "function",

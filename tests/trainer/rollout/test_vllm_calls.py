@@ -23,13 +23,13 @@ import pytest
 import torch
 from torch import nn
 
+from jobspec import LoraSpec
 from tests.trainer.conftest import tiny_llama
 from tests.trainer.test_loop import tiny_spec
 from trainer.models.loading import build_tiny_tokenizer
 from trainer.models.lora import apply_lora, engine_state_dict
 from trainer.rollout import base as rollout_base
 from trainer.rollout import startup
-from trainer.spec import LoraSpec
 
 vllm = pytest.importorskip("vllm")  # GPU test machines carry no vLLM build
 

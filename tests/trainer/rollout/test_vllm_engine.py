@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from jobspec import EpisodeSpec
 from tests.trainer.rollout.conftest import chat_prompts, teacher_forced_logprobs
 from trainer.agents import EnvStep, Episode, TurnSettings, chat_format, run_episodes, start_episodes
 from trainer.models.loading import load_policy, resolve_model
 from trainer.rollout.base import Completion
 from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.registry import make_engine
-from trainer.spec import EpisodeSpec
 
 pytest.importorskip("vllm")  # GPU test machines carry no vLLM build
 

@@ -32,6 +32,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from jobspec import GRPOSpec, LossAggregation
 from trainer.data.dataset import Example, PromptSampler
 from trainer.distributed.world import World
 from trainer.models.reference import Reference
@@ -39,7 +40,6 @@ from trainer.rollout.base import Completion
 from trainer.run.rank_batch import rank_batch
 from trainer.scoring.collect import collect_groups
 from trainer.scoring.rewards import RewardFunction
-from trainer.spec import GRPOSpec, LossAggregation
 from trainer.update.inputs import (
     kl_only_groups,
     needs_old_logprobs,

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import Tensor
 
+from jobspec import GRPOSpec
 from tests.trainer.conftest import tiny_llama
-from trainer.spec import GRPOSpec
 from trainer.update import policy_update
 from trainer.update.batch import Batch, pack_batch
 from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from jobspec import GRPOSpec
 from trainer.rollout.base import Completion
 from trainer.scoring.collect import Group
-from trainer.spec import GRPOSpec
 from trainer.update.inputs import pack_groups, shaped_rewards
 from trainer.update.shaping import longest_turns
 

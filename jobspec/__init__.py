@@ -1,0 +1,182 @@
+"""The GRPO job spec, whole: one pydantic model (:class:`JobSpec`, in ``job``) shared by the API
+(validation) and the trainer (execution), its sections by topic (``base``, ``dataset``,
+``graders``, ``grpo``, ``adaptation``, ``agents``, ``integrations``, ``checkpoint``, ``model_source``,
+``resources``), the
+validators they need (``expressions``, ``templates``, ``regex``, ``row_budget``) and what each
+registered name is beyond its name (``traits``).
+
+This package is the one front door: ``from jobspec import JobSpec, GRPOSpec, ...``. It is
+torch-free (the API imports it; an import contract checks) and imports nothing else of the
+trainer.
+"""
+
+from __future__ import annotations
+
+from jobspec.adaptation import (
+    ALL_LINEAR,
+    LoraSpec,
+    TrainingDtype,
+)
+from jobspec.agents import (
+    MAX_TOOLS,
+    EnvironmentSpec,
+    EpisodeSpec,
+    HttpEnvironment,
+    HttpToolImplementation,
+    PythonEnvironment,
+    PythonToolImplementation,
+    ToolFunction,
+    ToolImplementation,
+    ToolSpec,
+)
+from jobspec.base import (
+    MAX_HOLDOUT_ROWS,
+    MAX_INLINE_ROWS,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TEXT_CHARS,
+    MAX_TOKENS,
+    StrictModel,
+    literal_tag,
+    text_problem,
+)
+from jobspec.checkpoint import (
+    METRIC_NAME_PATTERN,
+    BestMode,
+    CheckpointSpec,
+)
+from jobspec.dataset import ArithmeticGenerator, DatasetSpec, SavedDataset
+from jobspec.graders import (
+    GRADER_SPECS,
+    GRADER_TYPES,
+    MAX_LENGTH_CHARS,
+    MAX_PATTERN_CHARS,
+    REGEX_MAX_MEM,
+    ExactMatchGrader,
+    GraderSpec,
+    GraderSpecBase,
+    GraderSpecUnion,
+    LengthGrader,
+    MathGrader,
+    MultiGrader,
+    NumericMatchGrader,
+    PythonGrader,
+    RegexGrader,
+    ScoreModelGrader,
+    StringCheckGrader,
+    TextSimilarityGrader,
+    compile_regex,
+    grader_name,
+)
+from jobspec.grpo import (
+    MAX_COMPLETIONS_PER_UPDATE,
+    AdvantageScale,
+    DynamicSamplingSpec,
+    EvalSpec,
+    GRPOSpec,
+    KLEstimatorName,
+    KLPlacement,
+    KLSpec,
+    LossAggregation,
+    OverlongSpec,
+    RolloutEngineName,
+    RolloutSpec,
+    SamplerCorrectionMode,
+    SamplerCorrectionSpec,
+)
+from jobspec.integrations import (
+    INTEGRATION_TYPES,
+    IntegrationSpec,
+    MlflowIntegration,
+    WandbIntegration,
+)
+from jobspec.job import (
+    PACKAGED_MODELS,
+    InitFrom,
+    JobSpec,
+    spec_limits_violations,
+)
+from jobspec.model_source import (
+    is_hub_repo_id,
+)
+from jobspec.resources import MAX_DEVICES, ResourcesSpec
+from jobspec.rows import ChatMessage, PromptRow, row_fields_problem
+
+__all__ = [
+    "ALL_LINEAR",
+    "GRADER_SPECS",
+    "GRADER_TYPES",
+    "INTEGRATION_TYPES",
+    "MAX_COMPLETIONS_PER_UPDATE",
+    "MAX_DEVICES",
+    "MAX_HOLDOUT_ROWS",
+    "MAX_INLINE_ROWS",
+    "MAX_LENGTH_CHARS",
+    "MAX_PATTERN_CHARS",
+    "MAX_SEED",
+    "MAX_STEPS",
+    "MAX_TEXT_CHARS",
+    "MAX_TOKENS",
+    "MAX_TOOLS",
+    "METRIC_NAME_PATTERN",
+    "PACKAGED_MODELS",
+    "REGEX_MAX_MEM",
+    "AdvantageScale",
+    "ArithmeticGenerator",
+    "BestMode",
+    "ChatMessage",
+    "CheckpointSpec",
+    "DatasetSpec",
+    "DynamicSamplingSpec",
+    "EnvironmentSpec",
+    "EpisodeSpec",
+    "EvalSpec",
+    "ExactMatchGrader",
+    "GRPOSpec",
+    "GraderSpec",
+    "GraderSpecBase",
+    "GraderSpecUnion",
+    "HttpEnvironment",
+    "HttpToolImplementation",
+    "InitFrom",
+    "IntegrationSpec",
+    "JobSpec",
+    "KLEstimatorName",
+    "KLPlacement",
+    "KLSpec",
+    "LengthGrader",
+    "LoraSpec",
+    "LossAggregation",
+    "MathGrader",
+    "MlflowIntegration",
+    "MultiGrader",
+    "NumericMatchGrader",
+    "OverlongSpec",
+    "PromptRow",
+    "PythonEnvironment",
+    "PythonGrader",
+    "PythonToolImplementation",
+    "RegexGrader",
+    "ResourcesSpec",
+    "RolloutEngineName",
+    "RolloutSpec",
+    "SamplerCorrectionMode",
+    "SamplerCorrectionSpec",
+    "SavedDataset",
+    "ScoreModelGrader",
+    "StrictModel",
+    "StringCheckGrader",
+    "TextSimilarityGrader",
+    "ToolFunction",
+    "ToolImplementation",
+    "ToolSpec",
+    "TrainingDtype",
+    "WandbIntegration",
+    "compile_regex",
+    "grader_name",
+    "is_hub_repo_id",
+    "literal_tag",
+    "row_fields_problem",
+    "spec_limits_violations",
+    "text_problem",
+]
