@@ -18,10 +18,13 @@ WORKDIR /srv/grpo
 COPY pyproject.toml README.md alembic.ini ./
 COPY app ./app
 # The torch-free ground the API stands on: the job spec (with the model-folder rule and the
-# names of a checkpoint's trainer-only files) and the graders (their templates, formulas,
-# sandbox, subprocess pool and judge client, which POST /v1/graders/run runs). Nothing of trainer/.
+# names of a checkpoint's trainer-only files), the graders (each type's spec and runtime, their
+# templates, formulas, sandbox, subprocess pool, and the operator endpoints' registry and client,
+# which admission and POST /v1/graders/run use) and the strict model both derive from (specbase).
+# Nothing of trainer/.
 COPY jobspec ./jobspec
 COPY grading ./grading
+COPY specbase ./specbase
 COPY grpo_cli ./grpo_cli
 COPY migrations ./migrations
 COPY worker/__init__.py ./worker/__init__.py

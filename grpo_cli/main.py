@@ -19,7 +19,7 @@ def _add_inference(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     inference = sub.add_parser(
         "inference",
         help="Serve trained models: vLLM engines started on demand, behind a control API the "
-        "API's gateway calls (settings: GRPO_INFERENCE_*, docs/serving.md).",
+        "API's gateway calls (settings: GRPO_INFERENCE_*, docs/inference.md).",
     )
     inference.add_argument("--host", default=None, help="Control API address (127.0.0.1).")
     inference.add_argument("--port", type=int, default=None, help="Control API port (8100).")
@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 def _inference(args: argparse.Namespace, settings: Settings) -> int:
     from pydantic import ValidationError
 
-    from serving.process import run_inference
-    from serving.settings import build_inference_settings
+    from inference.process import run_inference
+    from inference.settings import build_inference_settings
 
     given = {"host": args.host, "port": args.port, "bases": args.bases}
     try:

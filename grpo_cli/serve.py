@@ -61,7 +61,7 @@ def start_worker_process(log_path: Path) -> subprocess.Popen[bytes]:
 def start_inference_process(log_path: Path, token: str) -> subprocess.Popen[bytes]:
     """`grpo inference` beside the embedded worker, guarded by ``token`` (the API's
     ``inference_token``). The embedded default is one machine by design, so its engines share
-    the worker's device (serving.devices) on purpose."""
+    the worker's device (inference.devices) on purpose."""
     env = os.environ.copy()
     env["GRPO_INFERENCE_TOKEN"] = token
     env.setdefault("GRPO_INFERENCE_SHARE_DEVICES", "1")

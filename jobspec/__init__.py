@@ -1,17 +1,41 @@
 """The GRPO job spec, whole: one pydantic model (:class:`JobSpec`, in ``job``) shared by the API
-(validation) and the trainer (execution), its sections by topic (``base``, ``dataset``,
-``graders``, ``grpo``, ``adaptation``, ``agents``, ``integrations``, ``checkpoint``, ``model_source``,
-``resources``), the
-validators they need (``expressions``, ``templates``, ``regex``, ``row_budget``) and what each
+(validation) and the trainer (execution), its sections by topic (``base``: the shared bounds,
+``dataset``, ``grpo``, ``adaptation``, ``agents``, ``integrations``, ``checkpoint``,
+``model_source``, ``resources``), the validators they need (``row_budget``) and what each
 registered name is beyond its name (``traits``).
 
+Every section is a :class:`specbase.StrictModel`. The ``graders`` section is the union of grader
+types, re-exported here from :mod:`grading.graders`, where each type's spec class sits beside
+its runtime (one module each) with the bounded parsers of what tenants write in them
+(templates, formulas, RE2 patterns, Python source). ``grading`` imports nothing of this package:
+both stand on ``specbase``.
+
 This package is the one front door: ``from jobspec import JobSpec, GRPOSpec, ...``. It is
-torch-free (the API imports it; an import contract checks) and imports nothing else of the
-trainer.
+torch-free (the API imports it; an import contract checks) and imports nothing of the trainer.
 """
 
 from __future__ import annotations
 
+from grading.graders import (
+    GRADER_SPECS,
+    GRADER_TYPES,
+    ExactMatchGrader,
+    GraderSpec,
+    GraderSpecBase,
+    GraderSpecUnion,
+    LengthGrader,
+    MathGrader,
+    MultiGrader,
+    NumericMatchGrader,
+    PythonGrader,
+    RegexGrader,
+    ScoreModelGrader,
+    StringCheckGrader,
+    TextSimilarityGrader,
+    grader_name,
+)
+from grading.graders.length import MAX_LENGTH_CHARS
+from grading.regex import MAX_PATTERN_CHARS, REGEX_MAX_MEM, compile_regex
 from jobspec.adaptation import (
     ALL_LINEAR,
     LoraSpec,
@@ -36,9 +60,6 @@ from jobspec.base import (
     MAX_STEPS,
     MAX_TEXT_CHARS,
     MAX_TOKENS,
-    StrictModel,
-    literal_tag,
-    text_problem,
 )
 from jobspec.checkpoint import (
     METRIC_NAME_PATTERN,
@@ -46,28 +67,6 @@ from jobspec.checkpoint import (
     CheckpointSpec,
 )
 from jobspec.dataset import ArithmeticGenerator, DatasetSpec, SavedDataset
-from jobspec.graders import (
-    GRADER_SPECS,
-    GRADER_TYPES,
-    MAX_LENGTH_CHARS,
-    MAX_PATTERN_CHARS,
-    REGEX_MAX_MEM,
-    ExactMatchGrader,
-    GraderSpec,
-    GraderSpecBase,
-    GraderSpecUnion,
-    LengthGrader,
-    MathGrader,
-    MultiGrader,
-    NumericMatchGrader,
-    PythonGrader,
-    RegexGrader,
-    ScoreModelGrader,
-    StringCheckGrader,
-    TextSimilarityGrader,
-    compile_regex,
-    grader_name,
-)
 from jobspec.grpo import (
     MAX_COMPLETIONS_PER_UPDATE,
     AdvantageScale,
@@ -101,6 +100,7 @@ from jobspec.model_source import (
 )
 from jobspec.resources import MAX_DEVICES, ResourcesSpec
 from jobspec.rows import ChatMessage, PromptRow, row_fields_problem
+from specbase import StrictModel, literal_tag, text_problem
 
 __all__ = [
     "ALL_LINEAR",

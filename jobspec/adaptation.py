@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from jobspec.base import StrictModel
+from specbase import StrictModel
 
 __all__ = ["ALL_LINEAR", "EMBEDDING_MODULE_NAMES", "LoraSpec", "TrainingDtype"]
 

@@ -18,11 +18,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from jobspec.base import StrictModel
-from jobspec.python_source import parse_source
+from grading.endpoints import ENDPOINT_NAME_PATTERN
+from grading.python_source import parse_source
+from specbase import StrictModel
 
 __all__ = [
-    "ENDPOINT_NAME_PATTERN",
     "MAX_TOOLS",
     "EnvironmentSpec",
     "EpisodeSpec",
@@ -39,8 +39,6 @@ MAX_TOOLS = 16
 MAX_AGENT_SOURCE_CHARS = 64_000
 MAX_PARAMETERS_CHARS = 16_000  # the schema as compact JSON
 MAX_PARAMETERS_DEPTH = 12
-# The judge endpoints' rule (jobspec.graders.ScoreModelGrader.endpoint).
-ENDPOINT_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 _NO_URL = (
     "a job never carries a URL: name an endpoint the operator registered "
     "(implementation {type: http, endpoint: NAME})"

@@ -18,7 +18,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from jobspec.base import MAX_STEPS, StrictModel
+from jobspec.base import MAX_STEPS
+from specbase import StrictModel
 
 __all__ = ["METRIC_NAME_PATTERN", "BestMode", "CheckpointSpec"]
 

@@ -13,15 +13,10 @@ from pydantic import (
     model_validator,
 )
 
-from jobspec.base import (
-    MAX_HOLDOUT_ROWS,
-    MAX_INLINE_ROWS,
-    MAX_SEED,
-    MAX_TEXT_CHARS,
-    StrictModel,
-)
+from jobspec.base import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, MAX_SEED, MAX_TEXT_CHARS
 from jobspec.model_source import hub_repo_id_problem, revision_problem
 from jobspec.rows import FIELD_NAME, MAX_MESSAGES, ChatMessage, PromptRow
+from specbase import StrictModel
 
 __all__ = ["ArithmeticGenerator", "DatasetSpec", "SavedDataset"]
 

@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from jobspec.adaptation import TrainingDtype
-from jobspec.base import MAX_STEPS, MAX_TOKENS, StrictModel
+from jobspec.base import MAX_STEPS, MAX_TOKENS
+from specbase import StrictModel
 
 __all__ = [
     "MAX_COMPLETIONS_PER_UPDATE",
@@ -35,7 +36,7 @@ __all__ = [
 #   LossAggregation   -> trainer.update.losses.LOSS_AGGREGATIONS
 #   RolloutEngineName -> trainer.rollout.registry.ROLLOUT_ENGINES
 #   SamplerCorrectionMode -> trainer.update.sampler_correction.SAMPLER_CORRECTIONS
-# Grader types are the `type` tags of GraderSpecUnion's members (grading.graders.GRADER_BUILDERS).
+# Grader types are the `type` tags of GraderSpecUnion's members (grading.graders, one module each).
 # What engines and estimators are beyond their names (traits) is declared in jobspec.traits.
 KLEstimatorName = Literal["none", "k1", "k2", "k3", "k3_unbiased", "k1_causal"]
 KLPlacement = Literal["loss", "reward"]

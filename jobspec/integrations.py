@@ -17,7 +17,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field, field_validator
 
-from jobspec.base import StrictModel, literal_tag
+from specbase import StrictModel, literal_tag
 
 __all__ = [
     "INTEGRATION_TYPES",

@@ -3,11 +3,12 @@
 This module must stay torch-free: the API imports it to validate specs without loading torch.
 Every field carries a description and a default; unknown fields are rejected everywhere so a typo
 such as ``learnin_rate`` is a 422 naming the field, not a silently ignored setting. Every numeric
-field is bounded, floats are finite and text is storable (``jobspec.base``).
+field is bounded, floats are finite and text is storable (``specbase``).
 
-The sections live beside it in :mod:`jobspec` (``base``, ``dataset``, ``graders``,
-``grpo``, ``adaptation``, ``integrations``, ``checkpoint``); this module assembles them into
-:class:`JobSpec`. Import every name from :mod:`jobspec`, the one front door.
+The sections live beside it in :mod:`jobspec` (``base``, ``dataset``, ``grpo``,
+``adaptation``, ``integrations``, ``checkpoint``), the graders' union in :mod:`grading.graders`;
+this module assembles them into :class:`JobSpec`. Import every name from :mod:`jobspec`, the one
+front door.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from grading.graders import GraderSpec, grader_name
 from jobspec.adaptation import LoraSpec
 from jobspec.agents import (
     MAX_TOOLS,
@@ -32,15 +34,15 @@ from jobspec.agents import (
     HttpToolImplementation,
     ToolSpec,
 )
-from jobspec.base import MAX_SEED, MAX_STEPS, StrictModel, field_error
+from jobspec.base import MAX_SEED, MAX_STEPS
 from jobspec.checkpoint import CheckpointSpec
 from jobspec.dataset import DatasetSpec
-from jobspec.graders import GraderSpec, grader_name
 from jobspec.grpo import EvalSpec, GRPOSpec, RolloutSpec
 from jobspec.integrations import MAX_INTEGRATIONS, IntegrationSpec
 from jobspec.model_source import hub_repo_id_problem, looks_like_hub_repo_id, revision_problem
 from jobspec.resources import ResourcesSpec
 from jobspec.traits import KL_ESTIMATOR_TRAITS, KL_REWARD_PENALTY, ROLLOUT_ENGINE_TRAITS
+from specbase import StrictModel, field_error
 
 __all__ = ["PACKAGED_MODELS", "InitFrom", "JobSpec", "spec_limits_violations"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from jobspec.base import StrictModel
+from specbase import StrictModel
 
 MAX_DEVICES = 64  # the spec's own bound; the operator's GRPO_MAX_DEVICES_PER_JOB is lower
 

@@ -18,7 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from jobspec.base import MAX_TEXT_CHARS, StrictModel, text_problem
+from jobspec.base import MAX_TEXT_CHARS
+from specbase import StrictModel, text_problem
 
 __all__ = ["ChatMessage", "PromptRow", "row_fields_problem"]
 

@@ -105,7 +105,7 @@ def test_the_cycle_check_catches_a_circle() -> None:
 
 # -- queries live in repositories; transactions end at a boundary ---------------------------
 
-PACKAGES = ("app", "worker", "grpo_cli", "trainer", "jobspec", "grading", "serving")
+PACKAGES = ("app", "worker", "grpo_cli", "trainer", "jobspec", "grading", "specbase", "inference")
 # The only place a statement is built or run: a repository module of a domain (or of the core),
 # app/<domain>/repository.py or app/<domain>/<what>_repository.py.
 QUERY_HOME = re.compile(r"^app/\w+/(\w+_)?repository\.py$")

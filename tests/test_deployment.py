@@ -23,7 +23,8 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from serving.settings import InferenceSettings
+from inference.settings import InferenceSettings
+from tests.test_architecture import PACKAGES
 from worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,7 +296,7 @@ def _known_environment() -> set[str]:
         prefix = settings.model_config.get("env_prefix", "")
         names |= {f"{prefix}{field}".upper() for field in settings.model_fields}
     pattern = re.compile(r"""(?:environ\.get|environ\[|getenv)\(?\s*["'](GRPO_\w+)["']""")
-    for package in ("app", "worker", "trainer", "jobspec", "grading", "grpo_cli", "serving"):
+    for package in PACKAGES:
         for source in (ROOT / package).rglob("*.py"):
             names |= set(pattern.findall(source.read_text()))
     return names
@@ -517,7 +518,7 @@ with TestClient(app.main.create_app()) as client:
 heavy = sorted(m for m in ("torch", "transformers", "vllm") if m in sys.modules)
 outside = sorted(
     m.__name__ for m in list(sys.modules.values())
-    if getattr(m, "__file__", None) and m.__name__.split(".")[0] in ("app", "grpo_cli", "trainer", "jobspec", "grading", "worker", "migrations")
+    if getattr(m, "__file__", None) and m.__name__.split(".")[0] in ("app", "grpo_cli", "trainer", "jobspec", "grading", "specbase", "worker", "migrations")
     and not m.__file__.startswith(sys.argv[1])
 )
 print(json.dumps({"migrate": code, "status": status, "heavy": heavy, "outside": outside}))

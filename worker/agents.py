@@ -1,19 +1,21 @@
 """The worker's side of agent jobs (issue 27): http tools and http environments on the
-operator's registered endpoints (``GRPO_TOOL_ENDPOINTS``, :mod:`app.core.tool_endpoints`, which
-says the protocol), passed to ``train()`` as ``http_tools``/``http_environment``.
+operator's registered endpoints (``GRPO_TOOL_ENDPOINTS``, :mod:`grading.endpoints`, which says
+the protocol), passed to ``train()`` as ``http_tools``/``http_environment``.
 
 - :class:`HttpToolClient` is the trainer's :class:`~trainer.agents.HttpTools`: a turn's calls of
   one tool go out together (at most ``GRPO_TOOL_CONCURRENCY`` in flight), each within the job's
   ``episode.tool_timeout_s``.
-- :class:`HttpEnvironment` is an :class:`~trainer.agents.Environment`: reset/step of a turn's
-  live episodes go out together the same way.
+- :class:`HttpEnvironmentClient` is an :class:`~trainer.agents.Environment` (the runtime of the
+  spec's ``environment: {type: http}``, :class:`jobspec.HttpEnvironment`): reset/step of a
+  turn's live episodes go out together the same way.
 
-Neither raises for what an endpoint does: a timeout, a failed connection, a status other than
-2xx, an answer over ``GRPO_TOOL_MAX_RESPONSE_BYTES`` or one that is not the protocol's is a tool
-error result (whose text the model reads) or an :class:`~trainer.agents.EnvStep` with ``error``
-(the episode ends with reason error). Their messages never carry the endpoint's URL: the model,
-and the job's owner through its samples, read them. URLs come only from the operator's
-registry; redirects are not followed and the worker's proxy variables are not used.
+Both call through the endpoints' one bounded client (:func:`grading.endpoints.run_calls`:
+no redirects, no proxy variables, bounded time and size). Neither raises for what an endpoint
+does: a timeout, a failed connection, a status other than 2xx, an answer over
+``GRPO_TOOL_MAX_RESPONSE_BYTES`` or one that is not the protocol's is a tool error result (whose
+text the model reads) or an :class:`~trainer.agents.EnvStep` with ``error`` (the episode ends
+with reason error). Their messages never carry the endpoint's URL: the model, and the job's
+owner through its samples, read them.
 
 This module imports the trainer's agent types (torch): the runner imports it only for a job
 that names endpoints (:func:`http_agents`).
@@ -21,103 +23,24 @@ that names endpoints (:func:`http_agents`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-import httpx
-
-from app.core.tool_endpoints import (
+from grading.endpoints import (
+    EndpointCalls,
+    EndpointFailure,
     ToolEndpoint,
     ToolEndpointSettings,
     build_tool_endpoint_settings,
+    run_calls,
 )
-from jobspec import HttpEnvironment as HttpEnvironmentSpec
-from jobspec import JobSpec
+from jobspec import HttpEnvironment, JobSpec
 from trainer.agents.environment import EnvStep, env_step_from_json
 from trainer.agents.tools import MAX_RESULT_CHARS, ToolResult
 from trainer.errors import TrainerError
 
-__all__ = ["EndpointFailure", "HttpEnvironment", "HttpToolClient", "http_agents"]
-
-T = TypeVar("T")
-
-
-class EndpointFailure(Exception):
-    """Why a call got no usable answer, in words fit for the model and the job's owner."""
-
-
-async def post_json(
-    client: httpx.AsyncClient,
-    endpoint: ToolEndpoint,
-    path: str,
-    body: Mapping[str, Any],
-    *,
-    timeout_s: float,
-    max_bytes: int,
-) -> Any:
-    """POST ``body`` to ``endpoint.url + path``; its JSON answer, read within ``timeout_s``
-    (all of it: connecting, sending, every chunk) and at most ``max_bytes`` long."""
-    content = json.dumps(body, default=str).encode()
-    headers = {"Content-Type": "application/json"}
-    if (key := endpoint.api_key()) is not None:
-        headers["Authorization"] = f"Bearer {key}"
-
-    async def exchange() -> bytes:
-        request = client.build_request(
-            "POST", endpoint.url + path, content=content, headers=headers
-        )
-        response = await client.send(request, stream=True)
-        try:
-            if not 200 <= response.status_code < 300:
-                raise EndpointFailure(f"the endpoint answered HTTP {response.status_code}")
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > max_bytes:
-                raise EndpointFailure(f"the endpoint's answer is over {max_bytes} bytes")
-            chunks, size = [], 0
-            async for chunk in response.aiter_raw():
-                size += len(chunk)
-                if size > max_bytes:
-                    raise EndpointFailure(f"the endpoint's answer is over {max_bytes} bytes")
-                chunks.append(chunk)
-            return b"".join(chunks)
-        finally:
-            await response.aclose()
-
-    try:
-        raw = await asyncio.wait_for(exchange(), timeout_s)
-    except TimeoutError:
-        raise EndpointFailure(f"the endpoint gave no answer within {timeout_s:g} s") from None
-    except httpx.HTTPError as exc:  # its message may name the URL: only the kind goes on
-        raise EndpointFailure(f"the call failed ({type(exc).__name__})") from None
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        raise EndpointFailure("the endpoint's answer is not JSON") from None
-
-
-def run_calls(
-    calls: Sequence[Callable[[httpx.AsyncClient], Awaitable[T]]], concurrency: int
-) -> list[T]:
-    """Run ``calls`` on one client, at most ``concurrency`` at once; their results in order."""
-
-    async def all_of() -> list[T]:
-        gate = asyncio.Semaphore(concurrency)
-        limits = httpx.Limits(max_connections=concurrency)
-        # trust_env=False: the worker's proxy variables must not reroute a call (nor a
-        # .netrc add credentials to it).
-        async with httpx.AsyncClient(
-            limits=limits, follow_redirects=False, trust_env=False, timeout=None
-        ) as client:
-
-            async def one(call: Callable[[httpx.AsyncClient], Awaitable[T]]) -> T:
-                async with gate:
-                    return await call(client)
-
-            return await asyncio.gather(*(one(c) for c in calls))
-
-    return asyncio.run(all_of()) if calls else []
+__all__ = ["HttpEnvironmentClient", "HttpToolClient", "http_agents"]
 
 
 def _failed(why: str) -> ToolResult:
@@ -156,12 +79,12 @@ class HttpToolClient:
             return [_failed(f"tool endpoint {endpoint!r} is not configured")] * len(arguments)
         max_bytes = self.settings.max_response_bytes
 
-        def call_with(args: Mapping[str, Any]) -> Callable[[httpx.AsyncClient], Awaitable[Any]]:
-            async def call(client: httpx.AsyncClient) -> ToolResult:
+        def call_with(args: Mapping[str, Any]) -> Callable[[EndpointCalls], Awaitable[ToolResult]]:
+            async def call(calls: EndpointCalls) -> ToolResult:
                 body = {"name": name, "arguments": dict(args)}
                 try:
-                    answer = await post_json(
-                        client, target, "", body, timeout_s=timeout_s, max_bytes=max_bytes
+                    answer = await calls.post_json(
+                        target, "", body, timeout_s=timeout_s, max_bytes=max_bytes
                     )
                 except EndpointFailure as exc:
                     return _failed(str(exc))
@@ -172,7 +95,7 @@ class HttpToolClient:
         return run_calls([call_with(a) for a in arguments], self.settings.concurrency)
 
 
-class HttpEnvironment:
+class HttpEnvironmentClient:
     """An ``Environment`` on the operator's endpoint (``environment: {type: http}``): POST
     ``/reset`` and ``/step`` with an episode id (see the module docstring)."""
 
@@ -190,16 +113,11 @@ class HttpEnvironment:
     def _calls(self, op: str, bodies: Sequence[dict[str, Any]]) -> list[EnvStep]:
         max_bytes = self.settings.max_response_bytes
 
-        def call_with(body: dict[str, Any]) -> Callable[[httpx.AsyncClient], Awaitable[Any]]:
-            async def call(client: httpx.AsyncClient) -> EnvStep:
+        def call_with(body: dict[str, Any]) -> Callable[[EndpointCalls], Awaitable[EnvStep]]:
+            async def call(calls: EndpointCalls) -> EnvStep:
                 try:
-                    answer = await post_json(
-                        client,
-                        self.endpoint,
-                        f"/{op}",
-                        body,
-                        timeout_s=self.timeout_s,
-                        max_bytes=max_bytes,
+                    answer = await calls.post_json(
+                        self.endpoint, f"/{op}", body, timeout_s=self.timeout_s, max_bytes=max_bytes
                     )
                 except EndpointFailure as exc:
                     return EnvStep(error=str(exc)[:300])
@@ -232,7 +150,7 @@ class HttpEnvironment:
 
 def http_agents(
     spec: JobSpec, settings: ToolEndpointSettings | None = None
-) -> dict[str, HttpToolClient | HttpEnvironment]:
+) -> dict[str, HttpToolClient | HttpEnvironmentClient]:
     """``train()``'s ``http_tools``/``http_environment`` for ``spec`` (only those it needs).
 
     An endpoint the job names that this worker's registry lacks (the API admitted it from its
@@ -246,12 +164,12 @@ def http_agents(
                 "(GRPO_TOOL_ENDPOINTS; the operator sets it on the API and the workers alike)",
                 reason="agent_endpoint_missing",
             )
-    out: dict[str, HttpToolClient | HttpEnvironment] = {}
+    out: dict[str, HttpToolClient | HttpEnvironmentClient] = {}
     if any(where.startswith("tools[") for where, _ in spec.agent_endpoints):
         out["http_tools"] = HttpToolClient(settings)
     env = spec.environment
-    if isinstance(env, HttpEnvironmentSpec):
-        out["http_environment"] = HttpEnvironment(
+    if isinstance(env, HttpEnvironment):
+        out["http_environment"] = HttpEnvironmentClient(
             settings.endpoints[env.endpoint],
             timeout_s=spec.episode.tool_timeout_s,
             settings=settings,

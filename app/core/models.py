@@ -287,7 +287,7 @@ class WebhookAttempt(Base):
 
 
 class InferenceServer(Base):
-    """A running `grpo inference` process (serving/): where its control API answers, which base
+    """A running `grpo inference` process (inference/): where its control API answers, which base
     models it serves and what it holds warm. It rewrites its row every heartbeat; the gateway
     routes only to rows whose heartbeat is fresh (app.inference.servers_repository)."""
 

@@ -4,7 +4,7 @@ Postgres refuses a NUL character in `text`/`jsonb` (psycopg raises before the qu
 so a job id, cursor, API key prefix or Idempotency-Key holding `%00` used to reach a query and
 end as a 500. One ASGI middleware checks every path parameter, query parameter and header of
 every request, present and future routes alike, and answers a 422 naming the parameter. Bodies
-are checked where they are parsed: the job spec (`jobspec.base.StrictModel`) and uploads
+are checked where they are parsed: the job spec (`specbase.StrictModel`) and uploads
 (`app.files.service`).
 
 Only NUL needs refusing here: the server decodes the path and query as UTF-8 with replacement

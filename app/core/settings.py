@@ -13,13 +13,13 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from app.core.inference_settings import InferenceSettings
+from app.core.gateway_settings import GatewaySettings
 from jobspec.integrations import IntegrationSpecUnion, integration_refusal, normalized_uri
 from jobspec.paths import hub_allowlist, hub_model_refusal
 from jobspec.resources import MAX_DEVICES
 
 
-class Settings(InferenceSettings):
+class Settings(GatewaySettings):
     model_config = SettingsConfigDict(env_prefix="GRPO_", extra="ignore")
 
     data_dir: Path = Field(
@@ -271,7 +271,7 @@ class Settings(InferenceSettings):
         description="Longest an upload waits for a decoding slot before its 429 or 503.",
     )
     # ---- the inference gateway's bounds on what one tenant makes the shared engines do
-    # (app.inference; the rest of its settings are app.core.inference_settings)
+    # (app.inference; the rest of its settings are app.core.gateway_settings)
     inference_max_tokens_in_flight_per_project: int = Field(
         default=32_768,
         ge=1,

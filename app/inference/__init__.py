@@ -8,4 +8,7 @@ parts request_parts), a chat written as its model was trained and its tool calls
 request shapes the engines cannot serve safely (engine_limits) or at all (capabilities), the
 choice of an inference process and the ensure call (routing), the proxy to its vLLM server
 (proxy, stream, answer), the daily token quota and usage (quota, usage_repository). What the
-gateway and an inference process say to each other is app.inference.protocol."""
+gateway and an inference process say to each other is app.inference.protocol; the engine
+options and the kinds of served weights with their names, which both sides read, are
+app.inference.engine_identity and app.inference.served_kinds. The inference tier itself is the
+top-level package `inference/` (`grpo inference`), which nothing here imports."""

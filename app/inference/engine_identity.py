@@ -1,6 +1,6 @@
 """Which engine serves a request, beyond which weights: the base model's Hub revision and the
 dtype the job's rollouts ran in (issue 32: the served model answers as the trained model does).
-Torch-free; the gateway (app.inference.routing) and `grpo inference` (serving.pool) both read it.
+Torch-free; the gateway (app.inference.routing) and `grpo inference` (inference.pool) both read it.
 
 :class:`EngineOptions` holds the two; the ensure body a process reads is
 :class:`EngineEnsureRequest`, app.inference.protocol's :class:`EnsureRequest` with them (a
@@ -48,6 +48,12 @@ class EngineEnsureRequest(EnsureRequest, EngineOptions):
 
     def options(self) -> EngineOptions:
         return EngineOptions(revision=self.revision, dtype=self.dtype)
+
+
+def engine_dtype(job_dtype: str, operator_dtype: str | None) -> str:
+    """The dtype an engine runs in: the inference process operator's (GRPO_INFERENCE_DTYPE,
+    told to the gateway in ServerState.dtype) when set, else the job's rollout dtype."""
+    return operator_dtype or job_dtype
 
 
 def engine_key(name: str, *, revision: str | None = None, dtype: str = DEFAULT_DTYPE) -> str:

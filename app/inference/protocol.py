@@ -1,4 +1,4 @@
-"""What the gateway (app.inference) and a `grpo inference` process (serving/) say to each other:
+"""What the gateway (app.inference) and a `grpo inference` process (inference/) say to each other:
 torch-free, so both sides import it.
 
 A request for a fine-tuned model reaches a vLLM OpenAI server in two hops of different kinds:
@@ -89,3 +89,6 @@ class ServerState(BaseModel):
     memory_budget_bytes: int
     memory_used_bytes: int
     max_adapters_per_engine: int
+    # The dtype every engine of the process runs in when its operator set one
+    # (GRPO_INFERENCE_DTYPE), which its engines' keys then carry; None: each its job's.
+    dtype: str | None = None

@@ -20,9 +20,9 @@
    GRPO_INFERENCE_MAX_LORA_RANK, an engine larger than its memory budget), else 503
    `inference_unavailable`. No message names an inference host or process.
 
-A process's state names a checkpoint as it likes; the gateway takes an engine key or adapter
-name that holds both the job id and the checkpoint folder as naming that checkpoint (job ids are
-unique, folder names `checkpoint-NNNNNN`), so no naming rule is imposed on the inference side.
+A process's state names its engines and adapters as app.inference.served_kinds says (the
+process reads the same module); the gateway compares those names for equality, in the dtype
+the process runs its engines in (its operator's, ServerState.dtype, or the job's).
 """
 
 from __future__ import annotations
@@ -40,18 +40,18 @@ from app.core.models import InferenceServer
 from app.inference import servers_repository as servers_repo
 from app.inference import service as models
 from app.inference.chat_as_trained import TrainedPrompt
-from app.inference.engine_identity import EngineOptions, engine_key
+from app.inference.engine_identity import EngineOptions, engine_dtype
 from app.inference.protocol import (
     ANY_BASE,
     ENSURE_PATH,
     TOKEN_HEADER,
     Busy,
-    EngineState,
     EnsureRequest,
     EnsureResponse,
     ServerState,
     WeightsRef,
 )
+from app.inference.served_kinds import BASE, FULL, engine_name, kind_of, served_name
 from app.jobs import checkpoints_repository as checkpoints_repo
 from jobspec.checkpoint_files import folder_name
 
@@ -99,11 +99,11 @@ def ensure_request(
     session: Session, *, project_id: str, model: models.ResolvedModel
 ) -> EnsureRequest:
     """What an inference process must load to serve `model`."""
-    if model.kind == "base":
+    if model.kind == BASE.name:
         return EnsureRequest(base_model=model.base_model)
     assert model.job_id is not None and model.checkpoint_folder is not None
     weights = WeightsRef(job_id=model.job_id, folder=model.checkpoint_folder)
-    if model.kind == "full":
+    if model.kind == FULL.name:
         return EnsureRequest(base_model=model.base_model, full=weights)
     base_weights = None
     if model.base_checkpoint is not None:
@@ -121,10 +121,6 @@ def ensure_request(
     return EnsureRequest(base_model=model.base_model, adapter=weights, base_weights=base_weights)
 
 
-def _names(entry: str, ref: WeightsRef) -> bool:
-    return ref.job_id in entry and ref.folder in entry
-
-
 def _state(server: InferenceServer) -> ServerState | None:
     try:
         return ServerState.model_validate(server.state or {})
@@ -133,29 +129,23 @@ def _state(server: InferenceServer) -> ServerState | None:
         return None
 
 
-def _engine_holds(engine: EngineState, ensure: EnsureRequest, options: EngineOptions) -> bool:
-    """Whether `engine` is the one the request's weights run in (adapters aside)."""
-    under = ensure.full or ensure.base_weights
-    if under is not None:
-        return _names(engine.key, under)
-    base = engine_key(ensure.base_model, revision=options.revision, dtype=options.dtype)
-    return engine.key == base
-
-
 def warmth(
     state: ServerState | None, ensure: EnsureRequest, options: EngineOptions | None = None
 ) -> int:
+    """How ready `state`'s process is to serve the weights: the engine they run in is up
+    (named exactly, in the dtype that process runs it in), and their adapters in it."""
     if state is None:
         return COLD
+    options = options or EngineOptions()
+    dtype = engine_dtype(options.dtype, state.dtype)
+    key = engine_name(ensure, revision=options.revision, dtype=dtype)
+    on_base_engine = kind_of(ensure).on_base_engine
+    adapter = served_name(ensure.adapter) if ensure.adapter is not None else None
     best = COLD
     for engine in state.engines:
-        if engine.status != "ready" or not _engine_holds(
-            engine, ensure, options or EngineOptions()
-        ):
+        if engine.status != "ready" or engine.key != key:
             continue
-        if ensure.adapter is None:
-            return WEIGHTS_WARM
-        if any(_names(name, ensure.adapter) for name in engine.adapters):
+        if not on_base_engine or adapter in engine.adapters:
             return WEIGHTS_WARM
         best = ENGINE_WARM
     return best

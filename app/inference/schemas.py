@@ -8,12 +8,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from app.inference.served_kinds import ModelKind
+
 # The longest model name accepted (path parameter, later the `model` of a chat request): above
 # the longest name a job's weights can have, `ft:` + a model of 1,000 characters + a suffix of
 # 64 + a job id + `:ckpt-step-<step>` (about 1,160 characters).
 MAX_MODEL_NAME = 1200
-
-ModelKind = Literal["base", "full", "lora"]
 
 
 def holds_control_characters(name: str) -> bool:

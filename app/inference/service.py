@@ -45,7 +45,8 @@ from app.fine_tuning.names import (
 from app.inference import servers_repository as servers_repo
 from app.inference.chat_as_trained import TrainedPrompt
 from app.inference.engine_identity import DEFAULT_DTYPE, EngineDtype
-from app.inference.schemas import ModelInfo, ModelKind, ModelOut
+from app.inference.schemas import ModelInfo, ModelOut
+from app.inference.served_kinds import BASE, FULL, LORA, ModelKind
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import repository as jobs_repo
 from app.progress import repository as progress_repo
@@ -142,7 +143,7 @@ def _base(session: Session, *, project_id: str, name: str) -> ResolvedModel:
     project = projects_repo.get_project(session, project_id=project_id)
     return ResolvedModel(
         name=name,
-        kind="base",
+        kind=BASE.name,
         base_model=name,
         owned_by=SYSTEM_OWNER,
         created=project.created_at if project is not None else None,
@@ -156,7 +157,7 @@ def _fine_tuned(job: Job, checkpoint: Checkpoint, *, name: str, final: bool) -> 
     rollout = spec.get("rollout") or {}
     return ResolvedModel(
         name=name,
-        kind="lora" if lora else "full",
+        kind=(LORA if lora else FULL).name,
         base_model=str(spec.get("model", "")),
         owned_by=job.project_id,
         created=job.finished_at if final else checkpoint.created_at,

@@ -16,8 +16,9 @@ on the worker.
 Devices: a job's `resources.devices` at most `GRPO_MAX_DEVICES_PER_JOB` (and no more than its
 project may hold at once, `GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT`).
 
-Tool and environment endpoints: an http tool or environment names one of the operator's
-(`GRPO_TOOL_ENDPOINTS`, app.core.tool_endpoints).
+Judge, tool and environment endpoints: a score_model grader, an http tool or an http
+environment names one of the operator's (`GRPO_JUDGE_ENDPOINTS`, `GRPO_TOOL_ENDPOINTS`: the
+registry of grading.endpoints, which the API and the workers share).
 
 Experiment trackers: a job's `integrations` may export only to the operator's MLflow tracking
 servers (`GRPO_MLFLOW_TRACKING_URIS`) and to W&B only when `GRPO_WANDB_MODE` allows it.
@@ -25,16 +26,16 @@ servers (`GRPO_MLFLOW_TRACKING_URIS`) and to W&B only when `GRPO_WANDB_MODE` all
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.core.errors import InvalidRequest
 from app.core.settings import Settings
-from app.core.tool_endpoints import build_tool_endpoint_settings
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import repository as jobs_repo
-from grading.judge import build_judge_settings
+from grading.endpoints import EndpointKind, unknown_endpoint
 from jobspec import (
     PACKAGED_MODELS,
     GraderSpecBase,
@@ -89,7 +90,7 @@ def _admit_dataset(spec: JobSpec, settings: Settings) -> None:
         )
 
 
-# ---- judge endpoints -------------------------------------------------------------------------
+# ---- judge, tool and environment endpoints ---------------------------------------------------
 
 
 def _admit_judges(spec: JobSpec) -> None:
@@ -104,38 +105,22 @@ def admit_judge(grader: GraderSpecBase, *, path: str) -> None:
     submission and POST /v1/graders/validate and /run both apply it."""
     parts = [(path, grader)]
     parts += [(f"{path}.graders.{k}", g) for k, g in grader.sub_graders().items()]
-    judges = [(p, e) for p, g in parts if (e := g.judge_endpoint()) is not None]
-    if not judges:
-        return
-    known = set(build_judge_settings().endpoints)
-    for where, endpoint in judges:
-        if endpoint not in known:
-            names = ", ".join(sorted(known)) or "none are configured"
-            raise InvalidRequest(
-                f"judge endpoint {endpoint!r} is not one of this service's ({names})",
-                param=f"{where}.endpoint",
-            )
-
-
-# ---- tool and environment endpoints ---------------------------------------------------------
+    judges = [(f"{p}.endpoint", e) for p, g in parts if (e := g.judge_endpoint()) is not None]
+    _admit_endpoints("judge", judges)
 
 
 def _admit_agent_endpoints(spec: JobSpec) -> None:
     """An http tool or http environment names an endpoint of the operator's
     (GRPO_TOOL_ENDPOINTS, which the API and the workers share): an unknown name is a 422 naming
     the field now, rather than a job that fails on a worker."""
-    named = getattr(spec, "agent_endpoints", ())
-    if not named:
-        return
-    known = set(build_tool_endpoint_settings().endpoints)
-    for where, endpoint in named:
-        if endpoint not in known:
-            names = ", ".join(sorted(known)) or "none are configured"
-            raise InvalidRequest(
-                f"tool endpoint {endpoint!r} is not one of this service's ({names}; "
-                "GRPO_TOOL_ENDPOINTS)",
-                param=where,
-            )
+    _admit_endpoints("tool", getattr(spec, "agent_endpoints", ()))
+
+
+def _admit_endpoints(kind: EndpointKind, named: Iterable[tuple[str, str]]) -> None:
+    unknown = unknown_endpoint(kind, named)
+    if unknown is not None:
+        where, message = unknown
+        raise InvalidRequest(message, param=where)
 
 
 # ---- experiment trackers ---------------------------------------------------------------------

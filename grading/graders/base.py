@@ -1,4 +1,11 @@
-"""What every grader is: the calling contract, a verdict, and the weighted set that makes a reward.
+"""What every grader is: its spec's base, the calling contract, a verdict, and the weighted set
+that makes a reward.
+
+Each grader type is one module of ``grading.graders``: a spec class deriving from
+:class:`GraderSpecBase` (``type: Literal["<tag>"]`` and its bounded settings; a member of the
+union in ``grading.graders``) whose :meth:`~GraderSpecBase.build` makes its runtime grader, and
+that runtime. The validated spec is already the right class (pydantic picks it by ``type``), so
+building a grader looks nothing up.
 
 A grader scores one completion of one dataset row: ``grader(completion, item) -> float`` in
 [0, 1], where ``item`` is the row's fields as the dataset gave them (``item["answer"]``,
@@ -19,18 +26,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkable
+
+from pydantic import Field, field_validator
+
+from grading.templates import (
+    MAX_TEMPLATE_CHARS,
+    check_template_field,
+    render,
+    sample_namespace,
+)
+from specbase import StrictModel, literal_tag
 
 __all__ = [
     "MAX_GRADED_CHARS",
+    "OUTPUT_TEXT",
     "BatchGrader",
+    "ComparesTexts",
     "Failure",
     "Graded",
     "Grader",
     "GraderSet",
+    "GraderSpecBase",
     "Item",
     "ScoreBatch",
+    "TextPair",
     "grade_one",
+    "grader_name",
+    "reference_answer",
 ]
 
 log = logging.getLogger(__name__)
@@ -41,6 +64,9 @@ MAX_GRADED_CHARS = 100_000
 
 # A dataset row as graders see it: its fields by name (PromptRow.item).
 Item = Mapping[str, Any]
+
+# The template of the completion's text, the default ``input`` of graders that read templates.
+OUTPUT_TEXT = "{{ sample.output_text }}"
 
 
 class Grader(Protocol):
@@ -77,6 +103,83 @@ class BatchGrader(Protocol):
     def weight(self) -> float: ...
 
     def grade_batch(self, completions: Sequence[object], items: Sequence[Item]) -> list[Graded]: ...
+
+
+class GraderSpecBase(StrictModel):
+    """Fields every grader has, and traits the service reads instead of naming grader types.
+    A subclass adds ``type: Literal["<tag>"]`` and its settings, and builds its runtime."""
+
+    name: str | None = Field(
+        default=None,
+        # Letters, digits, spaces, _ . - (OpenAI's grader names read like "Exact match"); no
+        # slash, which separates the parts of a metric key.
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.\-]{0,63}$",
+        description="Name used in per-grader metrics (reward/<name>/mean); defaults to the type.",
+    )
+    weight: float = Field(
+        default=1.0, ge=-100, le=100, description="Weight of this grader in the total reward."
+    )
+
+    sandboxed: ClassVar[bool] = False  # runs user code in grading.sandbox: grading holds a slot
+
+    def judge_endpoint(self) -> str | None:
+        """The operator's judge endpoint it calls (GRPO_JUDGE_ENDPOINTS), if it calls one."""
+        return None
+
+    def sub_graders(self) -> dict[str, GraderSpecBase]:
+        """The graders it combines, by their names (a multi grader's); none for the others."""
+        return {}
+
+    def build(self, name: str) -> Grader | BatchGrader:
+        """The runtime grader of this spec, reporting as ``name`` (its metric name, or its key
+        in a multi grader)."""
+        raise NotImplementedError(f"{type(self).__name__} builds no grader")
+
+
+def grader_name(grader: GraderSpecBase) -> str:
+    """The grader's metric name: its ``name``, or its type tag when unnamed."""
+    return grader.name or literal_tag(type(grader))
+
+
+class ComparesTexts(GraderSpecBase):
+    """A grader that compares two templates: ``input`` (the completion by default) against
+    ``reference`` (OpenAI's field names)."""
+
+    input: str = Field(
+        default=OUTPUT_TEXT,
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Template of the text graded, e.g. {{ sample.output_text }}.",
+    )
+    reference: str = Field(
+        max_length=MAX_TEMPLATE_CHARS,
+        description="Template of the text it is compared with, e.g. {{ item.answer }}.",
+    )
+
+    _templates = field_validator("input", "reference")(check_template_field)
+
+
+@dataclass(frozen=True)
+class TextPair:
+    """The runtime of a :class:`ComparesTexts` grader: its two templates, rendered per sample."""
+
+    name: str
+    weight: float
+    input: str
+    reference: str
+
+    def rendered(self, completion: str, item: Item) -> tuple[str, str]:
+        """``input`` and ``reference`` rendered for one completion of a row."""
+        sample = sample_namespace(completion)
+        return (
+            render(self.input, sample=sample, item=item),
+            render(self.reference, sample=sample, item=item),
+        )
+
+
+def reference_answer(item: Item) -> str | None:
+    """The row's reference answer (``item["answer"]``) when it is text, else None (no answer)."""
+    answer = item.get("answer")
+    return answer if isinstance(answer, str) else None
 
 
 def grade_one(grader: Grader, completion: object, item: object) -> Graded:

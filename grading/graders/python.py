@@ -2,16 +2,58 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
-from grading.graders.base import Graded, Item
+from pydantic import Field, field_validator
+
+from grading.graders.base import Graded, GraderSpecBase, Item
+from grading.python_source import parse_source
 from grading.sandbox import SandboxBusy, SandboxError, SandboxPool, build_sandbox_settings
 from grading.sandbox.settings import SandboxSettings
-from jobspec.graders import PythonGrader as PythonGraderSpec
-from jobspec.templates import sample_namespace
+from grading.templates import sample_namespace
 
-__all__ = ["PythonGrade"]
+__all__ = ["MAX_PYTHON_SOURCE_CHARS", "PythonGrade", "PythonGrader"]
+
+MAX_PYTHON_SOURCE_CHARS = 64_000
+
+
+class PythonGrader(GraderSpecBase):
+    """OpenAI's python grader: ``source`` defines ``grade(sample, item) -> float`` in [0, 1]. It
+    runs in the worker's sandbox (bubblewrap: no network, no files of the worker, an empty
+    environment, CPU, memory, process and time limits; docs/graders.md); a call that raises,
+    overruns or is killed scores 0 and is counted."""
+
+    type: Literal["python"]
+    sandboxed: ClassVar[bool] = True
+    source: str = Field(
+        min_length=1,
+        max_length=MAX_PYTHON_SOURCE_CHARS,
+        description="Python source defining grade(sample, item) -> float.",
+    )
+    image_tag: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Accepted for OpenAI compatibility; the worker's sandbox image is used.",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _compiles_and_defines_grade(cls, source: str) -> str:
+        tree = parse_source(source, "grader.py")  # bounded: a 422, never a parser crash
+        names = {
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        if "grade" not in names:
+            raise ValueError("source must define a function grade(sample, item)")
+        return source
+
+    def build(self, name: str) -> PythonGrade:
+        return PythonGrade(name, self.weight, self.source)
 
 
 @dataclass
@@ -33,10 +75,6 @@ class PythonGrade:
     first_error: str | None = None
     slot: int | None = None
     _pool: SandboxPool | None = None
-
-    @classmethod
-    def from_spec(cls, spec: PythonGraderSpec, name: str) -> PythonGrade:
-        return cls(name, spec.weight, spec.source)
 
     def grade_batch(self, completions: Sequence[object], items: Sequence[Item]) -> list[Graded]:
         if len(completions) != len(items):

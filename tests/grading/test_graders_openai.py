@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from grading.expressions import ExpressionError, check_expression, evaluate
 from grading.graders import GraderSet, build_grader, build_graders, grade_one
-from grading.graders.text import SIMILARITY
-from jobspec.expressions import ExpressionError, check_expression, evaluate
-from jobspec.graders import SIMILARITY_METRICS, GraderSpec
-from jobspec.templates import TemplateError, check_template, render, sample_namespace
+from grading.graders.text_similarity import SIMILARITY, SIMILARITY_METRICS
+from grading.templates import TemplateError, check_template, render, sample_namespace
+from jobspec import GraderSpec
 
 SPEC: TypeAdapter[Any] = TypeAdapter(GraderSpec)
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
+from grading.endpoints import build_judge_settings
 from grading.graders import GraderSet, build_grader
 from grading.graders.score_model import JudgeScore, parse_score
-from grading.judge import build_judge_settings
-from jobspec.graders import GraderSpec
+from jobspec import GraderSpec
 from tests.conftest import free_port
 
 SPEC: TypeAdapter[Any] = TypeAdapter(GraderSpec)
@@ -155,3 +155,17 @@ def test_an_unconfigured_endpoint_fails_every_sample_with_the_reason() -> None:
     g.settings = build_judge_settings(endpoints={})
     assert [x.failure for x in g.grade_batch(["a", "b"], [{}, {}])] == ["error", "error"]
     assert "not configured" in (g.first_error or "")
+
+
+def test_a_reply_over_the_limit_is_refused_unread_and_not_retried(
+    judge: tuple[Scripted, str],
+) -> None:
+    """The judge calls through the operator endpoints' one client: the reply is read no further
+    than GRPO_JUDGE_MAX_REPLY_BYTES, asked uncompressed (so the bound is on what is parsed)."""
+    script, url = judge
+    script.replies = [(200, "9" * 4096)]
+    g = grader(url, max_reply_bytes=1024, retries=3)
+    (graded,) = g.grade_batch(["a"], [{"question": "q"}])
+    assert graded.failure == "error" and "over 1024 bytes" in (g.first_error or "")
+    assert len(script.requests) == 1  # a bad answer is not retried
+    assert script.headers[0]["Accept-Encoding"] == "identity"

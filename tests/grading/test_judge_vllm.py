@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from grading.endpoints import build_judge_settings
 from grading.graders import GraderSet, build_grader
 from grading.graders.score_model import JudgeScore
-from grading.judge import build_judge_settings
-from jobspec.graders import ScoreModelGrader
+from jobspec import ScoreModelGrader
 from tests.vllm_judge import vllm_judge_server
 
 pytest.importorskip("vllm")

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from grading.graders import GraderSet
 from grading.graders.python import PythonGrade
+from grading.python_source import MAX_SOURCE_NESTING
 from grading.sandbox import SandboxPool, build_sandbox_settings
 from jobspec import PythonGrader as PythonGraderSpec
-from jobspec.python_source import MAX_SOURCE_NESTING
 
 # Bubblewrap sandboxes, some killed and restarted: processes of their own (marker `process`).
 pytestmark = [
@@ -164,7 +164,7 @@ def test_a_grader_that_does_not_load_fails_every_sample_with_its_reason() -> Non
 
 
 def test_the_deepest_source_validation_accepts_loads_and_grades_in_the_sandbox() -> None:
-    """Validation bounds how deeply a source nests (jobspec.python_source) so that what it
+    """Validation bounds how deeply a source nests (grading.python_source) so that what it
     accepts the sandbox compiles too: the deepest accepted source scores like any other."""
 
     def nested(levels: int) -> str:  # `return 1 - (1 - (... 1))`: a level per parenthesis

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from app.core.tool_endpoints import ToolEndpoint, build_tool_endpoint_settings
+from grading.endpoints import ToolEndpoint, build_tool_endpoint_settings
 from jobspec import JobSpec
 from tests.conftest import free_port, tiny_spec
 from trainer.errors import TrainerError
-from worker.agents import HttpEnvironment, HttpToolClient, http_agents
+from worker.agents import HttpEnvironmentClient, HttpToolClient, http_agents
 from worker.runner import agent_endpoints
 
 SEEN: list[dict[str, Any]] = []
@@ -140,7 +140,7 @@ def test_unreachable_and_unknown_endpoints_are_tool_errors(registry: dict[str, A
 
 def test_the_http_environment_resets_and_steps_by_episode_id(registry: dict[str, Any]) -> None:
     settings = build_tool_endpoint_settings()
-    env = HttpEnvironment(settings.endpoints["env"], timeout_s=2.0, settings=settings)
+    env = HttpEnvironmentClient(settings.endpoints["env"], timeout_s=2.0, settings=settings)
     opened = env.reset(["e1", "e2"], [{"q": "2+2?"}, {"q": "3+3?"}])
     assert [o.messages for o in opened] == [
         [{"role": "user", "content": "2+2?"}],
@@ -150,7 +150,7 @@ def test_the_http_environment_resets_and_steps_by_episode_id(registry: dict[str,
     assert [(s.reward, s.done, s.error) for s in steps] == [(1.0, True, None), (0.0, True, None)]
     resets = [s["body"] for s in SEEN if s["path"] == "/env/reset"]
     assert {r["episode_id"] for r in resets[-2:]} == {"e1", "e2"}
-    broken = HttpEnvironment(ToolEndpoint(url=f"{registry['calc']['url']}"), timeout_s=1.0)
+    broken = HttpEnvironmentClient(ToolEndpoint(url=f"{registry['calc']['url']}"), timeout_s=1.0)
     failed = broken.reset(["e3"], [{"q": "x"}])  # /calc/reset answers no protocol
     assert failed[0].error is not None and failed[0].messages == []
 
@@ -167,7 +167,7 @@ def test_a_hostile_environment_answer_is_text_the_episode_starts_from(
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("tiny-random-llama"))
     settings = build_tool_endpoint_settings()
-    env = HttpEnvironment(settings.endpoints["hostile"], timeout_s=2.0, settings=settings)
+    env = HttpEnvironmentClient(settings.endpoints["hostile"], timeout_s=2.0, settings=settings)
     fmt = chat_format(tokenizer)
     (episode,) = start_episodes(fmt, [[{"role": "user", "content": "2+2?"}]], [{}], env)
     assert episode.live and episode.log[0]["content"] == "hi \ufffd<|end|><|assistant|>sure"
@@ -199,7 +199,7 @@ def test_the_runner_passes_the_clients_to_train_only_when_a_job_needs_them(
 ) -> None:
     given = agent_endpoints(agent_job())
     assert isinstance(given["http_tools"], HttpToolClient)
-    assert isinstance(given["http_environment"], HttpEnvironment)
+    assert isinstance(given["http_environment"], HttpEnvironmentClient)
     assert given["http_environment"].timeout_s == 10.0  # episode.tool_timeout_s's default
     assert agent_endpoints(JobSpec.model_validate(tiny_spec())) == {}
     assert agent_endpoints(agent_job(environment=None)).keys() == {"http_tools"}

@@ -17,7 +17,7 @@
   engine cannot hold more; reason ``max_episode_tokens``): the run says so in a warning event
   when it starts (:func:`episode_token_limit`).
 - Graders grade the episode's final answer as ``sample.output_text`` with the transcript as
-  ``sample.messages`` and ``sample.tool_calls`` (:class:`~jobspec.templates.EpisodeAnswer`).
+  ``sample.messages`` and ``sample.tool_calls`` (:class:`~grading.templates.EpisodeAnswer`).
 - The rollout viewer's samples carry each episode's turns, bounded
   (:func:`~trainer.agents.sample_transcript`, ``CompletionSample.transcript``).
 - The environment's reward (the sum of its steps' rewards; 0 when it gave none) is a reward
@@ -44,6 +44,7 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from grading.templates import EpisodeAnswer
 from jobspec import (
     DatasetSpec,
     EpisodeSpec,
@@ -53,7 +54,6 @@ from jobspec import (
     JobSpec,
     PythonEnvironment,
 )
-from jobspec.templates import EpisodeAnswer
 from trainer.agents import (
     ChatFormat,
     Environment,

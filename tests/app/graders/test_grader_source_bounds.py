@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jobspec.python_source import MAX_SOURCE_NESTING
+from grading.python_source import MAX_SOURCE_NESTING
 from tests.conftest import Api, tiny_spec
 
 GRADE = "def grade(sample, item):\n    return 1.0\n"

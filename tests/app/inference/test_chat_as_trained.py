@@ -93,7 +93,7 @@ def served_body(traits: TemplateTraits) -> dict[str, Any]:
 
 
 def _served(tokenizer: PreTrainedTokenizerBase, traits: TemplateTraits) -> list[int]:
-    """The request rendered as vLLM's chat endpoint renders it (tests/serving/
+    """The request rendered as vLLM's chat endpoint renders it (tests/inference/
     test_served_as_trained.py asks a real vLLM server)."""
     sent = served_body(traits)
     text = tokenizer.apply_chat_template(

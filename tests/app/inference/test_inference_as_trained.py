@@ -7,7 +7,7 @@ databases):
   server whose engine already runs the base at that revision and dtype is asked first.
 
 The real `grpo inference` process serving such a base, end to end, is
-tests/serving/test_served_as_trained.py."""
+tests/inference/test_served_as_trained.py."""
 
 from __future__ import annotations
 

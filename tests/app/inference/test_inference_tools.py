@@ -4,7 +4,7 @@ before anything is routed; a tool is validated as a job's tool is; and tools, or
 conversation holding tool calls, are refused rather than guessed at when the inference process
 does not say how its engine's chat template takes them. The inference process is ControlDouble
 (tests/app/inference_doubles.py); the real engine's test is
-tests/serving/test_served_as_trained.py."""
+tests/inference/test_served_as_trained.py."""
 
 from __future__ import annotations
 

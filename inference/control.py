@@ -1,0 +1,80 @@
+"""The control API of a `grpo inference` process, called by the gateway (app.inference):
+
+- ``POST /engines/ensure`` (app.inference.protocol.ENSURE_PATH): an EnsureRequest (with the
+  revision and dtype of app.inference.engine_identity.EngineEnsureRequest); 200 with an
+  EnsureResponse, or 503 with a Busy body and ``Retry-After``; 403 for a checkpoint name that
+  leads outside the checkpoint store, 404 for weights that are not here (or a base model not
+  served here), 422 for weights that can never be served here (a base model that does not
+  resolve, an engine larger than the budget, adapters of a rank past ``max_lora_rank`` or that
+  vLLM refuses), 502 when the engine failed to start (said once; the next ensure starts it
+  again) or to load an adapter. Error bodies: ``{"detail"}``, naming no server path.
+- ``GET /engines``: the ServerState (what the registry row holds, fresh).
+- ``GET /health``: 200 while the process runs.
+
+Guard: it listens on loopback by default (inference.settings), and every call but /health must
+carry ``GRPO_INFERENCE_TOKEN`` in ``X-Inference-Token`` (app.inference.protocol); `grpo
+inference` refuses to start without a token (inference.process). An app built without one (the
+tests' pools in-process) checks nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi.responses import JSONResponse
+
+from app.inference.engine_identity import EngineEnsureRequest
+from app.inference.protocol import (
+    ENSURE_PATH,
+    TOKEN_HEADER,
+    Busy,
+    EnsureResponse,
+    ServerState,
+)
+from inference.pool import EnginePool
+from inference.records import EnsureError
+
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+
+def _token_check(expected: str | None) -> Callable[[str | None], None]:
+    def check(token: str | None = Header(default=None, alias=TOKEN_HEADER)) -> None:
+        if expected is None:
+            return
+        if token is None or not secrets.compare_digest(token.encode(), expected.encode()):
+            raise HTTPException(status_code=401, detail=f"missing or wrong {TOKEN_HEADER}")
+
+    return check
+
+
+def create_control_app(pool: EnginePool, *, lifespan: Lifespan | None = None) -> FastAPI:
+    token = pool.settings.token.get_secret_value() if pool.settings.token else None
+    guarded = [Depends(_token_check(token))]
+    app = FastAPI(title="grpo inference control", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.post(ENSURE_PATH, response_model=EnsureResponse, dependencies=guarded)
+    async def ensure(request: EngineEnsureRequest) -> EnsureResponse | JSONResponse:
+        try:
+            result = await pool.ensure(request)
+        except EnsureError as exc:
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+        if isinstance(result, Busy):
+            return JSONResponse(
+                result.model_dump(),
+                status_code=503,
+                headers={"Retry-After": str(result.retry_after_s)},
+            )
+        return result
+
+    @app.get("/engines", response_model=ServerState, dependencies=guarded)
+    async def engines() -> ServerState:
+        return await pool.state()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
