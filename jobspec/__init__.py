@@ -73,9 +73,6 @@ from jobspec.grpo import (
     DynamicSamplingSpec,
     EvalSpec,
     GRPOSpec,
-    KLEstimatorName,
-    KLPlacement,
-    KLSpec,
     LossAggregation,
     OverlongSpec,
     RolloutEngineName,
@@ -95,6 +92,7 @@ from jobspec.job import (
     JobSpec,
     spec_limits_violations,
 )
+from jobspec.kl import KLEstimatorName, KLPlacement, KLSpec
 from jobspec.model_source import (
     is_hub_repo_id,
 )

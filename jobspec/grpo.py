@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from jobspec.adaptation import TrainingDtype
 from jobspec.base import MAX_STEPS, MAX_TOKENS
+from jobspec.kl import KLSpec
 from specbase import StrictModel
 
 __all__ = [
@@ -17,9 +18,6 @@ __all__ = [
     "DynamicSamplingSpec",
     "EvalSpec",
     "GRPOSpec",
-    "KLEstimatorName",
-    "KLPlacement",
-    "KLSpec",
     "LossAggregation",
     "OverlongSpec",
     "RolloutEngineName",
@@ -31,15 +29,14 @@ __all__ = [
 # The names a job can choose, declared once, here: pydantic rejects anything else with a 422
 # naming the field. Each is implemented by a name-keyed registry whose keys must equal these
 # (tests/trainer/test_registries.py checks):
-#   KLEstimatorName   -> trainer.update.kl.KL_ESTIMATORS
+#   KLEstimatorName   -> trainer.update.kl.KL_ESTIMATORS (the name, its traits and the KL
+#                        section are jobspec.kl's)
 #   AdvantageScale    -> trainer.update.advantages.ADVANTAGE_SCALES
 #   LossAggregation   -> trainer.update.losses.LOSS_AGGREGATIONS
 #   RolloutEngineName -> trainer.rollout.registry.ROLLOUT_ENGINES
 #   SamplerCorrectionMode -> trainer.update.sampler_correction.SAMPLER_CORRECTIONS
 # Grader types are the `type` tags of GraderSpecUnion's members (grading.graders, one module each).
-# What engines and estimators are beyond their names (traits) is declared in jobspec.traits.
-KLEstimatorName = Literal["none", "k1", "k2", "k3", "k3_unbiased", "k1_causal"]
-KLPlacement = Literal["loss", "reward"]
+# What engines are beyond their names (traits) is declared in jobspec.traits.
 AdvantageScale = Literal["group", "batch", "none"]
 LossAggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 RolloutEngineName = Literal["vllm", "transformers"]
@@ -51,57 +48,6 @@ MAX_PROMPTS_PER_STEP = 4096
 MAX_GROUP_SIZE = 256
 # The most completions one step can train on (prompts_per_step x group_size at their maxima).
 MAX_COMPLETIONS_PER_UPDATE = MAX_PROMPTS_PER_STEP * MAX_GROUP_SIZE
-
-
-class KLSpec(StrictModel):
-    estimator: KLEstimatorName = Field(
-        default="k3_unbiased",
-        description=(
-            "Per-token KL estimator against the reference model: k1 (-d), k2 (d^2/2), "
-            "k3 (exp(d)-d-1), k3_unbiased (importance-weighted k3, DeepSeek-V3.2), k1_causal "
-            "(k1 whose gradient gives each token the KL still to come), or none. In the loss, "
-            "k2 and k3_unbiased follow the per-position gradient of KL(pi || ref) (each "
-            "position's prefix held fixed), k3 that of KL(ref || pi), k1 none; only k1_causal "
-            "follows the gradient of the whole completion's KL (docs/trainer.md)."
-        ),
-    )
-    beta: float = Field(
-        default=0.0,
-        ge=0.0,
-        le=10.0,
-        description="KL coefficient; 0 (or estimator none) loads no reference model.",
-    )
-    placement: KLPlacement = Field(
-        default="loss",
-        description=(
-            "Add beta*KL to the loss, or put it in the reward: there the penalty is always k1 "
-            "summed over the completion (log pi - log ref), centred on the other completions "
-            "of its group and NOT scaled by advantage_scale, so its expected update is exactly "
-            "beta * grad KL(pi || ref) in every group; the estimator above then only names "
-            "the reported kl metric."
-        ),
-    )
-    flat_groups: Literal["skip", "keep"] = Field(
-        default="skip",
-        description=(
-            "Deprecated and ignored: the reward-side penalty is no longer scaled by the group "
-            "std, so it applies in every group, flat or not. Accepted so older specs validate."
-        ),
-    )
-
-    @property
-    def active(self) -> bool:
-        return self.beta > 0 and self.estimator != "none"
-
-    @property
-    def in_loss(self) -> bool:
-        """A KL term is added to the loss (a reference model is loaded)."""
-        return self.active and self.placement == "loss"
-
-    @property
-    def in_reward(self) -> bool:
-        """A KL penalty enters the advantages (a reference model is loaded)."""
-        return self.active and self.placement == "reward"
 
 
 class DynamicSamplingSpec(StrictModel):

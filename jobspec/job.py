@@ -39,9 +39,10 @@ from jobspec.checkpoint import CheckpointSpec
 from jobspec.dataset import DatasetSpec
 from jobspec.grpo import EvalSpec, GRPOSpec, RolloutSpec
 from jobspec.integrations import MAX_INTEGRATIONS, IntegrationSpec
+from jobspec.kl import KL_ESTIMATOR_TRAITS, KL_REWARD_PENALTY
 from jobspec.model_source import hub_repo_id_problem, looks_like_hub_repo_id, revision_problem
 from jobspec.resources import ResourcesSpec
-from jobspec.traits import KL_ESTIMATOR_TRAITS, KL_REWARD_PENALTY, ROLLOUT_ENGINE_TRAITS
+from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from specbase import StrictModel, field_error
 
 __all__ = ["PACKAGED_MODELS", "InitFrom", "JobSpec", "spec_limits_violations"]

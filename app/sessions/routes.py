@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 
 from app.core.deps import SessionDep, StateDep
 from app.core.responses import ERRORS, ErrorResponse
-from app.sessions import keys_routes
 from app.sessions.deps import (
     SESSION_COOKIE,
     AuthorizationHeader,
@@ -27,7 +26,7 @@ from app.sessions.deps import (
 from app.sessions.schemas import SessionIn, SessionOut
 from app.sessions.service import authenticate, end_sessions, project_name
 
-session_router = APIRouter(prefix="/v1/session", tags=["session"], responses=ERRORS)
+router = APIRouter(prefix="/v1/session", tags=["session"], responses=ERRORS)
 
 # Only the API reads the cookie: the page and its files are public and never get it.
 COOKIE_PATH = "/v1"
@@ -49,7 +48,7 @@ def _out(session: Session, project_id: str, key_id: str, expires_at: int | None)
     )
 
 
-@session_router.post(
+@router.post(
     "",
     response_model=SessionOut,
     summary="Sign in: exchange an API key for a session cookie",
@@ -91,7 +90,7 @@ def sign_in(
     return _out(session, principal.project_id, principal.key_id, claims.expires_at)
 
 
-@session_router.get(
+@router.get(
     "",
     response_model=SessionOut,
     summary="Who am I: the project and key of this request's credentials",
@@ -110,7 +109,7 @@ def who_am_i(
     return _out(session, principal.project_id, principal.key_id, expires_at)
 
 
-@session_router.delete(
+@router.delete(
     "",
     status_code=204,
     summary="Sign out: end the key's sessions and clear the cookie",
@@ -138,9 +137,3 @@ def sign_out(
     response = Response(status_code=204)
     response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
     return response
-
-
-# What app.main serves of this domain: the sign-in and the project's keys.
-router = APIRouter()
-router.include_router(session_router)
-router.include_router(keys_routes.router)

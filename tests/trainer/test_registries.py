@@ -25,7 +25,8 @@ from jobspec import (
     RolloutEngineName,
     SamplerCorrectionMode,
 )
-from jobspec.traits import KL_ESTIMATOR_TRAITS, ROLLOUT_ENGINE_TRAITS
+from jobspec.kl import KL_ESTIMATOR_TRAITS
+from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.rollout.registry import ROLLOUT_ENGINES, make_engine
 from trainer.run.cli import build_parser
 from trainer.update.advantages import ADVANTAGE_SCALES, group_advantages

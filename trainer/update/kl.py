@@ -47,7 +47,7 @@ penalty is always :data:`REWARD_ESTIMATOR`, whatever estimator a job names for i
 
 Adding an estimator: one function here, an entry in :data:`KL_ESTIMATORS`, its name in
 ``jobspec.KLEstimatorName`` and its exactness per placement (the table above) in
-``jobspec.traits.KL_ESTIMATOR_TRAITS``, which validation's warnings read (the spec declares
+``jobspec.kl.KL_ESTIMATOR_TRAITS``, which validation's warnings read (the spec declares
 the names; a test checks they match).
 """
 
@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 
 from jobspec import KLEstimatorName
-from jobspec.traits import KL_REWARD_PENALTY
+from jobspec.kl import KL_REWARD_PENALTY
 
 
 class _StraightThroughClamp(torch.autograd.Function):
@@ -184,7 +184,7 @@ def _k1_causal(
 # score-function gradient is the gradient of KL(pi || ref). Declared with the estimators' traits.
 REWARD_ESTIMATOR: KLEstimatorName = KL_REWARD_PENALTY
 
-# Keys must equal jobspec.KLEstimatorName and jobspec.traits.KL_ESTIMATOR_TRAITS
+# Keys must equal jobspec.KLEstimatorName and jobspec.kl.KL_ESTIMATOR_TRAITS
 # (how exact each is per placement) (tests/trainer/test_registries.py).
 KL_ESTIMATORS: dict[KLEstimatorName, KLEstimatorFn] = {
     "none": _none,
