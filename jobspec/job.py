@@ -1,14 +1,9 @@
-"""The GRPO job spec: one pydantic model shared by the API (validation) and the trainer (execution).
-
-This module must stay torch-free: the API imports it to validate specs without loading torch.
-Every field carries a description and a default; unknown fields are rejected everywhere so a typo
-such as ``learnin_rate`` is a 422 naming the field, not a silently ignored setting. Every numeric
-field is bounded, floats are finite and text is storable (``specbase``).
-
-The sections live beside it in :mod:`jobspec` (``base``, ``dataset``, ``grpo``,
-``adaptation``, ``integrations``, ``checkpoint``), the graders' union in :mod:`grading.graders`;
-this module assembles them into :class:`JobSpec`. Import every name from :mod:`jobspec`, the one
-front door.
+"""The GRPO job spec: one torch-free pydantic model shared by the API (validation) and the
+trainer (execution). Every field has a description and a default; unknown fields are rejected
+(a typo such as ``learnin_rate`` is a 422 naming the field); numbers are bounded, floats
+finite, text storable (``specbase``). The sections live beside it in :mod:`jobspec`, the
+graders' union in :mod:`grading.graders`; this module assembles them into :class:`JobSpec`.
+Import every name from :mod:`jobspec`, the one front door.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from starlette.types import Message, Receive, Scope, Send
 from app.core.clock import utcnow
 from app.core.db import session_scope
 from app.core.errors import ApiError, InferenceUnavailable, UpstreamFailed, UpstreamTimeout
-from app.core.ratelimit import STREAM_RENEW_S, Lease
+from app.core.leases import STREAM_RENEW_S, Lease
 from app.core.state import AppState
 from app.inference import answer, capabilities, proxy, quota, routing
 from app.inference.protocol import EnsureResponse

@@ -26,8 +26,8 @@ from app.core.clock import as_utc, utcnow
 from app.core.db import session_scope
 from app.core.errors import MalformedHeader
 from app.core.ids import MAX_ID, MAX_STEP, parse_number
+from app.core.leases import STREAM_RENEW_S, StreamSlot, StreamSlots
 from app.core.live import TailWaiter
-from app.core.ratelimit import STREAM_RENEW_S, StreamSlot, StreamSlots
 from app.jobs import events_repository as events_repo
 from app.jobs import repository as jobs_repo
 from app.jobs.presenters import event_out

@@ -19,8 +19,9 @@ from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.errors import TooManyRequests
 from app.core.ids import new_id
+from app.core.leases import RedisStore
 from app.core.models import Job
-from app.core.ratelimit import RedisStore, RequestLimiter
+from app.core.ratelimit import RequestLimiter
 from app.core.settings import Settings
 from app.jobs import dispatch, transitions
 from app.jobs import repository as jobs_repo

@@ -27,7 +27,12 @@ from jobspec.prompt_format import (
     hermes_call_text,
     parse_hermes,
 )
-from tests.trainer.agents.test_chat_and_parsing import QWEN_LIKE, STRICT_ROLES, with_template
+from tests.trainer.agents.test_chat_and_parsing import (
+    QWEN_LIKE,
+    STRICT_ROLES,
+    TOOLS,  # one multiply tool
+    with_template,
+)
 from trainer.agents.chat import ChatFormat, chat_format
 from trainer.agents.parsing import parse_hermes as trainer_parse
 from trainer.data.dataset import conversation as trainer_conversation
@@ -37,16 +42,6 @@ SYSTEM_PROMPT = "You are a calculator."
 FEW_SHOT = [
     {"role": "user", "content": "what is 2*3?"},
     {"role": "assistant", "content": "6"},
-]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "multiply",
-            "description": "Multiply two integers.",
-            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
-        },
-    }
 ]
 QUESTION = "what is 6*7?"
 ARGUMENTS = {"a": 6, "b": 7}

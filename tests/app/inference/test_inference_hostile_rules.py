@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from app.core.errors import TooManyRequests
-from app.core.ratelimit import Lease, RedisStore, WorkBudget
+from app.core.leases import Lease, RedisStore, WorkBudget
 from app.inference import answer, proxy
 from app.inference.engine_limits import HAZARDS
 from app.inference.request_schemas import ChatCompletionRequest, CompletionRequest

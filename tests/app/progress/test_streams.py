@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from app.core.errors import TooManyRequests
-from app.core.ratelimit import RedisStore, StreamSlots
+from app.core.leases import RedisStore, StreamSlots
 from app.core.settings import Settings
 from tests.conftest import (
     REDIS_URL,
