@@ -68,6 +68,7 @@ from jobspec.checkpoint import (
 )
 from jobspec.dataset import ArithmeticGenerator, DatasetSpec, SavedDataset
 from jobspec.grpo import (
+    CPU_ROLLOUT_DTYPE,
     MAX_COMPLETIONS_PER_UPDATE,
     AdvantageScale,
     DynamicSamplingSpec,
@@ -79,6 +80,7 @@ from jobspec.grpo import (
     RolloutSpec,
     SamplerCorrectionMode,
     SamplerCorrectionSpec,
+    rollout_dtype,
 )
 from jobspec.integrations import (
     INTEGRATION_TYPES,
@@ -102,6 +104,7 @@ from specbase import StrictModel, literal_tag, text_problem
 
 __all__ = [
     "ALL_LINEAR",
+    "CPU_ROLLOUT_DTYPE",
     "GRADER_SPECS",
     "GRADER_TYPES",
     "INTEGRATION_TYPES",
@@ -174,6 +177,7 @@ __all__ = [
     "grader_name",
     "is_hub_repo_id",
     "literal_tag",
+    "rollout_dtype",
     "row_fields_problem",
     "spec_limits_violations",
     "text_problem",

@@ -13,6 +13,7 @@ from jobspec.kl import KLSpec
 from specbase import StrictModel
 
 __all__ = [
+    "CPU_ROLLOUT_DTYPE",
     "MAX_COMPLETIONS_PER_UPDATE",
     "AdvantageScale",
     "DynamicSamplingSpec",
@@ -24,6 +25,7 @@ __all__ = [
     "RolloutSpec",
     "SamplerCorrectionMode",
     "SamplerCorrectionSpec",
+    "rollout_dtype",
 ]
 
 # The names a job can choose, declared once, here: pydantic rejects anything else with a 422
@@ -269,8 +271,12 @@ class RolloutSpec(StrictModel):
     engine: RolloutEngineName = Field(
         default="vllm", description="vllm (fast, weights pushed every step) or transformers."
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        default="float32", description="Precision of the rollout engine."
+    dtype: Literal["float32", "bfloat16"] | None = Field(
+        default=None,
+        description=(
+            "Precision of the rollout engine. Default: chosen at start by the device "
+            "(rollout_dtype): the training dtype (grpo.dtype) on a GPU, float32 elsewhere."
+        ),
     )
     kv_cache_gib: float | None = Field(
         default=None,
@@ -314,6 +320,26 @@ class RolloutSpec(StrictModel):
             "adapter alone saved and hot-swapped as a vLLM LoRA adapter; the base stays put)."
         ),
     )
+
+
+CPU_ROLLOUT_DTYPE: Literal["float32"] = "float32"
+
+
+def rollout_dtype(
+    asked: Literal["float32", "bfloat16"] | None, training_dtype: str, device_type: str
+) -> Literal["float32", "bfloat16"]:
+    """The rollout engine's dtype on a ``device_type`` device (torch's: "cuda", "cpu"):
+    ``rollout.dtype`` when the job set it, else the training dtype on CUDA (a float32 engine
+    there decodes at half speed with twice the KV memory, for samples the bfloat16 policy would
+    not draw) and float32 elsewhere (vLLM-CPU's bfloat16 is slow or generic on many CPUs).
+    The spec cannot know the device, so the default is resolved here when the run starts."""
+    if asked is not None:
+        return asked
+    if device_type == "cuda":
+        if training_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"unknown training dtype {training_dtype!r}")
+        return "bfloat16" if training_dtype == "bfloat16" else "float32"
+    return CPU_ROLLOUT_DTYPE
 
 
 class EvalSpec(StrictModel):

@@ -17,12 +17,14 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from app.inference.protocol import EnsureRequest
-from jobspec import RolloutSpec
+from jobspec import CPU_ROLLOUT_DTYPE
 from jobspec.model_source import MAX_REVISION_CHARS
 
 EngineDtype = Literal["float32", "bfloat16"]
-# A bare base model (no job) answers as a job's first rollouts would: in the trainer's default.
-DEFAULT_DTYPE: EngineDtype = RolloutSpec.model_fields["dtype"].default
+# A bare base model (no job), or a job that left rollout.dtype unset, answers in the CPU
+# rollouts' dtype (float32): the API cannot know the device a job's worker had (a GPU worker
+# resolves unset to grpo.dtype; jobspec.rollout_dtype). Pin rollout.dtype to serve otherwise.
+DEFAULT_DTYPE: EngineDtype = CPU_ROLLOUT_DTYPE
 REVISION_MARK = "@"
 DTYPE_MARK = "#"
 

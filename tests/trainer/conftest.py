@@ -29,6 +29,7 @@ MODEL_RUNS = (
     "test_launch.py",
     "test_cli.py::test_two_ranks_train_from_the_command_line",
     "test_cli.py::test_ctrl_c_stops_two_ranks_at_a_step_with_a_checkpoint",
+    "test_memory_plan_peak.py",  # a training step of SmolLM2 against the memory plan
 )
 # Tests that start processes of their own (spawned grader workers, a memory probe subprocess):
 # marker `process`, also left out of `make test-fast`.
@@ -36,6 +37,7 @@ PROCESS_RUNS = (
     "test_memory.py",
     "distributed/test_equivalence.py",  # torchrun, two ranks
     "distributed/test_ranks.py",
+    "distributed/test_streaming.py",  # torchrun, two ranks streaming their weights
     "agents/test_sandbox_tools.py",  # python tools and environments in bubblewrap
     "agents/test_agent_training.py",  # the same, in agent jobs
     # torchrun's agent and its ranks (trainer.run.launch)

@@ -126,3 +126,38 @@ def test_a_bfloat16_job_learns_with_float32_master_weights(tmp_path: Path) -> No
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.25, rewards
     # The engine generates with the float32 policy; the trainer scores it in bfloat16: close.
     assert all(m["logprob_diff/engine_vs_trainer"] < 0.05 for m in rec.metrics.values())
+
+
+def test_a_lora_base_stored_in_bfloat16_computes_exactly_what_autocast_computed() -> None:
+    """A bfloat16 LoRA job stores its frozen base's Linear weights in bfloat16 (half the
+    base's memory): under autocast the log-probabilities and the adapters' gradients are
+    bit-identical to those of the float32 base; the head and embeddings stay float32."""
+    from jobspec import LoraSpec
+    from trainer.models.lora import apply_lora
+    from trainer.models.precision import store_frozen_linears_for_autocast
+
+    def run(cast: bool) -> tuple[torch.Tensor, list[torch.Tensor], Any]:
+        torch.manual_seed(0)
+        model, _ = load_policy(resolve_model("tiny-random-llama"))
+        policy: Any = apply_lora(model, LoraSpec(rank=4), base_name="tiny-random-llama")
+        for name, p in policy.named_parameters():  # adapters away from their zero init
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.1)
+        if cast:
+            assert store_frozen_linears_for_autocast(policy, "bfloat16") > 0
+        ids = _ids()
+        with autocast("bfloat16", torch.device("cpu")):
+            logprobs, _ = completion_logprobs(policy, ids, torch.ones_like(ids), 5)
+        logprobs.sum().backward()
+        grads = [p.grad for p in policy.parameters() if p.requires_grad]
+        return logprobs.detach(), grads, policy
+
+    exact, exact_grads, _ = run(cast=False)
+    stored, stored_grads, policy = run(cast=True)
+    assert torch.equal(exact, stored)
+    assert all(torch.equal(a, b) for a, b in zip(exact_grads, stored_grads, strict=True))
+    base = policy.base_model.model
+    assert base.model.layers[0].self_attn.q_proj.base_layer.weight.dtype == torch.bfloat16
+    assert base.model.layers[0].self_attn.q_proj.lora_A["default"].weight.dtype == torch.float32
+    assert base.get_output_embeddings().weight.dtype == torch.float32
+    assert base.model.embed_tokens.weight.dtype == torch.float32

@@ -355,15 +355,18 @@ def load_checkpoint(
     scheduler: LRScheduler | None,
     *,
     restore_rng: bool = True,
+    weights: bool = True,
 ) -> TrainState:
     """Restore model weights, optimizer, scheduler and RNG states in place; returns the rest.
 
     A multi-rank run's checkpoint loads into one process too (its optimizer state through
-    :func:`load_sharded`); a multi-rank run restores with ``optimizer`` None and then calls
-    :func:`load_sharded` on its sharded policy."""
+    :func:`load_sharded`); a multi-rank run restores with ``optimizer`` None and ``weights``
+    False (no whole copy of the weights on any rank) and then calls :func:`load_sharded` on its
+    sharded policy, which holds the weights too."""
     path = Path(path)
     manifest = _read_manifest(path)
-    load_checkpoint_weights(path, model)
+    if weights:
+        load_checkpoint_weights(path, model)
     saved = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
     if optimizer is not None and saved.get("optimizer_keys") == _SHARDED:
         load_sharded(path / SHARDED_DIR, model, optimizer)

@@ -6,10 +6,13 @@ What it owns:
   initialisation from torchrun's environment, and the collectives the trainer calls, each with
   a timeout (``GRPO_DIST_TIMEOUT_S``) whose expiry raises :class:`DistributedTimeout` naming the
   rank and the phase, never a hang.
-- ``sharding``: the policy (and reference) as FSDP2 shards on a device mesh, with gradients
-  summed rather than averaged over ranks (the loss is already normalised by the global count).
-- ``weights``: every parameter gathered whole, one tensor at a time and in the same order on
-  every rank, for the rank's own rollout engine and for checkpoints.
+- ``sharding``: rank 0's initial weights broadcast, then the policy (and reference) as FSDP2
+  shards on a device mesh, moved to the device unit by unit, with gradients summed rather
+  than averaged over ranks (the loss is already normalised by the global count) and reduced
+  once per minibatch.
+- ``weights``: every parameter gathered whole, in the same order on every rank and cast to the
+  engine's dtype, streamed to the rank's own rollout engine in bounded buckets (no whole copy
+  held), and the mirror the transformers engine and checkpoints read.
 
 The step driver (``trainer.run``) uses these; what starts the ranks and relays rank 0's
 callbacks to the process that started them sits with the other drivers, in ``trainer.run``

@@ -8,10 +8,18 @@ loss): the update scales each rank's backward by the world size (:func:`backward
 the step on two ranks would be half the one-process step (../shared/environment.md measured
 it). A divide factor of 1 would say the same, but FSDP applies it with a pre-multiplied sum,
 which gloo does not have.
+
+Start-up order (docs/scaling.md): the policy is loaded in host memory, rank 0's weights are
+broadcast (:func:`broadcast_module`: FSDP2 does not, and equal seeds are a convention, not a
+guarantee: a LoRA adapter's random init or a caller's model could differ), and only then does
+:func:`shard_model` place it: ``fully_shard`` moves one FSDP unit at a time onto the mesh's
+device and keeps this rank's shard of it, so the device never holds the whole float32 policy.
 """
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -19,7 +27,15 @@ from torch.distributed.tensor import DTensor
 
 from trainer.distributed.world import World
 
-__all__ = ["backward_scale", "decoder_layers", "full_value", "mesh_for", "shard_model"]
+__all__ = [
+    "backward_scale",
+    "broadcast_module",
+    "decoder_layers",
+    "full_value",
+    "gradient_sync",
+    "mesh_for",
+    "shard_model",
+]
 
 
 def mesh_for(world: World, device_type: str) -> DeviceMesh:
@@ -39,8 +55,27 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))]
 
 
+def broadcast_module(model: nn.Module, world: World, device: torch.device) -> None:
+    """Give every rank rank 0's parameters and buffers, in place, one tensor at a time and in
+    ``state_dict`` order (the same on every rank). Each tensor travels through ``device``
+    (NCCL broadcasts device tensors only), so at most one tensor is there at a time; call it
+    on the unsharded host model, before :func:`shard_model`."""
+    if not world.distributed:
+        return
+    tensors = [*model.parameters(), *model.buffers()]
+    with torch.no_grad(), world.phase("setup"):
+        for tensor in tensors:
+            moved = tensor.detach().to(device)
+            dist.broadcast(moved, src=0)
+            if moved.data_ptr() != tensor.data_ptr():
+                tensor.detach().copy_(moved)
+
+
 def shard_model(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
-    """Shard ``model`` in place (per decoder layer, then the root); returns it. Frozen parameters (a LoRA base) are sharded too and get no gradient."""
+    """Shard ``model`` in place (per decoder layer, then the root); returns it. Frozen
+    parameters (a LoRA base) are sharded too and get no gradient. ``fully_shard`` moves each
+    unit's tensors onto the mesh's device as it shards them: a host model arrives there one
+    unit at a time, as shards."""
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -51,6 +86,18 @@ def backward_scale(model: nn.Module, world_size: int) -> float:
     """What a rank's loss is multiplied by before its backward so that FSDP's averaged
     gradient is the sum over ranks: the world size for a sharded model, else 1."""
     return float(world_size) if isinstance(model, FSDPModule) else 1.0
+
+
+def gradient_sync(model: nn.Module, *, last: bool) -> None:
+    """Reduce-scatter gradients in the minibatch's last micro-batch's backward only: FSDP2's
+    ``set_requires_gradient_sync(False)`` keeps the earlier ones' gradients unsharded on each
+    rank, accumulating, and the last backward reduces their sum once (one reduce-scatter per
+    minibatch instead of one per micro-batch). The price is unsharded float32 gradients on
+    every rank during the accumulation (4 bytes a trainable parameter: docs/scaling.md). A
+    model without the switch (one process) is left alone."""
+    switch = getattr(model, "set_requires_gradient_sync", None)
+    if callable(switch):
+        switch(last)
 
 
 def full_value(value: Tensor) -> Tensor:

@@ -4,8 +4,10 @@ Every collective goes through :class:`World` with the name of the phase it belon
 ("collect", "update", "sync", ...). It waits at most ``timeout_s`` (``GRPO_DIST_TIMEOUT_S``,
 also the process group's own timeout, which bounds FSDP's internal collectives); when it fails
 or times out, :class:`DistributedTimeout` names the rank and the phase, so a rank that died or
-hung ends its peers with an error a person can act on. A single-rank world runs none of them:
-each call returns its input.
+hung ends its peers with an error a person can act on. A wait known to outlast that bound
+(rank 0 writing a large checkpoint) runs in a group of its own with a longer timeout
+(:meth:`World.patient_group`). A single-rank world runs none of them: each call returns its
+input.
 """
 
 from __future__ import annotations
@@ -26,13 +28,25 @@ from trainer.errors import DistributedTimeout
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "DistributedTimeout",
+    "PatientGroup",
     "World",
     "init_world",
+    "process_group_backend",
+    "process_group_kwargs",
     "single_world",
     "world_from_env",
 ]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PatientGroup:
+    """A process group over every rank whose collectives may take ``timeout_s``, longer
+    than the world's (:meth:`World.patient_group`)."""
+
+    group: Any  # a dist.ProcessGroup
+    timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -81,10 +95,29 @@ class World:
         except (RuntimeError, dist.DistBackendError) as exc:
             raise DistributedTimeout(self.rank, name, str(exc).splitlines()[0][:300]) from exc
 
-    def _wait(self, work: Any, phase: str) -> None:
+    @contextmanager
+    def patient_group(self, timeout_s: float) -> Iterator[PatientGroup | None]:
+        """A gloo group over every rank for collectives that may wait up to ``timeout_s``
+        (rank 0 writing a large checkpoint while the others wait at its barrier): the default
+        group's backend would abort such a wait at the world's timeout, whatever ``wait`` is
+        given, so the bound must be the group's own. Created on entry, a collective every rank
+        enters at the same point, before the slow part begins; destroyed on exit. None for a
+        single rank."""
+        if not self.distributed:
+            yield None
+            return
+        bound = max(timeout_s, self.timeout_s)
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=bound))
+        try:
+            yield PatientGroup(group=group, timeout_s=bound)
+        finally:
+            dist.destroy_process_group(group)
+
+    def _wait(self, work: Any, phase: str, timeout_s: float | None = None) -> None:
+        bound = self.timeout_s if timeout_s is None else timeout_s
         with self.phase(phase):
-            if not work.wait(timeout=timedelta(seconds=self.timeout_s)):
-                raise DistributedTimeout(self.rank, phase, f"no answer in {self.timeout_s:g}s")
+            if not work.wait(timeout=timedelta(seconds=bound)):
+                raise DistributedTimeout(self.rank, phase, f"no answer in {bound:g}s")
 
     def all_reduce(self, tensor: torch.Tensor, phase: str, *, op: str = "sum") -> torch.Tensor:
         """``tensor`` reduced over the ranks in place (``op``: sum, max or min); returned."""
@@ -120,9 +153,16 @@ class World:
             dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def barrier(self, phase: str) -> None:
-        if self.distributed:
+    def barrier(self, phase: str, patient: PatientGroup | None = None) -> None:
+        """Wait for every rank: in the default group within the world's timeout, or in a
+        ``patient`` group (:meth:`patient_group`) within its longer one."""
+        if not self.distributed:
+            return
+        if patient is None:
             self._wait(dist.barrier(async_op=True), phase)
+        else:
+            work = dist.barrier(group=patient.group, async_op=True)
+            self._wait(work, phase, patient.timeout_s)
 
 
 def single_world() -> World:
@@ -146,17 +186,37 @@ def world_from_env(environ: dict[str, str] | None = None) -> World:
     )
 
 
+def process_group_backend(device: torch.device) -> str:
+    """The default group's backend for a rank computing on ``device``.
+
+    On CUDA, a map with a CPU backend beside NCCL: the trainer also reduces host tensors
+    (:meth:`World.sum_floats`' float64 sums, object gathers), which an NCCL-only group refuses
+    ("No backend type associated with device type cpu"). Elsewhere gloo alone."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
+def process_group_kwargs(world: World, device: torch.device) -> dict[str, Any]:
+    """The arguments of ``dist.init_process_group`` for ``world`` on ``device``: the backend
+    (:func:`process_group_backend`), the rank, the size and the world's timeout; on an indexed
+    CUDA device its ``device_id`` too, which binds the group to the rank's own GPU so NCCL
+    builds its communicator there at once (not on whatever device is current at the first
+    collective)."""
+    kwargs: dict[str, Any] = {
+        "backend": process_group_backend(device),
+        "rank": world.rank,
+        "world_size": world.size,
+        "timeout": timedelta(seconds=world.timeout_s),
+    }
+    if device.type == "cuda" and device.index is not None:
+        kwargs["device_id"] = device
+    return kwargs
+
+
 def init_world(world: World, device: torch.device) -> None:
-    """Join the default process group (nccl on CUDA, gloo elsewhere) with the world's timeout;
-    nothing for a single rank or a group already joined."""
+    """Join the default process group (:func:`process_group_kwargs`), making ``device`` the
+    current CUDA device first; nothing for a single rank or a group already joined."""
     if not world.distributed or dist.is_initialized():
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend=backend,
-        rank=world.rank,
-        world_size=world.size,
-        timeout=timedelta(seconds=world.timeout_s),
-    )
+    dist.init_process_group(**process_group_kwargs(world, device))

@@ -28,10 +28,10 @@ in ``jobspec.RolloutEngineName`` (a test checks the keys equal the spec's names)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -91,6 +91,36 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release the engine's memory; the engine is unusable afterwards."""
         ...
+
+
+@runtime_checkable
+class StreamedSync(Protocol):
+    """An engine that takes a sharded policy's weights as they are gathered, bucket by bucket
+    (``trainer.distributed.weights.engine_buckets``; several ranks, no whole copy anywhere).
+
+    ``buckets`` yields lists of ``(name, tensor)``: whole tensors in the engine's dtype, under
+    the names the run's weight view gives (``trainer.run.engine_sync.engine_view``): the base
+    model's Hugging Face names with LoRA merged ("merged", ``lm_head.*`` included even when
+    tied), or a LoRA adapter's own tensors under the policy's state_dict names (keys with
+    ``.lora_A.default.``/``.lora_B.default.``; "adapter"). The engine must copy a bucket into
+    place (or out of the tensors) before it asks for the next one: asking for the next runs
+    the next bucket's gathers, collectives every rank runs in the same order, and a bucket's
+    tensors may be freed once the next is asked for. The engine must not call the trainer's
+    process group. Once every bucket is in, caches computed with the old weights are dropped
+    (a prefix cache). ``adapter_config``: the adapter's ``peft.LoraConfig`` with the "adapter"
+    view (an engine that loads adapter folders writes it beside the tensors), else None.
+    Returns the seconds spent, gathers included."""
+
+    def load_weight_buckets(
+        self,
+        buckets: Iterable[Sequence[tuple[str, torch.Tensor]]],
+        adapter_config: Any = None,
+    ) -> float: ...
+
+
+def streamed_sync(engine: object) -> StreamedSync | None:
+    """``engine`` when it takes weight buckets (:class:`StreamedSync`), else None."""
+    return engine if isinstance(engine, StreamedSync) else None
 
 
 @dataclass

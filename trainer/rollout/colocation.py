@@ -24,12 +24,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from torch import nn
+from torch.distributed.tensor import DTensor
+
 __all__ = [
     "MIN_ENGINE_SHARE",
     "Colocation",
     "engine_memory_share",
     "head_chunk_rows_for",
     "sleep_level",
+    "trainable_params_on_rank",
     "update_reserve_bytes",
 ]
 
@@ -46,6 +50,20 @@ class DoesNotFit(ValueError):
     """The trainer leaves too little of the device for the rollout engine."""
 
 
+def trainable_params_on_rank(model: nn.Module) -> int:
+    """The trainable parameters whose gradients and optimizer state this rank allocates: all
+    of them on one rank; under FSDP this rank's shards (a DTensor's local part: its
+    ``numel()`` is the whole tensor's). The update reserve is per device, so this local share
+    is what it means; FSDP's transient unsharded layer during a pass counts with the
+    activations' margin."""
+    total = 0
+    for param in model.parameters():
+        if param.requires_grad:
+            local = param.to_local() if isinstance(param, DTensor) else param
+            total += local.numel()
+    return total
+
+
 def update_reserve_bytes(
     *,
     trainable_params: int,
@@ -55,8 +73,9 @@ def update_reserve_bytes(
     gradient_checkpointing: bool,
     optimizer_allocated: bool,
 ) -> int:
-    """What the update still allocates once the models are placed: float32 gradients (4 bytes
-    a trainable parameter), AdamW's two float32 moments (8 bytes, on the first step only:
+    """What the update still allocates once the models are placed, on one device:
+    ``trainable_params`` is that device's (:func:`trainable_params_on_rank`); float32
+    gradients (4 bytes a trainable parameter), AdamW's two float32 moments (8 bytes, on the first step only:
     ``optimizer_allocated`` False), and one micro-batch's activations (float32)."""
     grads = 4 * trainable_params
     adam = 0 if optimizer_allocated else 8 * trainable_params

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,7 +77,9 @@ class HFEngine:
         stop_token_ids: Sequence[int] | None = None,
     ) -> None:
         target = torch_dtype(dtype)
-        if next(policy_model.parameters()).dtype == target:
+        # Generating with the policy itself needs every weight in the engine's dtype (a LoRA
+        # base stored in bfloat16 for autocast, under float32 rollouts, takes a copy).
+        if all(p.dtype == target for p in policy_model.parameters()):
             self._model = policy_model
             self._owns_copy = False
         else:
@@ -138,6 +141,24 @@ class HFEngine:
         start = time.perf_counter()
         with torch.no_grad():
             self._model.load_state_dict(model.state_dict())
+        return time.perf_counter() - start
+
+    def load_weight_buckets(
+        self,
+        buckets: Iterable[Sequence[tuple[str, torch.Tensor]]],
+        adapter_config: Any = None,
+    ) -> float:
+        """Copy whole tensors, bucket by bucket, into the module the engine generates with,
+        by its ``state_dict`` names (:class:`trainer.rollout.base.StreamedSync`; the "state_dict"
+        weight view), casting each to the module's dtype. Unknown names are an error."""
+        start = time.perf_counter()
+        target = self._model.state_dict()
+        with torch.no_grad():
+            for bucket in buckets:
+                for name, tensor in bucket:
+                    if name not in target:
+                        raise KeyError(f"the engine's module has no weight {name!r}")
+                    target[name].copy_(tensor.to(target[name].device))
         return time.perf_counter() - start
 
     def close(self) -> None:

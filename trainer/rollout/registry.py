@@ -132,7 +132,9 @@ def make_engine(
     ``lora_rank`` (vllm only): serve LoRA adapters up to that rank, hot-swapped by
     ``sync_weights`` instead of merged weights (``rollout.lora_sync: adapter``).
     ``engine_options`` (vllm only): ``enforce_eager``, ``gpu_memory_utilization``,
-    ``sleep_mode`` (``trainer.rollout.colocation``).
+    ``sleep_mode`` (``trainer.rollout.colocation``), ``device``: the trainer's device (the
+    rank's, or a pinned worker's), which the engine is built on (``trainer.rollout.vllm_config``;
+    left out: the current CUDA device, else the CPU).
 
     Both stop on the same end tokens: ``stop_token_ids``, by default every end token the model
     declares (:func:`trainer.rollout.stop_tokens.stop_token_ids` of ``tokenizer`` and

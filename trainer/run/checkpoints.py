@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
 
 from jobspec.checkpoint_files import SHARDED_DIR
 from trainer.checkpoint.sharded import load_sharded, save_sharded
@@ -18,9 +23,11 @@ from trainer.checkpoint.store import (
     save_checkpoint,
 )
 from trainer.data.dataset import SamplerState
+from trainer.distributed.timeout import checkpoint_timeout_s
+from trainer.distributed.world import PatientGroup
 from trainer.run.setup import RunSetup
 
-__all__ = ["RunCheckpoints"]
+__all__ = ["RunCheckpoints", "checkpoint_bytes", "folder_bytes"]
 
 
 class RunCheckpoints:
@@ -36,12 +43,17 @@ class RunCheckpoints:
         if s.mirror is None:
             state = load_checkpoint(Path(path), s.model, s.optimizer, s.scheduler)
         else:
-            # Several ranks: each reads the Hugging Face weights into its unsharded mirror,
-            # then its shards of the weights and optimizer state (DCP reshards them when the
-            # checkpoint was written by another number of ranks).
-            state = load_checkpoint(Path(path), s.mirror.model, None, s.scheduler)
-            with s.world.phase("restore"):
-                load_sharded(Path(path) / SHARDED_DIR, s.model, s.optimizer)
+            # Several ranks: each reads its shards of the weights and optimizer state (DCP
+            # reshards them when the checkpoint was written by another number of ranks), its
+            # collectives waiting for the slowest rank's reads as long as the checkpoint's size
+            # needs. No rank reads the whole Hugging Face weights: the mirror is refreshed from
+            # the shards when something next needs it.
+            timeout = checkpoint_timeout_s(s.world.timeout_s, folder_bytes(Path(path)))
+            with s.world.patient_group(timeout) as patient:
+                state = load_checkpoint(Path(path), s.model, None, s.scheduler, weights=False)
+                with s.world.phase("restore"):
+                    load_sharded(Path(path) / SHARDED_DIR, s.model, s.optimizer, _group(patient))
+            s.mirror.mark_stale()
         s.sampler.restore(SamplerState.from_dict(state.sampler))
         s.guard.streak = int(state.extra.get("nonfinite_streak", 0))
         best_by = state.extra.get(RETENTION_METRIC)
@@ -65,20 +77,46 @@ class RunCheckpoints:
         extra: dict[str, object] = {"nonfinite_streak": s.guard.streak, "metrics": metrics}
         if retention.keep_best_by is not None:
             extra[RETENTION_METRIC] = {"name": retention.keep_best_by, "value": self.best_by_value}
-        temp_dir = None
-        if s.mirror is not None:
-            # Every rank writes its shards into the folder rank 0 opened; rank 0 then adds the
-            # Hugging Face weights (from its mirror) and the rest, and renames it complete.
-            s.mirror.ensure_fresh(s.model)
-            opened = new_temp_dir(s.output_dir, step) if s.world.is_main else None
-            temp_dir = s.world.broadcast_object(opened, "checkpoint")
-            assert temp_dir is not None
-            with s.world.phase("checkpoint"):
-                save_sharded(temp_dir / SHARDED_DIR, s.model, s.optimizer)
+        if s.mirror is None:
+            path = self._write(step, extra, temp_dir=None)
+        else:
+            path = self._write_on_every_rank(step, extra)
             if not s.world.is_main:
-                s.world.barrier("checkpoint")
-                return checkpoint_path(s.output_dir, step)
-        path = save_checkpoint(
+                return path
+        s.callbacks.on_checkpoint(step, path)
+        return path
+
+    def _write_on_every_rank(self, step: int, extra: dict[str, object]) -> Path:
+        """Every rank writes its shards into the folder rank 0 opened; rank 0 then adds the
+        Hugging Face weights (from its mirror) and the rest, and renames it complete, while the
+        others wait at the barrier. Both waits are bounded by the checkpoint's size
+        (:func:`checkpoint_timeout_s`), not the world's timeout a large model's write outlasts;
+        the folder's path on every rank."""
+        s = self.setup
+        assert s.mirror is not None
+        # Rank 0 writes the whole weights; the others only take part in the gathers (a lazy
+        # mirror stays a skeleton there: no host copy on every rank of a node).
+        s.mirror.gather_for_main(s.model)
+        opened = new_temp_dir(s.output_dir, step) if s.world.is_main else None
+        temp_dir = s.world.broadcast_object(opened, "checkpoint")
+        assert temp_dir is not None
+        timeout = checkpoint_timeout_s(s.world.timeout_s, checkpoint_bytes(s.model, s.optimizer))
+        with s.world.patient_group(timeout) as patient:
+            with s.world.phase("checkpoint"):
+                save_sharded(temp_dir / SHARDED_DIR, s.model, s.optimizer, _group(patient))
+            path = checkpoint_path(s.output_dir, step)
+            if s.world.is_main:
+                path = self._write(step, extra, temp_dir=temp_dir)
+            s.world.barrier("checkpoint", patient)  # the others go on once the folder is complete
+        return path
+
+    def _write(self, step: int, extra: dict[str, object], temp_dir: Path | None) -> Path:
+        """Rank 0's part: the weights the engine reads, the tokenizer, the optimizer (unless
+        sharded), RNGs and manifest, renamed complete; retention applied unless the callbacks
+        apply it."""
+        s = self.setup
+        retention = s.config.checkpoint
+        return save_checkpoint(
             s.output_dir,
             step,
             model=s.rollout_model,
@@ -90,6 +128,32 @@ class RunCheckpoints:
             retention=None if s.callbacks.applies_retention else retention,
             temp_dir=temp_dir,
         )
-        s.world.barrier("checkpoint")  # the other ranks go on once the folder is complete
-        s.callbacks.on_checkpoint(step, path)
-        return path
+
+
+def _group(patient: PatientGroup | None) -> Any:
+    """The process group of a patient wait (None: the default group)."""
+    return None if patient is None else patient.group
+
+
+def checkpoint_bytes(model: nn.Module, optimizer: Optimizer) -> int:
+    """What a multi-rank checkpoint writes, in bytes, over every rank: the trainable
+    parameters twice (the ranks' shards, then rank 0's Hugging Face weights) and the optimizer
+    state (Adam: two moments per parameter). Sizes are global: a sharded tensor counts whole."""
+    params = {id(p): p for p in model.parameters() if p.requires_grad}
+    weights = sum(_tensor_bytes(p) for p in params.values())
+    state = sum(
+        _tensor_bytes(value)
+        for per_param in optimizer.state.values()
+        for value in per_param.values()
+        if isinstance(value, torch.Tensor)
+    )
+    return 2 * weights + state
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def folder_bytes(folder: Path) -> int:
+    """The size of every file under ``folder``: what a restore reads."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())

@@ -147,7 +147,7 @@ def agent_rollout(config: JobSpec, setup: RunSetup, given: Given) -> AgentRollou
     """The run's episode rollout (None for a job without tools or an environment)."""
     if not config.is_agentic:
         return None
-    limit, warning = episode_token_limit(config, setup.rollout_model, setup.tokenizer)
+    limit, warning = episode_token_limit(config, setup.engine_model, setup.tokenizer)
     if warning is not None:
         setup.callbacks.on_event(
             "config",
@@ -158,7 +158,7 @@ def agent_rollout(config: JobSpec, setup: RunSetup, given: Given) -> AgentRollou
     return AgentRollout(
         config,
         setup.tokenizer,
-        model=setup.rollout_model,
+        model=setup.engine_model,
         model_path=setup.model_path,
         http_tools=given.http_tools,
         http_environment=given.http_environment,

@@ -32,6 +32,7 @@ from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine
 from trainer.run.callbacks import Callbacks
 from trainer.run.checkpoints import RunCheckpoints
+from trainer.run.engine_sync import push_initial_weights
 from trainer.run.episodes import agent_rollout, refuse_unrunnable
 from trainer.run.evaluation import evaluate_run
 from trainer.run.metrics import build_samples, rollout_metrics, sampling_report
@@ -209,7 +210,8 @@ class _Run:
         """Start the engine (or take the caller's), then push weights and announce the run."""
         self.started = start_run_engine(self.setup)
         self.engine = self.started.engine
-        announce_run(self.setup, self.started, resume_from, start_step)
+        pushed = push_initial_weights(self.setup, self.started, resume_from is not None)
+        announce_run(self.setup, self.started, resume_from, start_step, pushed)
 
     # ------------------------------------------------------------------ one step
 

@@ -6,6 +6,12 @@ held-out split (a bad dataset fails before any model is loaded), the scorer, the
 policy and its tokenizer, the prompts as token ids, the optimizer, schedule and non-finite
 guard, and the KL reference (:func:`prepare_run`); then, once a checkpoint is restored, the
 rollout engine (:func:`start_run_engine`, :func:`announce_run`).
+
+The policy is loaded in host memory, and its copies are made there, tensor by tensor, before it
+reaches the device (docs/scaling.md, "Start-up order and memory per rank"): the reference in
+its own dtype, then on one rank both move to the device; on several ranks rank 0's weights are
+broadcast, and the reference then the policy are sharded, ``fully_shard`` moving one unit at a
+time onto the device as shards. The device never holds two float32 copies of the policy.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from trainer.data.dataset import (
     prompts_for_run,
     split_holdout,
 )
-from trainer.distributed.sharding import mesh_for, shard_model
+from trainer.distributed.sharding import broadcast_module, mesh_for, shard_model
 from trainer.distributed.weights import Mirror
 from trainer.distributed.world import World
 from trainer.models.loading import (
@@ -44,7 +50,7 @@ from trainer.models.loading import (
     resolve_model,
 )
 from trainer.models.lora import apply_lora
-from trainer.models.precision import enable_tf32
+from trainer.models.precision import enable_tf32, store_frozen_linears_for_autocast
 from trainer.models.reference import Reference, reference_for
 from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine, start_engine
@@ -125,14 +131,26 @@ class RunSetup:
     guard: NonFiniteGuard
     reference: Reference | None  # the KL reference; None when the KL is off
     world: World  # this rank's place among the job's ranks (a single rank: not distributed)
-    # Distributed: the unsharded copy of the policy the rank's engine and checkpoints read.
+    # Distributed: the unsharded module of the policy (trainer.distributed.weights.Mirror):
+    # the transformers engine generates with it (eager, on the device); for any other engine
+    # a meta skeleton, made whole in host memory only if something asks for whole weights.
     mirror: Mirror | None
     shares: int  # the job's devices: how each rollout round's prompts are split
 
     @property
+    def engine_model(self) -> nn.Module:
+        """What the rollout engine is built from (its config, a module to generate with): the
+        policy, or on several ranks the eager mirror; else the sharded policy itself, whose
+        config is the model's (vLLM loads the weights from the model's folder)."""
+        if self.mirror is not None and not self.mirror.lazy:
+            return self.mirror.model
+        return self.model
+
+    @property
     def rollout_model(self) -> nn.Module:
-        """The model the rollout engine is built from and synced with: the policy, or its
-        unsharded mirror when the policy is sharded."""
+        """The policy as one unsharded module: the policy, or its mirror when it is sharded
+        (a lazy mirror is materialised in host memory by this call: whole weights for a
+        checkpoint; the engine's sync never needs it, ``trainer.run.engine_sync``)."""
         return self.mirror.model if self.mirror is not None else self.model
 
 
@@ -146,7 +164,7 @@ def prepare_run(
 ) -> RunSetup:
     """Build the run's pieces from ``config`` (and what the caller ``given``), in order. In a
     distributed ``world`` the policy (and a full fine-tune's reference) are sharded over the
-    ranks once built, after an unsharded mirror of the policy was taken."""
+    ranks once built, in the order of the module docstring."""
     world = world or World()
     output_dir.mkdir(parents=True, exist_ok=True)
     for swept in sweep_temp_dirs(output_dir) if world.is_main else []:
@@ -165,10 +183,14 @@ def prepare_run(
     pad_id = int(pad if pad is not None else tok.eos_token_id or 0)
     prompts = _encode_prompts(config, callbacks, tok, train_rows, eval_rows)
     sampler = PromptSampler(len(prompts.train_rows), seed=config.seed, shuffle=ds.shuffle)
-    reference = _reference(config, policy.model)
     mirror = None
     if world.distributed:
-        mirror = _shard(world, device, policy.model, reference, _mirror_device(config, device))
+        broadcast_module(policy.model, world, device)  # before any copy is taken of it
+        reference = _reference(config, policy.model)
+        mirror = _shard(world, device, policy.model, reference, _mirror_kind(config))
+    else:
+        reference = _reference(config, policy.model)
+        _to_device(device, policy.model, reference)
     optimizer = build_optimizer(policy.model, config.grpo)
     scheduler = make_scheduler(optimizer, config.grpo)
     guard = NonFiniteGuard(callbacks.on_event)
@@ -202,11 +224,18 @@ def prepare_run(
     )
 
 
-def _mirror_device(config: JobSpec, device: torch.device) -> torch.device:
-    """Where the unsharded mirror lives: the host when the engine loads weights it is handed
-    (it keeps its own copy on the device), else the device it generates on."""
-    loads = ROLLOUT_ENGINE_TRAITS[config.rollout.engine].loads_folder
-    return torch.device("cpu") if loads else device
+def _mirror_kind(config: JobSpec) -> str:
+    """ "lazy" (no weights held: the engine loads its own, and the sync streams to it) when the
+    engine loads a folder, else "eager" (the transformers engine generates with the module)."""
+    return "lazy" if ROLLOUT_ENGINE_TRAITS[config.rollout.engine].loads_folder else "eager"
+
+
+def _to_device(device: torch.device, policy: nn.Module, reference: Reference | None) -> None:
+    """One rank: the host policy, then a separate reference (already in its dtype), to the
+    device (in place: a caller's model object stays the trained one)."""
+    policy.to(device)
+    if reference is not None and not reference.shares_policy:
+        reference.model.to(device)
 
 
 def _shard(
@@ -214,31 +243,36 @@ def _shard(
     device: torch.device,
     policy: nn.Module,
     reference: Reference | None,
-    mirror_device: torch.device,
+    mirror_kind: str,
 ) -> Mirror:
-    """Take the policy's unsharded mirror, then shard the policy and a separate reference
-    over the world's ranks (a LoRA reference is the policy itself)."""
-    mirror = Mirror(policy, world, mirror_device)
+    """Take the mirror of the host policy (eager: on the device, for the transformers engine;
+    lazy: a meta skeleton), then shard a separate reference (already in its dtype) and the
+    policy over the world's ranks; ``fully_shard`` moves them to the device unit by unit. A
+    LoRA reference is the policy itself."""
+    if mirror_kind == "eager":
+        mirror = Mirror.copy_of(policy, world, device)
+    else:
+        mirror = Mirror.skeleton_of(policy, world)
     mesh = mesh_for(world, device.type)
-    shard_model(policy, mesh)
     if reference is not None and not reference.shares_policy:
         shard_model(reference.model, mesh)
+    shard_model(policy, mesh)
     return mirror
 
 
 def _load_policy(
     config: JobSpec, callbacks: Callbacks, device: torch.device, given: Given
 ) -> _Policy:
-    """The policy on the run's device (the caller's object, or ``config.model`` loaded in
-    float32: the master weights, whatever ``grpo.dtype``) with gradient checkpointing as the
-    spec says, wrapped with LoRA adapters when ``config.lora`` asks, and its tokenizer."""
+    """The policy (the caller's object where it is, or ``config.model`` loaded in host memory
+    in float32: the master weights, whatever ``grpo.dtype``) with gradient checkpointing as
+    the spec says, wrapped with LoRA adapters when ``config.lora`` asks, and its tokenizer.
+    :func:`prepare_run` places it on the device once its copies are taken."""
     model, tokenizer = given.model, given.tokenizer
     model_path: Path | None = None
     if model is None or tokenizer is None:
         model_path = resolve_model(config.model, revision=config.model_revision)
         model, tokenizer = load_policy(model_path, dtype=torch.float32)
     policy = _Policy(model, tokenizer, model_path)
-    model.to(device)  # in place: a caller's model object stays the trained one
     if disable_dropout(model):
         callbacks.on_event("config", "dropout is off in the update, as in the scoring passes")
     if config.grpo.gradient_checkpointing and not enable_gradient_checkpointing(model):
@@ -251,6 +285,8 @@ def _load_policy(
     if config.lora is not None:
         # Recorded as the adapter's base: the job's own word for it, never a server path.
         policy.model = apply_lora(model, config.lora, base_name=config.model)
+        # The frozen base's Linear weights in the training dtype (exact under autocast).
+        store_frozen_linears_for_autocast(policy.model, config.grpo.dtype)
     if enable_tf32(device):
         callbacks.on_event("config", "TF32 matmuls on for float32 work on this device")
     return policy
@@ -296,25 +332,25 @@ def start_run_engine(setup: RunSetup) -> StartedEngine:
         setup.config,
         setup.model_path,
         setup.tokenizer,
-        setup.rollout_model,
+        setup.engine_model,
         setup.train_ids,
         setup.eval_ids,
         setup.device,
         staging_root=setup.output_dir,
+        trained=setup.model,
     )
 
 
 def announce_run(
-    setup: RunSetup, started: StartedEngine, resume_from: Path | None, start_step: int
+    setup: RunSetup,
+    started: StartedEngine,
+    resume_from: Path | None,
+    start_step: int,
+    sync_seconds: float,
 ) -> None:
-    """Give the engine the policy's weights where it may not hold them yet, and announce the
-    run (``on_start``, the engine's line, the resume)."""
+    """Announce the run (``on_start``, the engine's line, the resume and the seconds its
+    weights took to reach the engine: ``trainer.run.engine_sync.push_initial_weights``)."""
     config, cb = setup.config, setup.callbacks
-    sync_seconds = 0.0
-    if resume_from is not None or not started.owned:
-        # A built engine holds the weights it was built from: push restored ones before any
-        # rollout. A caller's engine may hold anything: always push.
-        sync_seconds = started.engine.sync_weights(setup.rollout_model)
     resumed = Path(resume_from) if resume_from is not None else None
     cb.on_start(
         RunInfo(

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from jobspec import GRPOSpec
-from trainer.distributed.sharding import backward_scale, full_value
+from trainer.distributed.sharding import backward_scale, full_value, gradient_sync
 from trainer.distributed.world import World
 from trainer.errors import NonFiniteLossError
 from trainer.models.memory import release_free_memory
@@ -329,8 +329,10 @@ def _minibatch(
     tokens, sequences = inputs.world.sum_floats(list(local), "update")
     totals = (tokens, sequences)
     policy_sum = kl_sum = 0.0
-    for start in range(0, len(mb_rows), spec.micro_batch_size):
+    starts = range(0, len(mb_rows), spec.micro_batch_size)
+    for start in starts:
         rows = mb_rows[start : start + spec.micro_batch_size]
+        gradient_sync(inputs.model, last=start == starts[-1])
         res = _micro_step(inputs, rows, spec=spec, totals=totals, with_entropy=pre is not None)
         release_free_memory()  # this micro-batch's activations, before the next
         policy_sum += res.policy

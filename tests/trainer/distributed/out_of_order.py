@@ -33,7 +33,7 @@ def main() -> int:
     world = world_from_env()
     init_world(world, torch.device("cpu"))
     model = tiny_llama(64)
-    mirror = Mirror(model, world, torch.device("cpu"))
+    mirror = Mirror.copy_of(model, world, torch.device("cpu"))
     shard_model(model, mesh_for(world, "cpu"))
     try:
         mirror.refresh(_Reversed(model) if world.rank == 1 else model)

@@ -76,7 +76,8 @@ class FakeLLM:
     def generate(self, prompts: list[Any], params: Any, **kwargs: Any) -> list[Any]:
         self.calls.append("generate")
         sample = SimpleNamespace(index=0, token_ids=[9, 3], logprobs=[{9: _lp(-1)}, {3: _lp(-2)}])
-        return [SimpleNamespace(outputs=[sample] * params.n) for _ in prompts]
+        each = params if isinstance(params, list) else [params] * len(prompts)  # CUDA: per prompt
+        return [SimpleNamespace(outputs=[sample] * p.n) for p in each]
 
 
 def _lp(value: float) -> Any:
@@ -334,8 +335,9 @@ def test_a_rollout_forks_and_restores_the_cuda_generator_too(
     fake_llm: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a GPU the sampler draws from the CUDA generator: the rollout's fork covers it, so the
-    trainer's CUDA random stream is where it was after a rollout."""
-    engine = _engine(tmp_path)
+    trainer's CUDA random stream is where it was after a rollout. The engine's device is the
+    one it was built on (the trainer's), not whatever device is current when it generates."""
+    engine = _engine(tmp_path, device=torch.device("cuda", 1))
     forked: list[list[int]] = []
 
     @contextmanager
@@ -346,7 +348,7 @@ def test_a_rollout_forks_and_restores_the_cuda_generator_too(
     monkeypatch.setattr(torch.random, "fork_rng", fork_rng)
     monkeypatch.setattr(torch, "manual_seed", lambda seed: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     try:
         engine.generate([[1, 2]], 2, max_new_tokens=4, temperature=1.0, seed=0)
     finally:
@@ -406,7 +408,9 @@ def test_every_vllm_call_and_keyword_the_engine_uses_exists_in_the_installed_vll
         gpu_memory_utilization=0.5,
         sleep_mode=True,
         lora_rank=16,
+        device=torch.device("cuda", 1),
     )
+    assert every["device_ids"] == [1]
     assert not every.keys() - accepted
     assert every["logprobs_mode"] in get_args(LogprobsMode)
 
@@ -431,9 +435,15 @@ def test_every_vllm_call_and_keyword_the_engine_uses_exists_in_the_installed_vll
         "lora_path",
     ]
     assert "prompt_token_ids" in TokensPrompt.__annotations__
-    params = vllm_engine.sampling_params(n=2, temperature=0.5, max_new_tokens=7, stop_token_ids=[3])
+    params = vllm_engine.sampling_params(
+        n=2, temperature=0.5, max_new_tokens=7, stop_token_ids=[3], seed=5
+    )
     assert isinstance(params, SamplingParams)
     assert (params.n, params.max_tokens, params.logprobs, params.detokenize) == (2, 7, 0, False)
+    assert params.seed == 5
+    # A list of params, one per prompt (the CUDA path's seeded requests), is a generate input.
+    accepted_params = inspect.signature(LLM.generate).parameters["sampling_params"].annotation
+    assert re.search(r"Sequence\[[\w.]*SamplingParams\]", str(accepted_params))
 
 
 def test_the_gpu_extra_pins_the_vllm_the_cpu_build_is_tested_with() -> None:

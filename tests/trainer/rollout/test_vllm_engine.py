@@ -13,6 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from jobspec import EpisodeSpec
 from tests.trainer.rollout.conftest import chat_prompts, teacher_forced_logprobs
 from trainer.agents import EnvStep, Episode, TurnSettings, chat_format, run_episodes, start_episodes
+from trainer.distributed.weights import bucketed
 from trainer.models.loading import load_policy, resolve_model
 from trainer.rollout.base import Completion
 from trainer.rollout.hf_engine import HFEngine
@@ -21,6 +22,7 @@ from trainer.rollout.registry import make_engine
 pytest.importorskip("vllm")  # GPU test machines carry no vLLM build
 
 from trainer.rollout.vllm_engine import VLLMEngine
+from trainer.rollout.vllm_weights import ADAPTER_FILE, engine_tensors, write_adapter_folder
 
 QUESTIONS = ["what is 2+3?", "hi", "count: 1, 2, 3"]
 MAX_MODEL_LEN = 256
@@ -180,6 +182,59 @@ def test_weight_sync_is_real(engine: VLLMEngine, policy) -> None:
     assert _ids(engine.generate(prompts, 1, **greedy)) == _ids(new_greedy)
     fresh = engine.generate(prompts, 2, **sampling)
     assert _mean_logprob_gap(model, prompts, fresh, 0.8) < 1e-3
+
+
+def test_streamed_buckets_give_the_engine_the_same_weights_as_a_module_sync(
+    engine: VLLMEngine, policy
+) -> None:
+    """Several ranks stream their gathers into the engine in buckets
+    (``load_weight_buckets``); the engine then generates exactly as after a module sync."""
+    model, tokenizer = policy
+    prompts = chat_prompts(tokenizer, QUESTIONS)
+    greedy = {"max_new_tokens": 16, "temperature": 1.0, "seed": 0, "greedy": True}
+    sampling = {"max_new_tokens": 16, "temperature": 0.8, "seed": 5}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    engine.sync_weights(model)
+    by_module = (engine.generate(prompts, 1, **greedy), engine.generate(prompts, 2, **sampling))
+    engine.sync_weights(load_policy(resolve_model("tiny-random-llama"))[0])  # back to the base
+    assert _ids(engine.generate(prompts, 1, **greedy)) != _ids(by_module[0])
+
+    buckets = list(bucketed(engine_tensors(model, torch.float32), 4096))
+    assert len(buckets) > 3
+    assert engine.load_weight_buckets(iter(buckets)) > 0.0
+    assert _ids(engine.generate(prompts, 1, **greedy)) == _ids(by_module[0])
+    assert _ids(engine.generate(prompts, 2, **sampling)) == _ids(by_module[1])
+
+
+def test_an_adapter_folder_written_from_streamed_tensors_is_peft_s_own(
+    tmp_path: Path, policy
+) -> None:
+    """The "adapter" view's tensors and the peft config give the files a PeftModel's
+    save_pretrained writes: the same tensor names and values, a config peft reads back."""
+    from peft import LoraConfig, PeftConfig, get_peft_model
+    from safetensors.torch import load_file
+
+    model, _ = policy
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    peft_model = get_peft_model(model, config)
+    own = tmp_path / "own"
+    peft_model.save_pretrained(str(own))
+    adapter = [(k, v) for k, v in peft_model.state_dict().items() if ".lora_" in k]
+    written = write_adapter_folder(
+        tmp_path / "streamed", adapter, peft_model.peft_config["default"]
+    )
+    ours, theirs = load_file(str(written / ADAPTER_FILE)), load_file(str(own / ADAPTER_FILE))
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert PeftConfig.from_pretrained(str(written)).to_dict() == config.to_dict() | {
+        "base_model_name_or_path": peft_model.peft_config["default"].base_model_name_or_path
+    }
+    with pytest.raises(ValueError, match="not an adapter tensor"):
+        write_adapter_folder(
+            tmp_path / "bad", [("model.embed_tokens.weight", ours[next(iter(ours))])], config
+        )
 
 
 class AskAgain:

@@ -1,0 +1,51 @@
+"""``rollout.dtype``'s default is chosen by the device at start (issue 34, item 8): the training
+dtype on a GPU, float32 elsewhere; a dtype the job sets is kept everywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobspec import CPU_ROLLOUT_DTYPE, JobSpec, RolloutSpec, rollout_dtype
+
+BODY = {
+    "dataset": {"rows": [{"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?", "answer": "6"}]},
+    "graders": [{"type": "numeric_match"}],
+}
+
+
+def test_the_default_is_left_to_the_device() -> None:
+    assert RolloutSpec().dtype is None
+    spec = JobSpec.model_validate({**BODY, "rollout": {"engine": "vllm"}})
+    assert spec.rollout.dtype is None
+    assert "rollout_dtype" in (RolloutSpec.model_fields["dtype"].description or "")
+
+
+@pytest.mark.parametrize(
+    ("asked", "training", "device", "expected"),
+    [
+        (None, "bfloat16", "cuda", "bfloat16"),  # a GPU: the training dtype
+        (None, "float32", "cuda", "float32"),
+        (None, "bfloat16", "cpu", "float32"),  # elsewhere: float32
+        (None, "float32", "cpu", "float32"),
+        (None, "bfloat16", "mps", "float32"),
+        ("float32", "bfloat16", "cuda", "float32"),  # asked: kept
+        ("bfloat16", "float32", "cpu", "bfloat16"),
+    ],
+)
+def test_rollout_dtype(asked: str | None, training: str, device: str, expected: str) -> None:
+    assert rollout_dtype(asked, training, device) == expected  # type: ignore[arg-type]
+
+
+def test_the_cpu_default_is_float32() -> None:
+    assert CPU_ROLLOUT_DTYPE == "float32"
+    with pytest.raises(ValueError, match="training dtype"):
+        rollout_dtype(None, "float16", "cuda")
+
+
+def test_an_explicit_dtype_survives_a_round_trip() -> None:
+    """A spec stored as JSON (the API keeps the job's) keeps the dtype it asked for, and one
+    that asked for none still asks for none: the worker's device decides."""
+    asked = JobSpec.model_validate({**BODY, "rollout": {"dtype": "bfloat16"}})
+    left = JobSpec.model_validate(BODY)
+    assert JobSpec.model_validate_json(asked.model_dump_json()).rollout.dtype == "bfloat16"
+    assert JobSpec.model_validate_json(left.model_dump_json()).rollout.dtype is None
