@@ -4,10 +4,15 @@ Qwen2.5-0.5B's shapes, for a full fine-tune and LoRA at rank 16 and 64.
 
     python -m bench.gpu_update                  # needs a CUDA device
     python -m bench.gpu_update --dry-run        # a tiny model on CPU: checks the code path only
+    python -m bench.gpu_update --heads fused    # the fused output head only (default: both)
 
 No pretrained weights and no hub: the model is built from a config (the GPU machines carry
 neither), and completions have a fixed length (random weights would end them anywhere), so
 that timings compare across runs. Writes bench/results/gpu_update.json (not in a dry run).
+
+Each configuration runs with the fused output head (``trainer.update.fused_head``, what the
+trainer uses) and, for the before/after ratio from one run, the plain checkpointed head
+(``--heads``); ``--compile`` applies ``torch.compile`` to each decoder layer.
 
 MFU counts model FLOPs only (gradient checkpointing's recomputation is not counted), from
 :func:`update_flops`, over the device's dense bfloat16 peak (:data:`PEAK_TFLOPS`, or
@@ -22,73 +27,35 @@ import json
 import math
 import statistics
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import Qwen2Config
 
-from jobspec import GRPOSpec, LoraSpec
-from trainer.models.loading import disable_dropout, enable_gradient_checkpointing
-from trainer.models.lora import apply_lora
+from bench.update_parts import (
+    HEADS,
+    Shape,
+    build_policy,
+    compile_layers,
+    fixed_batch,
+    grpo_spec,
+    head_name,
+    lora_rank,
+    planned_update_bytes,
+    qwen25_05b_config,
+    timed_updates,
+    tiny_config,
+)
 from trainer.models.precision import enable_tf32
-from trainer.update.batch import pack_batch
-from trainer.update.optim import build_optimizer
-from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates
+from trainer.update.logprobs import HeadPath
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_update.json"
 CONFIGS = ("full", "lora16", "lora64")
 # Dense bfloat16 tensor-core peaks (TFLOP/s) from the vendors' data sheets, by a substring of
 # torch.cuda.get_device_name(); the first match wins, so the PCIe part comes before the SXM one.
 PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0))
-
-
-def qwen25_05b_config() -> Qwen2Config:
-    """Qwen2.5-0.5B's shapes (494M parameters, tied embeddings)."""
-    return Qwen2Config(
-        vocab_size=151_936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32_768,
-        tie_word_embeddings=True,
-    )
-
-
-def tiny_config() -> Qwen2Config:
-    """The same architecture at a size a CPU runs in a second (the dry run)."""
-    return Qwen2Config(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    )
-
-
-@dataclass(frozen=True)
-class Shape:
-    rows: int  # completions in the batch (B)
-    prompt_tokens: int  # P, every prompt
-    completion_tokens: int  # T, every completion (no end token: random weights)
-    micro_batch_size: int
-
-
-def lora_rank(name: str) -> int | None:
-    """``full`` -> None, ``lora16`` -> 16."""
-    if name == "full":
-        return None
-    if name.startswith("lora") and name[4:].isdigit():
-        return int(name[4:])
-    raise ValueError(f"unknown configuration {name!r}: full or loraN (e.g. lora16)")
 
 
 def update_flops(config: Qwen2Config, shape: Shape, *, lora_params: int | None) -> float:
@@ -103,7 +70,7 @@ def update_flops(config: Qwen2Config, shape: Shape, *, lora_params: int | None) 
     h, layers = config.hidden_size, config.num_hidden_layers
     head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
     q = config.num_attention_heads * head_dim
-    kv = config.num_key_value_heads * head_dim
+    kv = (config.num_key_value_heads or config.num_attention_heads) * head_dim
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
     seq = shape.prompt_tokens + shape.completion_tokens
     tokens = shape.rows * seq
@@ -128,41 +95,6 @@ def peak_tflops(device: torch.device, override: float | None) -> float | None:
     return next((peak for key, peak in PEAK_TFLOPS if key in name), None)
 
 
-def build_policy(config: Qwen2Config, device: torch.device, rank: int | None) -> nn.Module:
-    """A seeded random model of ``config`` in float32 (the master weights) on ``device``,
-    dropout off, gradient checkpointing on (the trainer's defaults), LoRA adapters of
-    ``rank`` on every linear layer when given (B random, not 0, as after some training)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model: nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.to(device)
-    disable_dropout(model)
-    enable_gradient_checkpointing(model)
-    if rank is not None:
-        model = apply_lora(model, LoraSpec(rank=rank, alpha=2 * rank))
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "lora_B" in name:
-                    param.normal_(std=0.01)
-    return model
-
-
-def grpo_spec(shape: Shape, *, gradient_checkpointing: bool = True) -> GRPOSpec:
-    """The update's settings: bfloat16 mixed precision, one update over the batch, no KL."""
-    return GRPOSpec.model_validate(
-        {
-            "dtype": "bfloat16",
-            "prompts_per_step": 1,
-            "group_size": shape.rows,
-            "max_prompt_tokens": shape.prompt_tokens,
-            "max_new_tokens": shape.completion_tokens,
-            "micro_batch_size": shape.micro_batch_size,
-            "gradient_checkpointing": gradient_checkpointing,
-            "learning_rate": 1e-6,
-        }
-    )
-
-
 def run_config(
     name: str,
     config: Qwen2Config,
@@ -171,95 +103,92 @@ def run_config(
     *,
     steps: int,
     peak: float | None,
+    head: HeadPath = "fused",
+    compile_decoder: bool = False,
 ) -> dict[str, Any]:
     """One warm-up update, then ``steps`` timed ones; the median step and what follows."""
     rank = lora_rank(name)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model = build_policy(config, device, rank)
-    spec = grpo_spec(shape)
-    optimizer = build_optimizer(model, spec)
-    generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(
-        10,
-        config.vocab_size,
-        (shape.rows, shape.prompt_tokens + shape.completion_tokens),
-        generator=generator,
-    ).tolist()
-    batch = pack_batch(
-        [row[: shape.prompt_tokens] for row in ids],
-        [row[shape.prompt_tokens :] for row in ids],
-        [None] * shape.rows,
-        [False] * shape.rows,
-        torch.ones(shape.rows),
-        device,
-    )
-    advantages = (torch.randint(0, 2, (shape.rows,), generator=generator) * 2 - 1).float()
-    advantages = advantages.to(device)
+    if compile_decoder:
+        compile_layers(model)
+    batch, advantages = fixed_batch(config, shape, device)
     lora_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    times, losses = [], []
-    for step in range(steps + 1):
-        _synchronize(device)
-        start = time.perf_counter()
-        stats, _ = run_updates(
-            UpdateInputs(
-                model=model,
-                optimizer=optimizer,
-                batch=batch,
-                advantages=advantages,
-                step=step,
-                seed=0,
-                old_logprobs=None,
-                ref_logprobs=None,
-                pad_id=0,
-                guard=NonFiniteGuard(lambda *args, **kwargs: None),
-                collect_pre_update=False,
-            ),
-            spec,
-        )
-        _synchronize(device)
-        if step > 0:  # the first is the warm-up (allocations, kernel selection)
-            times.append(time.perf_counter() - start)
-            losses.append(stats.policy_loss)
+    times, losses = timed_updates(model, grpo_spec(shape), batch, advantages, steps, head)
     seconds = statistics.median(times)
     flops = update_flops(config, shape, lora_params=lora_params if rank is not None else None)
     tokens = shape.rows * (shape.prompt_tokens + shape.completion_tokens)
     peak_bytes = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    del model, optimizer, batch
+    planned = None
+    if device.type == "cuda" and config.vocab_size == qwen25_05b_config().vocab_size:
+        total = torch.cuda.get_device_properties(device).total_memory
+        planned = planned_update_bytes(shape, rank, total)
+    del model, batch
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {
         "config": name,
+        "head": head,
+        "compile": compile_decoder,
         "step_s": seconds,
         "tokens_per_s": tokens / seconds,
         "tflops_per_s": flops / seconds / 1e12,
         "mfu": flops / seconds / (peak * 1e12) if peak else None,
         "peak_memory_gib": peak_bytes / 2**30 if peak_bytes is not None else None,
+        # The memory plan's update bytes (jobspec.memory_plan) for the same update.
+        "planned_gib": planned / 2**30 if planned is not None else None,
         "trainable_params": lora_params,
         "policy_loss": losses,
     }
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def format_line(result: dict[str, Any]) -> str:
     mfu = f"{result['mfu']:.1%}" if result["mfu"] is not None else "n/a (no known peak)"
     memory = result["peak_memory_gib"]
     peak = f", peak memory {memory:.2f} GiB" if memory is not None else ""
+    if result.get("planned_gib") is not None:
+        peak += f" (memory plan {result['planned_gib']:.2f} GiB)"
     return (
         f"{result['config']:>7}: step {result['step_s']:.3f} s, "
         f"{result['tokens_per_s']:,.0f} tokens/s, {result['tflops_per_s']:.1f} TFLOP/s, "
-        f"MFU {mfu}{peak}"
+        f"MFU {mfu}{peak} ({result['head']} head)"
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def head_ratio(main: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """``main``'s step time and peak memory over ``other``'s (same configuration, one run)."""
+    memory = (main["peak_memory_gib"], other["peak_memory_gib"])
+    return {
+        "config": main["config"],
+        "heads": f"{main['head']}/{other['head']}",
+        "step": main["step_s"] / other["step_s"],
+        "peak_memory": memory[0] / memory[1] if None not in memory else None,
+    }
+
+
+def format_ratio(other: dict[str, Any], ratio: dict[str, Any]) -> str:
+    """The comparison head's figures and the ratios (no "tokens/s": one such line a config)."""
+    memory = other["peak_memory_gib"]
+    peak = f", peak {memory:.2f} GiB" if memory is not None else ""
+    mem_ratio = ratio["peak_memory"]
+    mem = f", peak memory {mem_ratio:.2f}x" if mem_ratio is not None else ""
+    return (
+        f"{other['config']:>7}: {other['head']} head step {other['step_s']:.3f} s{peak}; "
+        f"{ratio['heads']}: step {ratio['step']:.2f}x{mem}"
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS), help="full, loraN, comma-separated")
+    parser.add_argument(
+        "--heads",
+        default=",".join(HEADS),
+        help="output heads, comma-separated: the first is reported, each other one is compared "
+        "with it (default fused,plain: the before/after ratio from one run)",
+    )
     parser.add_argument("--steps", type=int, default=3, help="timed updates (after a warm-up)")
     parser.add_argument("--rows", type=int, default=64, help="completions in the batch")
     parser.add_argument("--prompt-tokens", type=int, default=128)
@@ -274,31 +203,44 @@ def main(argv: list[str] | None = None) -> int:
         "the output head's forward is exact float32 either way)",
     )
     parser.add_argument(
+        "--compile", action="store_true", help="torch.compile each decoder layer (off by default)"
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="a tiny model and batch on CPU (or the GPU if there is one): the code path only",
     )
-    args = parser.parse_args(argv)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    for name in names:
-        lora_rank(name)  # an unknown name fails before any model is built
+    return parser
+
+
+def _setting(args: argparse.Namespace) -> tuple[torch.device, Qwen2Config, Shape, int] | None:
+    """Device, model config, shape and timed steps; None (after saying why) without CUDA."""
     if args.dry_run:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        config, shape = tiny_config(), Shape(4, 8, 8, 2)
-        steps = 1
-    else:
-        if not torch.cuda.is_available():
-            print(
-                "bench.gpu_update measures the update on a CUDA device and found none; "
-                "`python -m bench.gpu_update --dry-run` runs a tiny model on CPU to check the "
-                "code path",
-                file=sys.stderr,
-            )
-            return 2
-        device = torch.device("cuda", torch.cuda.current_device())
-        config = qwen25_05b_config()
-        shape = Shape(args.rows, args.prompt_tokens, args.completion_tokens, args.micro_batch_size)
-        steps = args.steps
+        return device, tiny_config(), Shape(4, 8, 8, 2), 1
+    if not torch.cuda.is_available():
+        print(
+            "bench.gpu_update measures the update on a CUDA device and found none; "
+            "`python -m bench.gpu_update --dry-run` runs a tiny model on CPU to check the "
+            "code path",
+            file=sys.stderr,
+        )
+        return None
+    device = torch.device("cuda", torch.cuda.current_device())
+    shape = Shape(args.rows, args.prompt_tokens, args.completion_tokens, args.micro_batch_size)
+    return device, qwen25_05b_config(), shape, args.steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    heads = [head_name(h.strip()) for h in args.heads.split(",") if h.strip()]
+    for name in names:
+        lora_rank(name)  # an unknown name fails before any model is built
+    setting = _setting(args)
+    if setting is None:
+        return 2
+    device, config, shape, steps = setting
     # What trainer.run.setup does for a job: TF32 for float32 matmuls (the head's backward, the
     # optimizer's float32 master weights), the head's forward kept exact by its own scope.
     tf32 = not args.no_tf32 and enable_tf32(device)
@@ -307,16 +249,33 @@ def main(argv: list[str] | None = None) -> int:
         f"update on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}: "
         f"{shape.rows} x ({shape.prompt_tokens} + {shape.completion_tokens}) tokens, "
         f"micro-batches of {shape.micro_batch_size}, bfloat16 autocast, TF32 {'on' if tf32 else 'off'}, "
-        f"peak {peak if peak else 'unknown'} TFLOP/s"
+        f"peak {peak if peak else 'unknown'} TFLOP/s, compile {'on' if args.compile else 'off'}"
     )
-    results = []
+    results: list[dict[str, Any]] = []
+    ratios: list[dict[str, Any]] = []
     for name in names:
-        result = run_config(name, config, shape, device, steps=steps, peak=peak)
-        if not all(math.isfinite(x) for x in result["policy_loss"]):
-            print(f"{name}: non-finite loss {result['policy_loss']}", file=sys.stderr)
-            return 1
-        results.append(result)
-        print(format_line(result), flush=True)
+        first: dict[str, Any] | None = None
+        for head in heads:
+            result = run_config(
+                name,
+                config,
+                shape,
+                device,
+                steps=steps,
+                peak=peak,
+                head=head,
+                compile_decoder=args.compile,
+            )
+            if not all(math.isfinite(x) for x in result["policy_loss"]):
+                print(f"{name}: non-finite loss {result['policy_loss']}", file=sys.stderr)
+                return 1
+            results.append(result)
+            if first is None:
+                first = result
+                print(format_line(result), flush=True)
+            else:
+                ratios.append(head_ratio(first, result))
+                print(format_ratio(result, ratios[-1]), flush=True)
     if not args.dry_run:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         record = {
@@ -326,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             "shape": asdict(shape),
             "peak_tflops": peak,
             "tf32": tf32,
+            "compile": args.compile,
             "results": results,
+            "head_ratios": ratios,
         }
         args.out.write_text(json.dumps(record, indent=2) + "\n")
     return 0

@@ -67,6 +67,8 @@ def test_a_bf16_update_step_on_a_qwen25_05b_shaped_model(name: str) -> None:
     assert result["step_s"] > 0 and result["tokens_per_s"] > 0
     total = torch.cuda.get_device_properties(_device()).total_memory
     assert 0 < result["peak_memory_gib"] * 2**30 < total
+    # The memory plan (jobspec.memory_plan) against torch.cuda.max_memory_allocated.
+    assert 0.5 < result["planned_gib"] / result["peak_memory_gib"] < 2.0, result
     full_params = 494_032_768
     if name == "full":
         assert result["trainable_params"] == full_params

@@ -2,9 +2,11 @@
 
 A full ``log_softmax`` over [B, T, V] is large (64 x 80 positions x 49,152 vocab in float32 is
 about 1 GB) and so, under autograd, are the logits kept for the backward pass. Everything here
-works on row chunks of at most ``chunk_size`` x V, and :func:`completion_logprobs` recomputes
-each chunk's logits in the backward pass instead of keeping them (activation checkpointing of
-the output head only).
+works on row chunks of at most ``chunk_size`` x V. :func:`completion_logprobs` runs the output
+head fused with its log-softmax (``trainer.update.fused_head``: each chunk's logits recomputed in
+the backward pass, which forms the head's gradients itself, one [chunk, V] buffer at a time);
+``head="plain"`` (and a head that is not a plain Linear, such as a LoRA-wrapped one) runs
+``lm_head`` on each chunk under activation checkpointing instead, the path before the fused one.
 
 Half-precision logits are upcast to float32 chunk by chunk before the softmax; outputs are
 float32 then (float64 stays float64).
@@ -13,41 +15,25 @@ float32 then (float64 stays float64).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from trainer.models.precision import exact_float32_matmuls
 from trainer.rollout.colocation import head_chunk_rows_for
-
-
-def _scaled(logits: Tensor, temperature: float) -> Tensor:
-    """Upcast half-precision logits and divide by the sampling temperature."""
-    x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-    return x if temperature == 1.0 else x / temperature
+from trainer.update.fused_head import fused_head_logprobs
+from trainer.update.fused_head import row_entropy as _row_entropy
+from trainer.update.fused_head import row_logprobs as _row_logprobs
+from trainer.update.fused_head import scaled as _scaled
 
 
 def _check_temperature(temperature: float) -> None:
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
-
-
-def _row_logprobs(x: Tensor, token_ids: Tensor) -> Tensor:
-    """[N, V] scaled logits, [N] ids -> [N] log-softmax at the ids (logsumexp + gather)."""
-    picked = x.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(x, dim=-1)
-
-
-def _row_entropy(x: Tensor) -> Tensor:
-    """[N, V] scaled logits -> [N] entropy of softmax(x). Terms with p = 0 count as 0 (so a
-    ``-inf`` logit does not give ``0 * -inf = nan``)."""
-    logp = torch.log_softmax(x, dim=-1)
-    p = logp.exp()
-    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
-    return -plogp.sum(dim=-1)
 
 
 def _by_row_chunks(
@@ -179,6 +165,24 @@ def _default_chunk_rows(lm_head: nn.Module, input_ids: Tensor) -> int:
     return head_chunk_rows_for(vocab, free_bytes=free, cpu_rows=head_chunk_rows(vocab))
 
 
+HeadPath = Literal["fused", "plain"]
+
+
+def fusable_head(lm_head: nn.Module) -> tuple[Tensor, Tensor | None] | None:
+    """The (weight, bias) of a head the fused path can compute, else None: a plain
+    ``nn.Linear`` (not a LoRA-wrapped head, which peft makes a ``LoraLayer``; not a subclass
+    with its own forward) with no hooks (an FSDP unit of its own gathers its weight in one)
+    and an ordinary, unsharded weight."""
+    if not isinstance(lm_head, nn.Linear) or type(lm_head).forward is not nn.Linear.forward:
+        return None
+    if lm_head._forward_hooks or lm_head._forward_pre_hooks:
+        return None
+    weight, bias = lm_head.weight, lm_head.bias
+    if isinstance(weight, DTensor) or isinstance(bias, DTensor):
+        return None
+    return weight, bias
+
+
 def _head_chunks(
     lm_head: nn.Module,
     states: Tensor,
@@ -186,9 +190,20 @@ def _head_chunks(
     temperature: float,
     with_entropy: bool,
     chunk_size: int,
+    head: HeadPath = "fused",
 ) -> tuple[list[Tensor], list[Tensor]]:
-    """The output head over the completion rows, ``chunk_size`` rows at a time; under autograd
-    each chunk is checkpointed (its logits recomputed in the backward pass)."""
+    """The output head over the completion rows, ``chunk_size`` rows at a time.
+
+    ``fused`` (a plain Linear head): :func:`trainer.update.fused_head.fused_head_logprobs`,
+    which keeps no [rows, V] tensor for the backward pass. ``plain``, and any other head:
+    each chunk through ``lm_head`` itself, checkpointed under autograd (its logits recomputed
+    in the backward pass, where autograd holds the softmax's temporaries)."""
+    fusable = fusable_head(lm_head) if head == "fused" else None
+    if fusable is not None:
+        lp, ent = fused_head_logprobs(
+            states, fusable[0], fusable[1], targets, temperature, chunk_size, with_entropy
+        )
+        return [lp], [ent]
     recompute = torch.is_grad_enabled() and states.requires_grad
     lp_parts: list[Tensor] = []
     ent_parts: list[Tensor] = []
@@ -224,15 +239,7 @@ def _last_hidden(
     the head is then applied where this module needs it. Any other model runs its decoder
     alone."""
     if isinstance(model, FSDPModule):
-        outputs = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            output_hidden_states=True,
-            logits_to_keep=1,
-        )
-        return cast(Tensor, outputs.hidden_states[-1])
+        return _root_forward_last_hidden(model, decoder, input_ids, attention_mask, position_ids)
     outputs = decoder(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -240,6 +247,38 @@ def _last_hidden(
         use_cache=False,
     )
     return cast(Tensor, outputs.last_hidden_state)
+
+
+def _root_forward_last_hidden(
+    model: nn.Module,
+    decoder: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+) -> Tensor:
+    """The root's whole forward (``logits_to_keep=1``), the decoder's output taken by a
+    forward hook: ``output_hidden_states=True`` would keep every layer's hidden states (and
+    autograd their graph) for the one this module needs."""
+    captured: list[Tensor] = []
+
+    def keep(_module: nn.Module, _args: object, output: Any) -> None:
+        last = getattr(output, "last_hidden_state", None)
+        captured.append(last if isinstance(last, Tensor) else output[0])
+
+    handle = decoder.register_forward_hook(keep)
+    try:
+        model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=1,
+        )
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise RuntimeError(f"the decoder ran {len(captured)} times in one forward pass")
+    return captured[0]
 
 
 def completion_logprobs(
@@ -250,6 +289,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     with_entropy: bool = False,
+    head: HeadPath = "fused",
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probabilities (and optionally entropies) of the completion tokens under ``model``.
 
@@ -261,8 +301,8 @@ def completion_logprobs(
 
     The base transformer runs once over the whole sequence; the output head is applied only at
     the T completion positions where ``attention_mask`` is 1, ``chunk_size`` (position, sequence)
-    rows at a time. Under autograd each chunk is checkpointed: its [chunk_size, V] logits are
-    recomputed in the backward pass rather than stored.
+    rows at a time. Under autograd no [chunk_size, V] logits are stored: they are recomputed
+    in the backward pass (by the fused head, or by checkpointing on the plain path).
 
     Args:
         model: a causal LM exposing ``get_decoder()`` (returning a module whose output has
@@ -272,6 +312,8 @@ def completion_logprobs(
         chunk_size: rows per output-head call (bounds the [rows, V] temporaries); None picks
             ``head_chunk_rows(V)``.
         with_entropy: also return the per-position entropy (detached: it is a metric).
+        head: ``fused`` (the update's path) or ``plain`` (the checkpointed ``lm_head`` per
+            chunk, kept to check the fused one against); see :func:`_head_chunks`.
 
     Returns:
         ``(logprobs [B, T], entropy [B, T] or None)``. Both are 0 at completion padding.
@@ -295,7 +337,7 @@ def completion_logprobs(
     targets = targets.index_select(0, rows)
 
     lp_parts, ent_parts = _head_chunks(
-        lm_head, states, targets, temperature, with_entropy, chunk_size
+        lm_head, states, targets, temperature, with_entropy, chunk_size, head
     )
     out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
     logprobs = _scatter_rows(lp_parts, rows, batch, width, out_dtype, hidden.device)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -164,10 +166,12 @@ def test_entropy_with_minus_inf_logits_is_finite() -> None:
     assert torch.allclose(got, torch.tensor([[torch.log(torch.tensor(2.0)).item()]]))
 
 
-def test_full_vocabulary_logits_are_not_kept_for_backward() -> None:
-    # Every tensor autograd saves outside the checkpointed output-head chunks is recorded; none
-    # may have the vocabulary as its last dimension (the [rows, V] logits are recomputed in the
-    # backward pass instead of stored).
+@pytest.mark.parametrize("head", ["fused", "plain"])
+def test_full_vocabulary_logits_are_not_kept_for_backward(head: str) -> None:
+    # Every tensor autograd saves (outside the plain path's checkpointed output-head chunks) is
+    # recorded; none may have the vocabulary as its last dimension (the [rows, V] logits are
+    # recomputed in the backward pass instead of stored). The fused head saves its weight
+    # [V, H] only, whose last dimension is the hidden size.
     model = _tiny_llama()
     ids, mask = _batch()
     saved: list[tuple[int, ...]] = []
@@ -177,7 +181,7 @@ def test_full_vocabulary_logits_are_not_kept_for_backward() -> None:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        lp, _ = completion_logprobs(model, ids, mask, P, chunk_size=2)
+        lp, _ = completion_logprobs(model, ids, mask, P, chunk_size=2, head=head)  # type: ignore[arg-type]
     assert saved  # the decoder's activations were seen
     assert all(shape[-1] != VOCAB for shape in saved if shape), saved
     lp.sum().backward()  # and the recomputation works
@@ -188,3 +192,38 @@ def test_head_chunks_hold_about_16m_logits() -> None:
     assert head_chunk_rows(49_152) == 341
     assert head_chunk_rows(49_152) * 49_152 * 4 <= 64 << 20
     assert head_chunk_rows(10_000_000) == 16  # never fewer rows than that, whatever the vocab
+
+
+def test_a_sharded_model_keeps_only_the_last_hidden_state(tmp_path: Path) -> None:
+    """Under FSDP2 the root's whole forward runs (issue 34 item 7): it returns no per-layer
+    hidden states (output_hidden_states kept all L + 1 of them alive for one), and the
+    log-probabilities and gradients are those of the unsharded model."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainer.distributed.sharding import full_value, shard_model
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        model, ref = _tiny_llama(), _tiny_llama()
+        ids, mask = _batch()
+        shard_model(model, init_device_mesh("cpu", (1,)))
+        calls: list[tuple[dict[str, Any], Any]] = []
+        model.register_forward_hook(
+            lambda _m, _a, kwargs, out: calls.append((kwargs, out)), with_kwargs=True
+        )
+        lp, _ = completion_logprobs(model, ids, mask, P, chunk_size=3)
+        ref_lp, _ = completion_logprobs(ref, ids, mask, P, chunk_size=3)
+        assert len(calls) == 1
+        kwargs, out = calls[0]
+        assert not kwargs.get("output_hidden_states") and out.hidden_states is None
+        assert out.logits.shape[1] == 1  # the head at one position only
+        assert torch.equal(lp, ref_lp)
+        lp.sum().backward()
+        ref_lp.sum().backward()
+        for (name, a), b in zip(model.named_parameters(), ref.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None, name
+            assert torch.allclose(full_value(a.grad), b.grad, atol=1e-6, rtol=0), name
+    finally:
+        dist.destroy_process_group()
