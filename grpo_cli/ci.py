@@ -103,9 +103,28 @@ def _webhook(client: Client, url: str, retry_for: float, out: Output) -> dict[st
     return {**endpoint, "created": created}
 
 
+def dry_run(client: Client, spec: dict[str, Any], out: Output) -> int:
+    """`submit --dry-run`: the validation's warnings and memory plan; exit 0 when the plan fits
+    (or none could be made), USAGE when it does not."""
+    answer = client.validate_job(spec)
+    plan = answer.get("plan")
+    for warning in answer.get("warnings", []):
+        out.text(f"warning: {warning}")
+    out.text(
+        render.plan_table(plan) if plan else f"no memory plan: {answer.get('plan_unavailable')}"
+    )
+    code = Exit.OK if plan is None or plan["fits"] else Exit.USAGE
+    if out.json:
+        out.doc({**answer, "exit_code": int(code)})
+    return int(code)
+
+
 def submit(args: argparse.Namespace, out: Output) -> int:
     started = time.monotonic()
     spec, folder = ci_env.load_spec(args.spec)
+    if args.dry_run:
+        with _client(args) as client:
+            return dry_run(client, spec, out)
     key: str | None = None
     if not args.no_idempotency_key:
         key = args.idempotency_key or ci_env.idempotency_key(

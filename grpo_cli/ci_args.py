@@ -164,6 +164,12 @@ def _add_submit(
         help="Send no key: always create a new job.",
     )
     submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="Validate the spec and print its memory plan per device; create nothing. Exit 0 "
+        "when it fits the workers' devices, 2 when it does not.",
+    )
+    submit.add_argument(
         "--cancel-on-timeout",
         action="store_true",
         help="Cancel the job when --timeout passes (it keeps running otherwise).",

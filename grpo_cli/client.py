@@ -67,6 +67,10 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._json(self._http.post("/v1/jobs", json=spec, headers=headers))
 
+    def validate_job(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/jobs/validate: the resolved spec, warnings and the memory plan."""
+        return self._json(self._http.post("/v1/jobs/validate", json=spec))
+
     def submit_job(
         self, spec: dict[str, Any], idempotency_key: str | None = None
     ) -> tuple[dict[str, Any], bool]:

@@ -137,3 +137,23 @@ def verdict_lines(verdicts: Sequence[Verdict]) -> list[str]:
                 f"(step {verdict.final.step})"
             )
     return out
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:9.2f} GiB"
+
+
+def plan_table(plan: Mapping[str, Any]) -> str:
+    """A memory plan (POST /v1/jobs/validate's `plan`) as a small table, per device."""
+    parts = plan["per_device"]
+    lines = [f"memory plan per device ({plan['devices']} device(s))"]
+    lines += [f"  {name:<12} {_gib(size)}" for name, size in parts.items() if name != "kv_cache"]
+    if parts.get("kv_cache"):
+        lines.insert(-1, f"  {'  (KV cache)':<12} {_gib(parts['kv_cache'])}")
+    lines.append(f"  {'total':<12} {_gib(plan['total'])}")
+    lines.append(f"  {'device':<12} {_gib(plan['device_memory'])}  (usable {_gib(plan['usable'])})")
+    lines.append("fits" if plan["fits"] else "does NOT fit")
+    for suggestion in plan.get("suggestions", []):
+        change = ", ".join(f"{k}: {v}" for k, v in suggestion["change"].items())
+        lines.append(f"  would fit: {change:<28} total {_gib(suggestion['total'])}")
+    return "\n".join(lines)

@@ -18,11 +18,19 @@ from app.jobs import service as jobs_service
 from app.jobs.deps import JobCreationDep, JobDep
 from app.jobs.presenters import event_out, job_out, job_summary
 from app.jobs.quota import ActiveLimits
-from app.jobs.schemas import EventList, JobDeleted, JobList, JobOut, ValidationResult
+from app.jobs.schemas import (
+    EventList,
+    JobDeleted,
+    JobList,
+    JobOut,
+    MemoryPlanOut,
+    ValidationResult,
+)
 from app.jobs.service import Answer
 from app.jobs.transitions import JobStatus
 from app.sessions.deps import PrincipalDep
 from jobspec import JobSpec, text_problem
+from jobspec.memory_plan import refusal
 
 # Set on the stored first answer of an idempotent retry (app.jobs.service.JobCreation).
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -86,6 +94,8 @@ def create_job(
     "/validate",
     response_model=ValidationResult,
     summary="Dry run: resolve and check a spec without creating a job",
+    description="Also answers the job's memory plan per device (`plan`): creating a job whose "
+    "plan does not fit the workers' devices is a 422 naming the numbers and what would fit.",
 )
 def validate_job(
     spec: JobSpec,
@@ -104,10 +114,15 @@ def validate_job(
     # The same checks, in the same order, as creating the job.
     admission.admit(spec, settings=state.settings, project_id=principal.project_id, session=session)
     waits = creation.size_classes.warning(session, devices=spec.resources.devices)
+    # Answered whether or not it fits: creating the job is what refuses one that does not.
+    plan, unavailable = jobs_service.memory_plan(spec, state.settings)
+    misfit = [refusal(plan)[0]] if plan is not None and not plan.fits else []
     return ValidationResult(
         spec=spec.model_dump(mode="json"),
-        warnings=[*spec.warnings(), *([waits] if waits else [])],
+        warnings=[*spec.warnings(), *([waits] if waits else []), *misfit],
         dataset_rows=rows,
+        plan=MemoryPlanOut.model_validate(plan.as_dict()) if plan is not None else None,
+        plan_unavailable=unavailable,
     )
 
 

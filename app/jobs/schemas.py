@@ -95,12 +95,39 @@ class EventList(BaseModel):
     next_after: int | None
 
 
+class PlanSuggestion(BaseModel):
+    change: dict[str, Any] = Field(description="Spec fields (dotted) and the value that fits.")
+    description: str
+    total: int = Field(description="The plan's total per device under that change (bytes).")
+
+
+class MemoryPlanOut(BaseModel):
+    """Bytes per device of the job on the workers' devices (jobspec.memory_plan)."""
+
+    devices: int
+    parameters: int
+    trainable_parameters: int
+    per_device: dict[str, int] = Field(
+        description="weights, gradients, optimizer, reference, engine (of which kv_cache), "
+        "activations at the micro-batch."
+    )
+    total: int = Field(description="The peak per device.")
+    device_memory: int = Field(description="One worker device (GRPO_WORKER_DEVICE_MEMORY_GIB).")
+    usable: int = Field(description="The share of it a plan may fill.")
+    fits: bool = Field(description="total <= usable; a job that does not fit is refused (422).")
+    suggestions: list[PlanSuggestion] = Field(description="Single changes that would fit.")
+
+
 class ValidationResult(BaseModel):
     object: Literal["job.validation"] = "job.validation"
     valid: Literal[True] = True
     spec: dict[str, Any] = Field(description="The resolved spec with every default filled in.")
     warnings: list[str]
     dataset_rows: int | None = Field(description="Rows the dataset resolves to, when known.")
+    plan: MemoryPlanOut | None = Field(
+        default=None, description="The memory plan; null when the model's config is not known."
+    )
+    plan_unavailable: str | None = Field(default=None, description="Why `plan` is null.")
 
 
 class JobDeleted(BaseModel):

@@ -1,5 +1,5 @@
-"""Job rules: create (idempotent, whole in `JobCreation`; sent to the broker only after the
-commit), read, cancel.
+"""Job rules: create (idempotent, whole in `JobCreation`; sent to the broker after the commit;
+refused when its memory plan does not fit), read, cancel.
 
 Everything here runs inside the caller's unit of work and only flushes; the request boundary
 (app.core.deps.get_session) commits. The one exception is the idempotency claim, see `_claim_key`.
@@ -40,6 +40,8 @@ from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.size_classes import SizeClassWatch, record_warning
 from app.jobs.transitions import JobStatus
 from jobspec import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
+from jobspec.memory_plan import MemoryPlan, PlanInputs, plan_memory, refusal
+from jobspec.model_shape import lookup_shape
 
 # An in-progress idempotency claim older than this belongs to a request that died mid-way.
 STALE_CLAIM = timedelta(seconds=60)
@@ -62,15 +64,13 @@ def spec_fingerprint(raw_body: dict[str, Any]) -> str:
 def _claim_key(
     claims: sessionmaker[Session], *, project_id: str, key: str, fingerprint: str, ttl: timedelta
 ) -> Replay | None:
-    """Claim the idempotency key in its own committed transactions.
-
-    This is the one place outside a boundary that commits, on purpose: the claim must be
-    visible to a concurrent duplicate *before* this request has done its work (that is what
-    turns the duplicate into a 409 instead of a second job), so it cannot wait for the request's
-    commit. `claims` runs each statement as its own transaction (app.core.state), and a first
-    request claims with one statement. Returns the stored response for a replay, raises for a
-    mismatch or a request still in flight, or returns None when this request owns the key and
-    must do the work."""
+    """Claim the idempotency key in its own committed transactions: the one place outside a
+    boundary that commits, on purpose. The claim must be visible to a concurrent duplicate
+    *before* this request has done its work (turning the duplicate into a 409, not a second
+    job), so it cannot wait for the request's commit. `claims` runs each statement as its own
+    transaction (app.core.state); a first request claims with one statement. Returns the
+    stored response for a replay, raises for a mismatch or a request still in flight, or None
+    when this request owns the key and must do the work."""
     now = utcnow()
     with db.session_scope(claims) as session:
         if idem_repo.claim(
@@ -159,6 +159,18 @@ def check_validation_file(
     return row
 
 
+def memory_plan(spec: JobSpec, settings: Settings) -> tuple[MemoryPlan | None, str | None]:
+    """The job's memory plan per worker device, or None and why (no config.json to read)."""
+    forbid = [settings.data_dir.resolve(), settings.resolved_checkpoint_dir]
+    roots, rev = settings.model_root_list, spec.model_revision
+    shape, reason = lookup_shape(spec.model, revision=rev, roots=roots, forbidden=forbid)
+    if shape is None:
+        return None, reason
+    memory, kind = settings.worker_device_memory()
+    inputs, devices = PlanInputs.from_spec(spec, kind), settings.max_devices_per_job
+    return plan_memory(shape, inputs, device_memory=memory, max_devices=devices), None
+
+
 def _admit_and_dispatch_at_commit(
     session: Session,
     *,
@@ -192,18 +204,15 @@ def create_job(
     openai: dict[str, Any] | None = None,
     fingerprint: str | None = None,
 ) -> Job | Replay:
-    """A new queued job, sent to `queue` once the request commits; or, for a retry with the
-    same Idempotency-Key and spec, the first request's stored response.
-
-    With a key, the caller must hand the response it sends to `record_response` in the same
-    unit of work, so the job and its replayable response commit together. `claims` makes the
-    key's own transactions (see `_claim_key`). The quota of active jobs and devices is checked
-    at the commit (app.jobs.quota): a refusal rolls everything back and releases the key.
-    `queue` is the job's size class's (app.core.queue.queue_for), for every re-send too.
-
-    `openai` is stored with a job created through the OpenAI-compatible API (its request's own
-    words); `fingerprint` replaces the resolved spec's as what a key's retries must match (that
-    API fills a missing seed at random, so its request body is the stable part)."""
+    """A new queued job, sent to `queue` (its size class's, app.core.queue.queue_for, for every
+    re-send too) once the request commits; or, for a retry with the same Idempotency-Key and
+    spec, the first request's stored response. With a key, the caller hands the response it
+    sends to `record_response` in the same unit of work, so the job and its replayable response
+    commit together; `claims` makes the key's own transactions (`_claim_key`). The quota of
+    active jobs and devices is checked at the commit (app.jobs.quota): a refusal rolls all back
+    and releases the key. `openai` is stored with a job created through the OpenAI-compatible
+    API (its request's own words); `fingerprint` replaces the resolved spec's as what a key's
+    retries must match (that API fills a missing seed at random, so its body is stable)."""
     resolved = spec.model_dump(mode="json")  # the spec as stored, and what the key fingerprints
     if idempotency_key is not None:
         replay = _claim_key(
@@ -228,6 +237,10 @@ def create_job(
     # What this operator allows (model folders, job size): after the claim, so a refusal rolls
     # back and releases the key like any other 4xx.
     admission.admit(spec, settings=settings, project_id=project_id, session=session)
+    plan, _ = memory_plan(spec, settings)  # a job its workers' devices cannot hold: 422
+    if plan is not None and not plan.fits:
+        message, fixes = refusal(plan)
+        raise InvalidRequest(message, param="model", details=fixes)
     now = utcnow()
     job = Job(
         id=new_id("job"),
@@ -286,11 +299,10 @@ class Answer:
 
 
 class JobCreation:
-    """The idempotent create, the whole protocol in one call: claim the Idempotency-Key (or
-    answer a retry with the stored first answer), create the job, render the answer and record
-    it for the key's retries, all in the caller's unit of work. Built once per process at
-    start-up (app.core.state) and handed to every create route (app.jobs.deps.JobCreationDep), so no
-    route can forget half of it."""
+    """The idempotent create, whole in one call: claim the Idempotency-Key (or answer a retry
+    with the stored first answer), create the job, render and record the answer for the key's
+    retries, in the caller's unit of work. Built once per process (app.core.state) and handed
+    to every create route (app.jobs.deps.JobCreationDep), so no route can forget half of it."""
 
     def __init__(
         self, *, claims: sessionmaker[Session], dispatcher: Dispatcher, settings: Settings
@@ -314,10 +326,9 @@ class JobCreation:
         fingerprint: str | None = None,
         warnings_field: str | None = None,
     ) -> Answer:
-        """`render` turns the new job into the answer's body, sent with `status_code`;
-        `openai` and `fingerprint` as in `create_job`. What the service warns of at creation
-        (no worker of the job's size: app.jobs.size_classes) is the job's event, and the
-        body's `warnings_field` when one is named."""
+        """`render` turns the new job into the answer's body, sent with `status_code`; `openai`
+        and `fingerprint` as in `create_job`. A creation warning (no worker of the job's size:
+        app.jobs.size_classes) is the job's event, and the body's `warnings_field` if named."""
         created = create_job(
             session,
             claims=self.claims,

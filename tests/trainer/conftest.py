@@ -35,6 +35,7 @@ MODEL_RUNS = (
 # marker `process`, also left out of `make test-fast`.
 PROCESS_RUNS = (
     "test_memory.py",
+    "test_memory_plan_peak.py",  # each measurement in a fresh process
     "distributed/test_equivalence.py",  # torchrun, two ranks
     "distributed/test_ranks.py",
     "distributed/test_streaming.py",  # torchrun, two ranks streaming their weights
