@@ -74,6 +74,7 @@ class PlanInputs:
     kv_cache_gib: float | None = None
     sleep_mode: bool = True
     micro_batch_size: int = 16
+    update_rows: int = 64  # completions per optimizer update (over every device)
     sequence_tokens: int = 384
     completion_tokens: int = 128
     rollout_sequences: int = 64
@@ -106,6 +107,7 @@ class PlanInputs:
             kv_cache_gib=rollout.kv_cache_gib,
             sleep_mode=rollout.sleep_mode,
             micro_batch_size=grpo.micro_batch_size,
+            update_rows=grpo.mini_batch_size or grpo.completions_per_step,
             sequence_tokens=grpo.sequence_tokens,
             completion_tokens=grpo.max_new_tokens,
             rollout_sequences=max(grpo.completions_per_step, eval_rows),
@@ -273,10 +275,14 @@ def _plan_parts(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> di
     frozen = _frozen_bytes(shape, inputs.training_dtype) if lora else 0
     reference = _frozen_bytes(shape, inputs.training_dtype) if inputs.kl_active and not lora else 0
     engine_weights, kv_cache = _engine_bytes(shape, inputs)
+    # Several devices reduce-scatter gradients once per minibatch: while its micro-batches
+    # accumulate, each device holds the whole float32 gradients (trainer.distributed.sharding.
+    # gradient_sync), not its shard.
+    accumulates = n > 1 and inputs.update_rows > n * inputs.micro_batch_size
     return {
         "trainable": trainable,
         "weights": math.ceil((4 * trainable + frozen) / n),
-        "gradients": math.ceil(4 * trainable / n),
+        "gradients": 4 * trainable if accumulates else math.ceil(4 * trainable / n),
         "optimizer": math.ceil(8 * trainable / n),
         "reference": math.ceil(reference / n),
         "engine_weights": engine_weights,

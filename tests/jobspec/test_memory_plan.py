@@ -90,3 +90,18 @@ def test_spec_inputs_reference_and_refusal() -> None:
     lora = plan_memory(shape, hf.replace(lora_rank=8), device_memory=1 << 30)
     assert lora.fits
     assert lora.reference == 0 and lora.trainable_parameters == shape.lora_parameters(8)
+
+
+def test_accumulating_micro_batches_on_several_devices_hold_whole_gradients() -> None:
+    """Gradients are reduce-scattered once per minibatch (issue 34): while a device
+    accumulates several micro-batches it holds the whole float32 gradients, not its shard,
+    and the plan counts them so; one micro-batch per device per update keeps the shard."""
+    shape = QWEN["7b"]
+    one_pass = plan_memory(shape, gpu(8, micro=8).replace(update_rows=64), device_memory=GB80)
+    accumulating = plan_memory(shape, gpu(8, micro=4).replace(update_rows=64), device_memory=GB80)
+    assert one_pass.gradients == -(-4 * shape.parameters // 8)
+    assert accumulating.gradients == 4 * shape.parameters
+    assert accumulating.total > one_pass.total
+    assert accumulating.fits  # 7B full still fits 8 x 80 GB (the engine sleeps in the update)
+    single = plan_memory(shape, gpu(1, micro=4).replace(update_rows=64), device_memory=GB80)
+    assert single.gradients == 4 * shape.parameters
