@@ -6,20 +6,20 @@ policy, gradients, AdamW's state and a full fine-tune's reference; each rank has
 
 - weights: trainable parameters in float32 (master weights, under bfloat16 too), /N; a LoRA
   job's frozen base as ``trainer.models.precision.frozen_reference`` holds a frozen copy
-  (float32; under bfloat16 the decoder's Linear weights in bfloat16), /N.
-- gradients (float32) and optimizer (AdamW's two float32 moments): trainable parameters, /N.
+  (float32; bfloat16 Linears under bfloat16: ``store_frozen_linears_for_autocast``), /N.
+- gradients (float32) and optimizer (AdamW's two float32 moments): trainable parameters, /N
+  (gradients whole where a device accumulates several micro-batches: one reduce-scatter).
 - reference (KL active): a full fine-tune's frozen copy, /N; LoRA: 0 (adapters off).
 - engine: vLLM holds the model in ``rollout.dtype`` on every rank and its KV cache
   (``rollout.kv_cache_gib``, else as ``trainer.rollout.startup.kv_cache_bytes`` sizes it);
   transformers generates with the policy (one device, float32: no copy), its KV cache alive
   while it generates.
-- activations of one micro-batch of max_prompt_tokens + max_new_tokens rows: each layer's
-  float32 input (gradient checkpointing; without it every layer's intermediates), one layer
-  recomputed with its gradients and attention scores, and the output head's [rows, vocab]
-  float32 chunk with its temporaries (``trainer.update.logprobs``).
+- activations of one micro-batch (prompt + completion tokens): each layer's float32 input
+  (checkpointing; without it every layer's intermediates), one layer recomputed with its
+  gradients and attention scores, the head's [rows, vocab] float32 chunk and temporaries.
 
-On a GPU a sleeping vLLM engine gives its memory back during the update: the peak is the larger
-of rollout (state + engine) and update (state + gradients + activations); otherwise they add.
+A GPU's sleeping vLLM engine frees its memory in the update: the peak is the larger of rollout
+(state + engine) and update (state + gradients + activations); otherwise they add.
 """
 
 from __future__ import annotations
@@ -45,9 +45,8 @@ __all__ = [
 
 GIB = 1 << 30
 DEFAULT_SAFETY = 0.9  # allocator fragmentation, the CUDA context, the process itself
-KV_HEADROOM = 1.25  # trainer.rollout.startup.KV_HEADROOM
-HF_GENERATE_ROWS = 64  # trainer.rollout.hf_engine: rows per generate call
-HEAD_CHUNK_ELEMENTS = 1 << 24  # trainer.update.logprobs.HEAD_CHUNK_ELEMENTS
+KV_HEADROOM, HF_GENERATE_ROWS = 1.25, 64  # read by the trainer too, as HEAD_CHUNK_ELEMENTS
+HEAD_CHUNK_ELEMENTS = 1 << 24
 HEAD_TEMPORARIES = 4  # logits, log-softmax, their gradient, the recomputation (colocation)
 # One decoder layer recomputed in the backward pass: what its backward saves, per token, in
 # units of hidden_size (the two norms' inputs and outputs, q, the rotated q, the attention

@@ -23,6 +23,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from jobspec import memory_plan
 from trainer.rollout.base import (
     Completion,
     check_generate_args,
@@ -73,7 +74,7 @@ class HFEngine:
         *,
         dtype: str,
         max_model_len: int,
-        max_batch_rows: int = 64,
+        max_batch_rows: int = memory_plan.HF_GENERATE_ROWS,
         stop_token_ids: Sequence[int] | None = None,
     ) -> None:
         target = torch_dtype(dtype)

