@@ -31,17 +31,23 @@ from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updat
 HEADS: tuple[HeadPath, ...] = ("fused", "plain")  # the first is the reported one
 
 
+QWEN25_05B = "Qwen/Qwen2.5-0.5B"
+
+
 def qwen25_05b_config() -> Qwen2Config:
-    """Qwen2.5-0.5B's shapes (494M parameters, tied embeddings)."""
+    """Qwen2.5-0.5B's shapes (494M parameters, tied embeddings), from the one declaration of
+    its config the memory plan reads too (``jobspec.model_shape.PRESET_SHAPES``)."""
+    shape = preset_shape(QWEN25_05B)
+    assert shape is not None
     return Qwen2Config(
-        vocab_size=151_936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32_768,
-        tie_word_embeddings=True,
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=shape.tie_word_embeddings,
     )
 
 
@@ -136,7 +142,7 @@ def planned_update_bytes(shape: Shape, rank: int | None, device_memory: int) -> 
         completion_tokens=shape.completion_tokens,
         accelerator="cuda",
     )
-    qwen = preset_shape("Qwen/Qwen2.5-0.5B")
+    qwen = preset_shape(QWEN25_05B)
     assert qwen is not None
     plan = plan_memory(qwen, inputs, device_memory=device_memory, suggest=False)
     return plan.weights + plan.gradients + plan.optimizer + plan.activations
