@@ -99,7 +99,10 @@ def _vllm_worker_device(
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     monkeypatch.setattr(arg_utils, "current_platform", FakeCudaPlatform)
-    args = arg_utils.EngineArgs(model="m", device_ids=engine_kwargs.get("device_ids"))
+    # An existing folder as the model: a name would be looked up in the Hub cache when an
+    # earlier test of the process turned huggingface_hub's offline mode on.
+    here = str(Path(__file__).resolve().parent)
+    args = arg_utils.EngineArgs(model=here, device_ids=engine_kwargs.get("device_ids"))
     monkeypatch.setattr(
         platform_interface, "_assigned_physical_gpu_ids", args._resolve_device_ids()
     )
