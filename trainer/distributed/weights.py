@@ -19,7 +19,7 @@ Every gather runs under the world's timeout, in phase ``sync``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -245,9 +245,12 @@ class Mirror:
             self.fresh = True
 
 
-def copy_bucket(target: dict[str, Any], bucket: Bucket) -> None:
+def copy_bucket(target: dict[str, Any], bucket: Sequence[tuple[str, Tensor]]) -> None:
     """Copy a bucket's whole tensors into ``target`` (a module's state_dict), casting to each
-    target's dtype and device."""
+    target's dtype and device; a name ``target`` lacks is an error (the engine and the policy
+    disagree on the model)."""
     with torch.no_grad():
         for name, tensor in bucket:
+            if name not in target:
+                raise KeyError(f"the module has no weight {name!r}")
             target[name].copy_(tensor.to(target[name].device))

@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from jobspec import memory_plan
+from trainer.distributed.weights import copy_bucket
 from trainer.rollout.base import (
     Completion,
     check_generate_args,
@@ -154,12 +155,8 @@ class HFEngine:
         weight view), casting each to the module's dtype. Unknown names are an error."""
         start = time.perf_counter()
         target = self._model.state_dict()
-        with torch.no_grad():
-            for bucket in buckets:
-                for name, tensor in bucket:
-                    if name not in target:
-                        raise KeyError(f"the engine's module has no weight {name!r}")
-                    target[name].copy_(tensor.to(target[name].device))
+        for bucket in buckets:
+            copy_bucket(target, bucket)
         return time.perf_counter() - start
 
     def close(self) -> None:

