@@ -16,7 +16,13 @@ const CHARTS = [
     label: (n) => n.split("/")[1] },
   { key: "kl", title: "KL to the reference", names: () => ["kl", "kl_k3"] },
   { key: "entropy", title: "Entropy", names: () => ["entropy"] },
-  { key: "mismatch", title: "Sampler vs trainer", names: () => ["mismatch/kl", "mismatch/capped_frac"],
+  { key: "mismatch", title: "Sampler vs trainer",
+    names: () => ["mismatch/kl", "mismatch/capped_frac", "mismatch/token_mult_prob_error"],
+    label: (n) => n.split("/")[1] },
+  // Async jobs (grpo.async.max_staleness >= 1): how old the trained samples were (versions)
+  // and how busy the rollout server and the update kept each other.
+  { key: "async", title: "Async: staleness and busy fractions",
+    names: () => ["async/staleness_mean", "async/staleness_max", "async/rollout_busy_frac", "async/update_busy_frac"],
     label: (n) => n.split("/")[1] },
   { key: "clip", title: "Clip fraction", names: () => ["clip_frac/low", "clip_frac/high", "clip_frac/dual", "clip_frac/clamped"],
     label: (n) => n.split("/")[1] },

@@ -76,6 +76,11 @@ class TrainOutcome(Protocol):
     @property
     def stopped_early(self) -> bool: ...
 
+    @property
+    def pause_reason(self) -> str | None:
+        """Set when the run paused itself (the async mismatch guard): why."""
+        ...
+
 
 class Train(Protocol):
     """A training run, as the runner calls it. `trainer.run.loop.train` is one; it may take more
@@ -312,6 +317,17 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
             message=f"cancelled at step {result.final_step}",
         )
         return "cancelled"
+    # The run paused itself (a guard tripped): paused with its reason, resumable. (A test's
+    # stand-in trainer may return an outcome without the attribute.)
+    guard = getattr(result, "pause_reason", None)
+    if (
+        guard is not None
+        and result.stopped_early
+        and reason is None
+        and pause(ctx.sessions, job_id, attempt, f"{guard} (at step {result.final_step})")
+    ):
+        ctx.tail.notify(job_id, "status")
+        return "paused"
     if reason == "paused" and result.stopped_early:
         message = f"paused at step {result.final_step} (its checkpoint); resume to continue"
         if not pause(ctx.sessions, job_id, attempt, message):

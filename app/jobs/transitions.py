@@ -5,7 +5,8 @@
     running | cancelling -> queued (lease released: worker lost or shut down; attempt kept)
     queued -> paused; running -> pausing (pause asked) -> paused (the trainer checkpointed and
     stopped; the lease is released, the attempt kept); pausing -> running (resumed before the
-    worker stopped); paused -> queued (resume) | cancelled
+    worker stopped); running -> paused (the trainer paused itself: the async mismatch guard);
+    paused -> queued (resume) | cancelled
 
 Every change is a compare-and-set `UPDATE ... WHERE status = :seen [AND attempt = :attempt]` plus
 an event row in the same transaction, so concurrent finishers, cancellers and reapers can never
@@ -49,6 +50,8 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
             JobStatus.CANCELLED,
             JobStatus.QUEUED,
             JobStatus.PAUSING,
+            # The trainer paused the job itself (the async mismatch guard), with its reason.
+            JobStatus.PAUSED,
         }
     ),
     JobStatus.CANCELLING: frozenset({JobStatus.CANCELLED, JobStatus.FAILED, JobStatus.SUCCEEDED}),

@@ -35,14 +35,15 @@ CATALOG = {
     "time/step", "tokens_per_s/rollout", "logprob_diff/engine_vs_trainer",
     "reward/has_seven/errors", "reward/errors", "reward/timeouts", "data/skipped_prompts",
     "mismatch/kl", "mismatch/ratio_mean", "mismatch/ratio_max", "mismatch/capped_frac",
-    "tokens/trained", "update/skipped",
+    "mismatch/token_mult_prob_error", "tokens/trained", "update/skipped",
 }  # fmt: skip
 # Absent from a step whose update was skipped for want of signal (update/skipped 1): every
 # advantage 0 and no loss-side term, so no update ran and nothing was scored for it.
 UPDATE_METRICS = {
     "advantage/abs_mean", "entropy", "loss/policy", "loss/kl", "grad_norm",
     "logprob_diff/engine_vs_trainer", "mismatch/kl", "mismatch/ratio_mean",
-    "mismatch/ratio_max", "mismatch/capped_frac", "tokens/trained", "kl", "kl_k3",
+    "mismatch/ratio_max", "mismatch/capped_frac", "mismatch/token_mult_prob_error",
+    "tokens/trained", "kl", "kl_k3",
 }  # fmt: skip
 # Reported only when a step has an update after its first (several iterations or minibatches):
 # the first runs at ratio 1 and cannot clip.

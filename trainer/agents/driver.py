@@ -125,7 +125,10 @@ def _sample_turn(
     for cap, (completion,) in zip(caps, out, strict=True):
         if len(completion.token_ids) > cap:  # sampled past this episode's own budget: cut
             lps = None if completion.logprobs is None else completion.logprobs[:cap]
-            completion = Completion(completion.token_ids[:cap], lps, "", "length")
+            completion = Completion(
+                completion.token_ids[:cap], lps, "", "length",
+                policy_version=completion.policy_version,
+            )  # fmt: skip
         completions.append(completion)
     return completions
 
@@ -135,6 +138,8 @@ def _read_turn(
 ) -> list[ToolCall]:
     """Record a sampled turn; returns the calls to run (none when the episode ended)."""
     episode.add_turn(completion.token_ids, completion.logprobs)
+    if completion.policy_version is not None:
+        episode.turn_versions.append(completion.policy_version)
     message = fmt.assistant_message(completion.token_ids, settings.stop_token_ids)
     episode.messages.append(message)
     episode.turn_end = len(episode.messages)

@@ -115,6 +115,9 @@ class Episode:
     dropped: bool = False  # not trained (template drift with "drop")
     last_text: str = ""  # the last assistant turn's content, tool calls removed
     episode_id: str = ""  # what the environment knows it by
+    # The policy version of each sampled turn, where the engine reports one (an async run's
+    # rollout server); its samples count as old as their oldest turn.
+    turn_versions: list[int] = field(default_factory=list)
     # What happened after the row's own conversation, one entry per message, written by the
     # driver: ``source`` ("model", "tool" or "environment"), ``role`` and ``content``; a model
     # turn adds ``tool_calls`` (name, arguments) and ``malformed`` (reasons), a tool result its

@@ -84,6 +84,7 @@ def episode_samples(episode: Episode) -> list[tuple[list[int], Completion]]:
                 text=episode.last_text,
                 finish_reason=reason,
                 loss_mask=list(seg.loss_mask),
+                policy_version=min(episode.turn_versions, default=None),
             ),
         )
         for seg in episode.trained_segments()

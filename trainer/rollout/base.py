@@ -51,6 +51,10 @@ class Completion:
     # 1 on tokens the model sampled, 0 on tokens injected between turns (an agent episode's
     # tool results and environment messages); None: every token was sampled.
     loss_mask: list[int] | None = None
+    # The policy version whose weights sampled it (the number of updates applied to them), as
+    # the engine that served the call reports it; None for an engine that does not count
+    # versions (the in-process engines of the synchronous step, always the current weights).
+    policy_version: int | None = None
 
 
 def check_generate_args(

@@ -35,6 +35,8 @@ class RunCheckpoints:
         self.setup = setup
         # checkpoint.keep_best_by's latest value so far (what the retention rule ranks by).
         self.best_by_value: float | None = None
+        # The restored checkpoint's ``extra`` (what callers stored with ``extra_state``).
+        self.restored_extra: dict[str, Any] = {}
 
     def restore(self, path: Path) -> tuple[int, dict[str, float]]:
         """Load a checkpoint into the policy, optimizer, scheduler, RNGs and data sampler; its
@@ -55,6 +57,7 @@ class RunCheckpoints:
                     load_sharded(Path(path) / SHARDED_DIR, s.model, s.optimizer, _group(patient))
             s.mirror.mark_stale()
         s.sampler.restore(SamplerState.from_dict(state.sampler))
+        self.restored_extra = dict(state.extra)
         s.guard.streak = int(state.extra.get("nonfinite_streak", 0))
         best_by = state.extra.get(RETENTION_METRIC)
         if isinstance(best_by, dict) and best_by.get("name") == s.config.checkpoint.keep_best_by:
@@ -68,13 +71,21 @@ class RunCheckpoints:
         if name is not None and name in metrics and math.isfinite(metrics[name]):
             self.best_by_value = float(metrics[name])
 
-    def save(self, step: int, metrics: dict[str, float]) -> Path:
+    def save(
+        self, step: int, metrics: dict[str, float], extra_state: dict[str, Any] | None = None
+    ) -> Path:
         """Write the checkpoint of ``step``, then apply the spec's checkpoint retention, unless
         the callbacks apply it themselves (the service's worker: its records must agree with
-        the disk, so it alone deletes)."""
+        the disk, so it alone deletes). ``extra_state``: JSON-ready entries the manifest keeps
+        beside the trainer's own (an async run's batches made ahead), back in
+        ``restored_extra`` after :meth:`restore`."""
         s = self.setup
         retention = s.config.checkpoint
-        extra: dict[str, object] = {"nonfinite_streak": s.guard.streak, "metrics": metrics}
+        extra: dict[str, object] = {
+            **(extra_state or {}),
+            "nonfinite_streak": s.guard.streak,
+            "metrics": metrics,
+        }
         if retention.keep_best_by is not None:
             extra[RETENTION_METRIC] = {"name": retention.keep_best_by, "value": self.best_by_value}
         if s.mirror is None:

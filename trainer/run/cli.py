@@ -76,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Ctrl-C reaches it as a stop request. Sets the recipe's resources.devices (default: "
         "the recipe's, 1 unless it says: in this process)",
     )
+    parser.add_argument(
+        "--async",
+        dest="max_staleness",
+        type=int,
+        default=None,
+        metavar="K",
+        help="override grpo.async.max_staleness: roll out up to K steps ahead of the update in "
+        "a rollout server (0: the synchronous step)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -89,7 +98,12 @@ def _format_errors(exc: ValidationError) -> str:
 
 
 def load_recipe(
-    path: Path, *, steps: int | None = None, engine: str | None = None, devices: int | None = None
+    path: Path,
+    *,
+    steps: int | None = None,
+    engine: str | None = None,
+    devices: int | None = None,
+    max_staleness: int | None = None,
 ) -> JobSpec:
     """Read and validate a recipe, applying command-line overrides before validation."""
     try:
@@ -100,11 +114,17 @@ def load_recipe(
         raise RecipeError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise RecipeError(f"{path} must hold a mapping (a job spec), not {type(data).__name__}")
-    if steps is not None:
+    if steps is not None or max_staleness is not None:
         grpo = data.setdefault("grpo", {})
         if not isinstance(grpo, dict):
             raise RecipeError("grpo: must be a mapping")
-        grpo["steps"] = steps
+        if steps is not None:
+            grpo["steps"] = steps
+        if max_staleness is not None:
+            section = grpo.get("async") or {}
+            if not isinstance(section, dict):
+                raise RecipeError("grpo.async: must be a mapping")
+            grpo["async"] = {**section, "max_staleness": max_staleness}
     if engine is not None:
         rollout = data.setdefault("rollout", {})
         if not isinstance(rollout, dict):
@@ -124,7 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: --nproc must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     try:
-        config = load_recipe(args.recipe, steps=args.steps, engine=args.engine, devices=args.nproc)
+        config = load_recipe(
+            args.recipe,
+            steps=args.steps,
+            engine=args.engine,
+            devices=args.nproc,
+            max_staleness=args.max_staleness,
+        )
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

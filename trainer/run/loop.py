@@ -30,6 +30,7 @@ from trainer.errors import NonFiniteLossError, TrainerError
 from trainer.models.reference import Reference
 from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine
+from trainer.run.async_run import AsyncRollouts
 from trainer.run.callbacks import Callbacks
 from trainer.run.checkpoints import RunCheckpoints
 from trainer.run.engine_sync import push_initial_weights
@@ -46,7 +47,7 @@ from trainer.run.setup import (
     start_run_engine,
 )
 from trainer.run.step_update import StepContext, train_on
-from trainer.scoring.collect import collect_groups
+from trainer.scoring.collect import Collected, collect_groups
 from trainer.scoring.rewards import RewardFn, Scorer
 from trainer.scoring.sampling import Rollout, SingleTurn, merge_metrics
 from trainer.update.inputs import kl_only_groups
@@ -60,6 +61,8 @@ class TrainResult:
     last_metrics: dict[str, float] = field(default_factory=dict)
     checkpoint_path: Path | None = None
     stopped_early: bool = False
+    # Set when the run paused itself (the async mismatch guard): why, for the job's status.
+    pause_reason: str | None = None
 
 
 def train(
@@ -150,6 +153,8 @@ class _Run:
         self.engine: RolloutEngine | None = None
         self.agents = agent_rollout(config, self.setup, given)
         self.rollout: Rollout = self.agents or SingleTurn()
+        # grpo.async.max_staleness >= 1: a rollout server and a producer ahead of the update.
+        self.async_: AsyncRollouts | None = None
 
     @property
     def model(self) -> nn.Module:
@@ -162,6 +167,10 @@ class _Run:
         return self.setup.reference
 
     def close(self) -> None:
+        if self.async_ is not None:
+            self.async_.close()  # its server is the run's engine
+            self.async_ = None
+            self.started = self.engine = None
         if self.agents is not None:
             self.agents.close()
             self.agents = None
@@ -185,29 +194,51 @@ class _Run:
             return result
         interval = self.config.checkpoint_interval
         for step in range(start_step + 1, total + 1):
-            metrics, stop_requested = self._step(step, final=step == total)
+            metrics, stop_requested, pause = self._step(step, final=step == total)
             self.cb.on_step(step, metrics)
             self.checkpoints.track(metrics)
             result.final_step = step
             result.last_metrics = metrics
             saved = False
             if step == total or (interval > 0 and step % interval == 0):
-                result.checkpoint_path = self.checkpoints.save(step, metrics)
+                result.checkpoint_path = self._save(step, metrics)
                 saved = True
-            if step < total and (stop_requested or self.cb.should_stop()):
-                if not saved:
-                    result.checkpoint_path = self.checkpoints.save(step, metrics)
-                self.cb.on_event("stop", f"stopped after step {step} as requested")
+            stopping = step < total and (
+                stop_requested or pause is not None or self.cb.should_stop()
+            )
+            if stopping and not saved:
+                result.checkpoint_path = self._save(step, metrics)
+            if self.async_ is not None:
+                self.async_.release(step)
+            if stopping:
+                if pause is not None:
+                    self.cb.on_event("paused", pause, "warning")
+                    result.pause_reason = pause
+                else:
+                    self.cb.on_event("stop", f"stopped after step {step} as requested")
                 result.stopped_early = True
                 break
         return result
+
+    def _save(self, step: int, metrics: dict[str, float]) -> Path:
+        """Step ``step``'s checkpoint; an async run's keeps the batches made ahead."""
+        extra = None if self.async_ is None else self.async_.checkpoint_state(step)
+        return self.checkpoints.save(step, metrics, extra_state=extra)
 
     def _restore(self, path: Path) -> TrainResult:
         step, metrics = self.checkpoints.restore(path)
         return TrainResult(step, last_metrics=metrics, checkpoint_path=Path(path))
 
     def _open_engine(self, resume_from: Path | None, start_step: int) -> None:
-        """Start the engine (or take the caller's), then push weights and announce the run."""
+        """Start the engine (or take the caller's), then push weights and announce the run.
+        An async run starts its rollout server and its producer instead."""
+        if self.spec.async_.enabled:
+            self.async_ = AsyncRollouts(self.setup, self.rollout, self.config.seed)
+            self.started, self.engine = self.async_.started, self.async_.engine
+            restored = self.checkpoints.restored_extra if resume_from is not None else None
+            pushed = self.async_.open(start_step, restored)
+            announce_run(self.setup, self.started, resume_from, start_step, pushed)
+            return
         self.started = start_run_engine(self.setup)
         self.engine = self.started.engine
         pushed = push_initial_weights(self.setup, self.started, resume_from is not None)
@@ -215,18 +246,19 @@ class _Run:
 
     # ------------------------------------------------------------------ one step
 
-    def _step(self, step: int, *, final: bool) -> tuple[dict[str, float], bool]:
-        setup = self.setup
-        spec = self.spec
+    def _collect(self, step: int) -> tuple[Collected, dict[str, float]]:
+        """Step ``step``'s groups: sampled now, or (async) taken from the producer."""
+        if self.async_ is not None:
+            return self.async_.collect(step)
         assert self.engine is not None
-        started = time.perf_counter()
+        setup = self.setup
         collected = collect_groups(
             self.engine,
             setup.scorer,
             setup.sampler,
             setup.train_ids,
             setup.train_rows,
-            spec,
+            self.spec,
             seed=self.config.seed,
             step=step,
             should_stop=self.cb.should_stop,
@@ -234,7 +266,17 @@ class _Run:
             shares=setup.shares,
             rollout=self.rollout,
         )
+        return collected, {}
+
+    def _step(self, step: int, *, final: bool) -> tuple[dict[str, float], bool, str | None]:
+        """One step's metrics, whether a stop was asked while sampling, and the reason to
+        pause (the async mismatch guard), if any."""
+        setup = self.setup
+        spec = self.spec
+        started = time.perf_counter()
+        collected, async_metrics = self._collect(step)
         metrics = rollout_metrics(collected, [*setup.scorer.names, *self.rollout.extra_names])
+        metrics.update(async_metrics)
         metrics.update(merge_metrics(collected.rollout_metrics))
         kl_only = kl_only_groups(collected, spec)
         metrics.update(sampling_report(collected, kl_only, spec, step, self.cb.on_event))
@@ -266,6 +308,7 @@ class _Run:
             setup.sample_groups,
         )
         self.cb.on_samples(step, samples)
+        pause = None if self.async_ is None else self.async_.finish_step(step, metrics)
         if setup.eval_ids and (
             final or (self.config.eval.interval > 0 and step % self.config.eval.interval == 0)
         ):
@@ -273,7 +316,7 @@ class _Run:
         metrics["time/step"] = time.perf_counter() - started
         metrics.update(rank_figures(setup.world, metrics["time/step"], setup.device))
         clean = {k: float(v) for k, v in metrics.items() if math.isfinite(v)}
-        return clean, collected.stop_requested
+        return clean, collected.stop_requested, pause
 
     def _step_context(self) -> StepContext:
         assert self.started is not None
@@ -281,4 +324,5 @@ class _Run:
 
     def _evaluate(self, step: int) -> float:
         assert self.engine is not None
-        return evaluate_run(self.setup, self.engine, step, self.agents)
+        engine = self.engine if self.async_ is None else self.async_.eval_engine(step)
+        return evaluate_run(self.setup, engine, step, self.agents)

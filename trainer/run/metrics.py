@@ -19,7 +19,8 @@ so all four are absent when a step has a single update; ``grad_norm`` (pre-clip)
 rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen estimator) and
 ``kl_k3`` (always k3; only with a reference model), ``logprob_diff/engine_vs_trainer`` (mean
 |engine - trainer| logprob of the sampled tokens before the update), ``mismatch/kl``,
-``mismatch/ratio_mean``, ``mismatch/ratio_max`` and ``mismatch/capped_frac`` (the engine
+``mismatch/ratio_mean``, ``mismatch/ratio_max``, ``mismatch/token_mult_prob_error`` (the mean
+of exp|log pi_old - log pi_engine|, NeMo-RL's) and ``mismatch/capped_frac`` (the engine
 against the trainer's pi_old, see ``trainer.update.sampler_correction``), over the completions
 trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
 ``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``; ``tokens/trained``

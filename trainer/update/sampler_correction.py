@@ -4,7 +4,11 @@ The rollout engine samples token ``y_t`` with probability ``pi_sampler`` (its ow
 another dtype), while the update is computed for the trainer's ``pi_old`` of the same weights.
 The two differ slightly, so the policy gradient is taken on samples of the wrong distribution.
 Weighting each token's policy loss by ``w = pi_old / pi_sampler`` makes it on-policy again;
-capping ``w`` at ``C`` bounds the variance a rare, badly mismatched token would add.
+capping ``w`` at ``C`` bounds the variance a rare, badly mismatched token would add. Under
+asynchronous GRPO (``grpo.async``) ``pi_sampler`` is also an older version of the weights, and
+the same weights correct for it (the KL term in the loss is not weighted); which settings make
+the expected update exactly the on-policy one is in docs/trainer.md
+(tests/trainer/update/test_async_exact.py).
 
 Modes (a name-keyed registry; the spec's ``SamplerCorrectionMode`` lists the same names):
 
@@ -131,8 +135,12 @@ def mismatch_metrics(
     ``mismatch/kl``: the k3 estimate of KL(pi_sampler || pi_old) from the sampled tokens,
     ``r - 1 - log r`` with ``r = pi_old / pi_sampler`` (unbiased for samples of the sampler,
     never negative); ``mismatch/ratio_mean`` and ``mismatch/ratio_max`` of the per-token ``r``;
-    ``mismatch/capped_frac``: the share of tokens whose weight the cap truncated or masked
-    under ``mode`` (0 with ``none``).
+    ``mismatch/token_mult_prob_error``: the mean of ``exp(|log pi_old - log pi_sampler|)``
+    = ``max(r, 1 / r)`` (NeMo-RL's measure: 1 when the two agree, a token whose probability
+    differs by a factor f either way counts f, so over- and under-estimates cannot cancel as
+    in ``ratio_mean``; NeMo-RL's checks keep it below 1.1); ``mismatch/capped_frac``: the share of tokens whose weight the
+    cap truncated or masked under ``mode`` (0 with ``none``). Log-ratios are clamped to +-20,
+    as for the weights, so every value is finite.
     """
     valid = mask > 0
     tokens = int(valid.sum())
@@ -145,5 +153,6 @@ def mismatch_metrics(
         "mismatch/kl": float((torch.expm1(log_r) - log_r).mean()),
         "mismatch/ratio_mean": float(ratio.mean()),
         "mismatch/ratio_max": float(ratio.max()),
+        "mismatch/token_mult_prob_error": float(torch.exp(log_r.abs()).mean()),
         "mismatch/capped_frac": float(capped.sum()) / tokens,
     }

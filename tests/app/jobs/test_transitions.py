@@ -83,7 +83,7 @@ S, F, X = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
 PG, PD = JobStatus.PAUSING, JobStatus.PAUSED
 EXPECTED: dict[JobStatus, set[JobStatus]] = {
     Q: {R, X, PD},
-    R: {S, F, X, C, Q, PG},
+    R: {S, F, X, C, Q, PG, PD},  # running -> paused: the trainer paused itself (a guard)
     C: {X, F, S},
     PG: {PD, C, S, F, R},
     PD: {Q, X},

@@ -115,6 +115,31 @@ def test_mismatch_metrics() -> None:
     assert m["mismatch/capped_frac"] == pytest.approx(1 / 3)
     same = mismatch_metrics(trainer, trainer, mask, "token_truncate", cap=2.0)
     assert same["mismatch/kl"] == 0.0 and same["mismatch/ratio_max"] == 1.0
+    assert same["mismatch/token_mult_prob_error"] == 1.0
+
+
+def test_token_mult_prob_error_by_hand() -> None:
+    """NeMo-RL's ``mean exp(|log pi_old - log pi_sampler|)`` over the valid tokens: a factor
+    of f either way counts f, so a token 2x too likely and one 2x too unlikely do not cancel
+    (their ratio_mean is 1.25, their error 2)."""
+    trainer = torch.tensor([[0.0, -1.0, -2.0], [-0.5, -3.0, -1.0]])
+    sampler = torch.tensor([[-1.0, -1.0, -1.5], [0.0, -1.0, 5.0]])  # the padding's 5 never counts
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    m = mismatch_metrics(trainer, sampler, mask, "none", cap=2.0)
+    # |log-ratios| of the five valid tokens: 1, 0, 0.5, 0.5, 2
+    e = torch.e
+    expected = (e + 1 + 2 * e**0.5 + e**2) / 5
+    assert m["mismatch/token_mult_prob_error"] == pytest.approx(expected)
+    assert m["mismatch/ratio_mean"] == pytest.approx((e + 1 + e**-0.5 + e**-0.5 + e**-2) / 5)
+    half = torch.log(torch.tensor([[0.5, 0.25]]))
+    both_ways = mismatch_metrics(half, half.flip(-1), torch.ones(1, 2), "none", cap=2.0)
+    assert both_ways["mismatch/token_mult_prob_error"] == pytest.approx(2.0)
+    assert both_ways["mismatch/ratio_mean"] == pytest.approx(1.25)
+    # Clamped like the weights: a token off by e^50 counts e^20, finite.
+    far = mismatch_metrics(
+        torch.zeros(1, 1), torch.full((1, 1), -50.0), torch.ones(1, 1), "none", cap=2.0
+    )
+    assert far["mismatch/token_mult_prob_error"] == pytest.approx(e**20)
 
 
 def _update_params(mode: str, engine_shift: float) -> list[Tensor]:
