@@ -117,3 +117,26 @@ def test_the_mismatch_guard_pauses_an_async_job_with_its_reason(
     assert len(paused) == 1
     assert "mismatch guard" in str(paused[0]["message"])
     assert "token_mult_prob_error" in str(paused[0]["message"])
+
+
+def test_max_staleness_0_trains_as_the_synchronous_job(
+    service: Service,  # noqa: F811
+    start_worker: Callable[..., WorkerProcess],
+) -> None:
+    """``grpo.async.max_staleness: 0`` is today's step: the same metrics through the service
+    as the job that does not name it."""
+    worker = start_worker(service.settings)
+    explicit = async_spec(steps=3)
+    explicit["grpo"]["async"] = {"max_staleness": 0}  # type: ignore[index]
+    default = {**explicit, "grpo": dict(explicit["grpo"])}  # type: ignore[call-overload]
+    del default["grpo"]["async"]
+    ids = [service.submit(default), service.submit(explicit)]
+    for job_id in ids:
+        job = service.wait_status(job_id, ("succeeded", "failed"), 300, worker)
+        assert job["status"] == "succeeded", job.get("error")
+    want, got = (series(service, job_id) for job_id in ids)
+    assert not got.get("async/staleness_max") and not got.get("rollout/server_restarts")
+    for name in ("reward/mean", "loss/policy", "grad_norm", "entropy"):
+        assert [s for s, _ in got[name]] == [1, 2, 3], name  # every step updated
+        for (_, a), (_, b) in zip(got[name], want[name], strict=True):
+            assert a == pytest.approx(b, abs=1e-6), name
