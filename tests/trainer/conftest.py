@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,14 @@ def tiny_llama(vocab_size: int, **config_overrides: object) -> LlamaForCausalLM:
     model = LlamaForCausalLM(config).float()
     model.eval()  # no dropout in Llama, but make it explicit
     return model
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for the test: the tiny model gains nothing from more, and on a
+    shared 2-core machine two spinning OpenMP threads per process made the training runs ~50x
+    slower (measured). Modules use it with ``pytest.mark.usefixtures("one_torch_thread")``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

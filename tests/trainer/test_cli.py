@@ -6,27 +6,17 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from trainer.checkpoint.store import latest_checkpoint, load_checkpoint
 from trainer.models.loading import load_policy
 from trainer.run.cli import load_recipe, main
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: the tiny model gains nothing from more, and on a shared 2-core
-    machine two spinning OpenMP threads per process made these runs ~50x slower (measured)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_tiny_recipe_runs_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

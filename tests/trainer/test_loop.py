@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,8 @@ from trainer.run.callbacks import Callbacks, RolloutSample, RunInfo
 from trainer.run.loop import train
 from trainer.update import losses
 from trainer.update.inputs import Advantages
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 CATALOG = {
     "reward/mean", "reward/std", "reward/has_seven/mean", "frac_zero_std_groups",
@@ -48,16 +49,6 @@ UPDATE_METRICS = {
 # Reported only when a step has an update after its first (several iterations or minibatches):
 # the first runs at ratio 1 and cannot clip.
 CLIP_FRACTIONS = {"clip_frac/low", "clip_frac/high", "clip_frac/dual", "clip_frac/clamped"}
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """One intra-op thread: the tiny model gains nothing from more, and on a shared 2-core
-    machine two spinning OpenMP threads per process made these runs ~50x slower (measured)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def tiny_spec(*, steps: int = 6, grpo: dict[str, Any] | None = None, **top: Any) -> JobSpec:

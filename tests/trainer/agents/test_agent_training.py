@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from transformers import PreTrainedTokenizerBase
 
@@ -31,15 +29,10 @@ from trainer.run.callbacks import Callbacks, RolloutSample
 from trainer.run.cli import main
 from trainer.run.loop import train
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = [
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
 
 
 def test_grpo_train_runs_a_tiny_agent_job_with_a_calculator_and_a_two_turn_environment(

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +19,10 @@ from safetensors.torch import load_file
 from jobspec import JobSpec
 from trainer.run.loop import train
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 HERE = Path(__file__).resolve().parent
 STEPS = 3
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def two_device_spec(grpo: dict[str, Any] | None = None, **top: Any) -> JobSpec:

@@ -5,27 +5,17 @@ synchronous default is untouched, and the mismatch guard pauses the run."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from tests.trainer.test_loop import Recorder, tiny_spec
 from trainer.run.async_rollouts import behaviour_version
 from trainer.run.async_run import PENDING_KEY
 from trainer.run.loop import train
 
-pytestmark = [pytest.mark.process, pytest.mark.model]
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = [pytest.mark.process, pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _async_spec(k: int, steps: int, **grpo: Any) -> Any:
