@@ -12,7 +12,8 @@ that timings compare across runs. Writes bench/results/gpu_update.json (not in a
 
 Each configuration runs with the fused output head (``trainer.update.fused_head``, what the
 trainer uses) and, for the before/after ratio from one run, the plain checkpointed head
-(``--heads``); ``--compile`` applies ``torch.compile`` to each decoder layer.
+(``--heads``); ``--compile`` applies ``torch.compile`` to each decoder layer, as a job with
+``grpo.compile`` does (``trainer.update.compiled.compile_decoder_layers``).
 
 MFU counts model FLOPs only (gradient checkpointing's recomputation is not counted), from
 :func:`update_flops`, over the device's dense bfloat16 peak (:data:`PEAK_TFLOPS`, or
@@ -38,7 +39,6 @@ from bench.update_parts import (
     HEADS,
     Shape,
     build_policy,
-    compile_layers,
     fixed_batch,
     grpo_spec,
     head_name,
@@ -49,6 +49,7 @@ from bench.update_parts import (
     tiny_config,
 )
 from trainer.models.precision import enable_tf32
+from trainer.update.compiled import compile_decoder_layers
 from trainer.update.logprobs import HeadPath
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_update.json"
@@ -112,7 +113,7 @@ def run_config(
         torch.cuda.reset_peak_memory_stats(device)
     model = build_policy(config, device, rank)
     if compile_decoder:
-        compile_layers(model)
+        compile_decoder_layers(model)  # what a job with grpo.compile does
     batch, advantages = fixed_batch(config, shape, device)
     lora_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     times, losses = timed_updates(model, grpo_spec(shape), batch, advantages, steps, head)

@@ -18,7 +18,6 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from jobspec import GRPOSpec, LoraSpec
 from jobspec.memory_plan import PlanInputs, plan_memory
 from jobspec.model_shape import preset_shape
-from trainer.distributed.sharding import decoder_layers
 from trainer.models.loading import disable_dropout, enable_gradient_checkpointing
 from trainer.models.lora import apply_lora
 from trainer.models.precision import store_frozen_linears_for_autocast
@@ -97,14 +96,6 @@ def head_path(head: HeadPath) -> Iterator[None]:
         yield
     finally:
         policy_update.completion_logprobs = original
-
-
-def compile_layers(model: nn.Module) -> int:
-    """``torch.compile`` each decoder layer in place (``nn.Module.compile``); returns how many."""
-    layers = decoder_layers(model)
-    for layer in layers:
-        layer.compile()
-    return len(layers)
 
 
 def build_policy(config: Qwen2Config, device: torch.device, rank: int | None) -> nn.Module:

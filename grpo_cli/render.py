@@ -147,6 +147,9 @@ def plan_table(plan: Mapping[str, Any]) -> str:
     """A memory plan (POST /v1/jobs/validate's `plan`) as a small table, per device."""
     parts = plan["per_device"]
     lines = [f"memory plan per device ({plan['devices']} device(s))"]
+    if "micro_batch_size" in plan:
+        chosen = " (auto: the largest that fits)" if plan.get("micro_batch_auto") else ""
+        lines.append(f"  {'micro-batch':<12} {plan['micro_batch_size']:>9} completions{chosen}")
     lines += [f"  {name:<12} {_gib(size)}" for name, size in parts.items() if name != "kv_cache"]
     if parts.get("kv_cache"):
         lines.insert(-1, f"  {'  (KV cache)':<12} {_gib(parts['kv_cache'])}")

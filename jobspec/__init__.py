@@ -82,6 +82,7 @@ from jobspec.grpo import (
     RolloutSpec,
     SamplerCorrectionMode,
     SamplerCorrectionSpec,
+    UnresolvedMicroBatch,
     rollout_dtype,
 )
 from jobspec.integrations import (
@@ -176,6 +177,7 @@ __all__ = [
     "ToolImplementation",
     "ToolSpec",
     "TrainingDtype",
+    "UnresolvedMicroBatch",
     "WandbIntegration",
     "compile_regex",
     "grader_name",

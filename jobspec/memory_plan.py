@@ -1,22 +1,9 @@
 """How much memory one device of a job holds, from the model's shape and the job's spec.
 
 Torch-free: the API answers it before a job queues (``POST /v1/jobs/validate``; a 422 at create
-when it does not fit). Bytes per device, for N devices (docs/scaling.md: FSDP shards the
-policy, gradients, AdamW's state and a full fine-tune's reference; each rank has its engine):
-
-- weights: trainable parameters in float32 (master weights, under bfloat16 too), /N; a LoRA
-  job's frozen base as ``trainer.models.precision.frozen_reference`` holds a frozen copy
-  (float32; bfloat16 Linears under bfloat16: ``store_frozen_linears_for_autocast``), /N.
-- gradients (float32) and optimizer (AdamW's two float32 moments): trainable parameters, /N
-  (gradients whole where a device accumulates several micro-batches: one reduce-scatter).
-- reference (KL active): a full fine-tune's frozen copy, /N; LoRA: 0 (adapters off).
-- engine: vLLM holds the model in ``rollout.dtype`` on every rank and its KV cache
-  (``rollout.kv_cache_gib``, else as ``trainer.rollout.startup.kv_cache_bytes`` sizes it);
-  transformers generates with the policy (one device, float32: no copy), its KV cache alive
-  while it generates.
-- activations of one micro-batch (prompt + completion tokens): each layer's float32 input
-  (checkpointing; without it every layer's intermediates), one layer recomputed with its
-  gradients and attention scores, the head's [rows, vocab] float32 chunk and temporaries.
+when it does not fit). Bytes per device, for N devices: weights, gradients, optimizer state,
+the KL reference, the rollout engine (weights and KV cache) and the activations of one
+micro-batch; each term, and what it counts, is :mod:`jobspec.memory_terms`'s.
 
 A GPU's sleeping vLLM engine frees its memory in the update: the peak is the larger of rollout
 (state + engine) and update (state + gradients + activations); otherwise they add.
@@ -29,6 +16,18 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobspec.memory_terms import (
+    GIB,
+    HEAD_CHUNK_ELEMENTS,
+    HF_GENERATE_ROWS,
+    KV_HEADROOM,
+    PlanInputs,
+    activation_bytes,
+    engine_bytes,
+    frozen_bytes,
+    head_chunk_rows,
+    largest_micro_batch,
+)
 from jobspec.model_shape import Accelerator, ModelShape
 
 if TYPE_CHECKING:
@@ -36,89 +35,22 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SAFETY",
+    "HEAD_CHUNK_ELEMENTS",
+    "HF_GENERATE_ROWS",
+    "KV_HEADROOM",
     "MemoryPlan",
     "PlanInputs",
     "Suggestion",
+    "activation_bytes",
+    "auto_micro_batch_size",
+    "gib",
+    "head_chunk_rows",
     "plan_memory",
     "refusal",
+    "resolve_micro_batch",
 ]
 
-GIB = 1 << 30
 DEFAULT_SAFETY = 0.9  # allocator fragmentation, the CUDA context, the process itself
-KV_HEADROOM, HF_GENERATE_ROWS = 1.25, 64  # read by the trainer too, as HEAD_CHUNK_ELEMENTS
-HEAD_CHUNK_ELEMENTS = 1 << 24
-HEAD_TEMPORARIES = 4  # logits, log-softmax, their gradient, the recomputation (colocation)
-# One decoder layer recomputed in the backward pass: what its backward saves, per token, in
-# units of hidden_size (the two norms' inputs and outputs, q, the rotated q, the attention
-# output, o_proj's output and the residual; k and v are smaller, grouped heads) and of
-# intermediate_size (gate, up, the activation and the product). Checked against measured CPU
-# peaks (tests/trainer/test_memory_plan_peak.py).
-LAYER_HIDDEN_FACTOR = 10
-LAYER_INTERMEDIATE_FACTOR = 4
-_ITEMSIZE = {"float32": 4, "bfloat16": 2}
-
-
-@dataclass(frozen=True)
-class PlanInputs:
-    """What of a job's spec (and its worker) decides its memory."""
-
-    devices: int = 1
-    training_dtype: str = "float32"
-    lora_rank: int | None = None
-    lora_targets: list[str] | str = "all-linear"
-    kl_active: bool = False
-    engine: str = "vllm"
-    engine_holds_weights: bool = True  # vLLM: its own copy and a KV cache allocated up front
-    rollout_dtype: str = "float32"
-    kv_cache_gib: float | None = None
-    sleep_mode: bool = True
-    micro_batch_size: int = 16
-    update_rows: int = 64  # completions per optimizer update (over every device)
-    sequence_tokens: int = 384
-    completion_tokens: int = 128
-    rollout_sequences: int = 64
-    gradient_checkpointing: bool = True
-    accelerator: Accelerator = "cpu"
-    # A devices count N is allowed when it divides this (prompts_per_step, mini_batch_size;
-    # 1 for an agentic job, which trains on one device).
-    device_divisor: int = 0
-
-    @classmethod
-    def from_spec(cls, spec: JobSpec, accelerator: Accelerator = "cpu") -> PlanInputs:
-        from jobspec.grpo import rollout_dtype
-        from jobspec.traits import ROLLOUT_ENGINE_TRAITS
-
-        grpo, rollout, dataset = spec.grpo, spec.rollout, spec.dataset
-        eval_rows = 0
-        if dataset.holdout:
-            eval_rows = min(spec.eval.max_rows, dataset.holdout)
-        elif dataset.validation_file_id is not None:
-            eval_rows = spec.eval.max_rows
-        return cls(
-            devices=spec.resources.devices,
-            training_dtype=grpo.dtype,
-            lora_rank=spec.lora.rank if spec.lora is not None else None,
-            lora_targets=spec.lora.target_modules if spec.lora is not None else "all-linear",
-            kl_active=grpo.kl.active,
-            engine=rollout.engine,
-            engine_holds_weights=ROLLOUT_ENGINE_TRAITS[rollout.engine].sizes_kv_cache,
-            rollout_dtype=rollout_dtype(rollout.dtype, grpo.dtype, accelerator),
-            kv_cache_gib=rollout.kv_cache_gib,
-            sleep_mode=rollout.sleep_mode,
-            micro_batch_size=grpo.micro_batch_size,
-            update_rows=grpo.mini_batch_size or grpo.completions_per_step,
-            sequence_tokens=grpo.sequence_tokens,
-            completion_tokens=grpo.max_new_tokens,
-            rollout_sequences=max(grpo.completions_per_step, eval_rows),
-            gradient_checkpointing=grpo.gradient_checkpointing,
-            accelerator=accelerator,
-            device_divisor=1
-            if spec.is_agentic
-            else math.gcd(grpo.prompts_per_step, grpo.mini_batch_size or grpo.prompts_per_step),
-        )
-
-    def replace(self, **changes: Any) -> PlanInputs:
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -138,6 +70,8 @@ class MemoryPlan:
     """Bytes per device; ``total`` is the peak (module docstring)."""
 
     devices: int
+    micro_batch_size: int  # the plan's (the job's, or what "auto" chose)
+    micro_batch_auto: bool
     parameters: int
     trainable_parameters: int
     weights: int
@@ -178,6 +112,8 @@ class MemoryPlan:
         """The plan as the API answers it (bytes)."""
         return {
             "devices": self.devices,
+            "micro_batch_size": self.micro_batch_size,
+            "micro_batch_auto": self.micro_batch_auto,
             "parameters": self.parameters,
             "trainable_parameters": self.trainable_parameters,
             "per_device": {**self.parts(), "kv_cache": self.kv_cache},
@@ -202,65 +138,31 @@ def gib(size: int) -> str:
     return f"{size / GIB:.2f} GiB"
 
 
-def _frozen_bytes(shape: ModelShape, dtype: str) -> int:
-    """A frozen full copy: float32, or bfloat16 Linear weights of the decoder and the rest
-    float32 (``trainer.models.precision.frozen_reference``)."""
-    if dtype == "float32":
-        return 4 * shape.parameters
-    linear = shape.linear_parameters
-    return _ITEMSIZE[dtype] * linear + 4 * (shape.parameters - linear)
+def auto_micro_batch_size(
+    shape: ModelShape, inputs: PlanInputs, *, device_memory: int, safety: float = DEFAULT_SAFETY
+) -> int:
+    """``grpo.micro_batch_size: auto``: from ``inputs.micro_batch_size`` (a power of two)
+    down, halving, the first whose plan fits ``device_memory``; 1 when none does (the plan
+    then does not fit and says what would)."""
+    micro = inputs.micro_batch_size
+    while micro > 1:
+        changed = inputs.replace(micro_batch_size=micro, micro_batch_auto=False)
+        if _peak(_plan_parts(shape, changed, device_memory), changed) <= device_memory * safety:
+            return micro
+        micro //= 2
+    return 1
 
 
-def _vllm_kv_bytes(shape: ModelShape, inputs: PlanInputs) -> int:
-    if inputs.kv_cache_gib is not None:
-        return int(inputs.kv_cache_gib * GIB)
-    block = 128 if inputs.accelerator == "cpu" else 16
-    blocks = inputs.rollout_sequences * math.ceil(inputs.sequence_tokens / block)
-    per_token = shape.kv_bytes_per_token(_ITEMSIZE[inputs.rollout_dtype])
-    return math.ceil(blocks * block * per_token * KV_HEADROOM)
-
-
-def _engine_bytes(shape: ModelShape, inputs: PlanInputs) -> tuple[int, int]:
-    """(engine weights, KV cache) on each device."""
-    itemsize = _ITEMSIZE[inputs.rollout_dtype]
-    if inputs.engine_holds_weights:
-        return itemsize * shape.parameters, _vllm_kv_bytes(shape, inputs)
-    own_copy = inputs.devices > 1 or inputs.rollout_dtype != "float32"
-    rows = min(HF_GENERATE_ROWS, inputs.rollout_sequences)
-    kv = rows * inputs.sequence_tokens * shape.kv_bytes_per_token(itemsize)
-    return (itemsize * shape.parameters if own_copy else 0), kv
-
-
-def head_chunk_rows(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> int:
-    """Rows of the output head's chunk (``trainer.rollout.colocation.head_chunk_rows_for``)."""
-    vocab = max(1, shape.vocab_size)
-    if inputs.accelerator == "cpu":
-        rows = max(16, HEAD_CHUNK_ELEMENTS // vocab)
-    else:
-        rows = max(16, min(8192, math.floor(device_memory * 0.05 / (16 * vocab))))
-    return min(rows, inputs.micro_batch_size * inputs.completion_tokens)
-
-
-def activation_bytes(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> int:
-    """One micro-batch's forward and backward (module docstring)."""
-    tokens = inputs.micro_batch_size * inputs.sequence_tokens
-    inner = _ITEMSIZE[inputs.training_dtype]  # autocast's matmul outputs
-    h, i = shape.hidden_size, shape.intermediate_size
-    layer = tokens * (LAYER_HIDDEN_FACTOR * h + LAYER_INTERMEDIATE_FACTOR * i) * inner
-    # Attention probabilities and their gradient (CPU's SDPA materialises them; on a GPU the
-    # fused kernels do not).
-    scores = 0
-    if inputs.accelerator == "cpu":
-        per_row = shape.num_attention_heads * inputs.sequence_tokens**2
-        scores = 2 * inputs.micro_batch_size * per_row * 4
-    residual = tokens * h * 4  # the float32 residual stream between layers
-    if inputs.gradient_checkpointing:
-        decoder = shape.num_hidden_layers * residual + layer + scores
-    else:
-        decoder = shape.num_hidden_layers * (residual + layer + scores)
-    rows = head_chunk_rows(shape, inputs, device_memory)
-    head = HEAD_TEMPORARIES * rows * shape.vocab_size * 4 + 2 * residual
-    return decoder + head
+def resolve_micro_batch(
+    spec: JobSpec, shape: ModelShape, *, device_memory: int, accelerator: Accelerator
+) -> int:
+    """The rows per forward/backward pass of ``spec``'s update on a device of
+    ``device_memory`` bytes: ``grpo.micro_batch_size``, or what ``auto`` chooses there (the
+    one rule: the API's plan and the trainer's start-up both call it)."""
+    if spec.grpo.micro_batch_setting != "auto":
+        return spec.grpo.micro_batch_setting
+    inputs = PlanInputs.from_spec(spec, accelerator)
+    return auto_micro_batch_size(shape, inputs, device_memory=device_memory)
 
 
 def _plan_parts(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> dict[str, int]:
@@ -271,9 +173,9 @@ def _plan_parts(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> di
         if lora
         else shape.parameters
     )
-    frozen = _frozen_bytes(shape, inputs.training_dtype) if lora else 0
-    reference = _frozen_bytes(shape, inputs.training_dtype) if inputs.kl_active and not lora else 0
-    engine_weights, kv_cache = _engine_bytes(shape, inputs)
+    frozen = frozen_bytes(shape, inputs.training_dtype) if lora else 0
+    reference = frozen_bytes(shape, inputs.training_dtype) if inputs.kl_active and not lora else 0
+    engine_weights, kv_cache = engine_bytes(shape, inputs)
     # Several devices reduce-scatter gradients once per minibatch: while its micro-batches
     # accumulate, each device holds the whole float32 gradients (trainer.distributed.sharding.
     # gradient_sync), not its shard.
@@ -313,11 +215,18 @@ def plan_memory(
     max_devices: int = 8,
     suggest: bool = True,
 ) -> MemoryPlan:
-    """Bytes per device of a job on ``inputs.devices`` devices of ``device_memory`` bytes each;
+    """Bytes per device of a job on ``inputs.devices`` devices of ``device_memory`` bytes each
+    (at the micro-batch ``auto`` chooses, :func:`auto_micro_batch_size`, when the job asks);
     when it does not fit and ``suggest``, the changes that would (each planned again)."""
-    parts = _plan_parts(shape, inputs, device_memory)
+    planned = inputs
+    if inputs.micro_batch_auto:
+        micro = auto_micro_batch_size(shape, inputs, device_memory=device_memory, safety=safety)
+        planned = inputs.replace(micro_batch_size=micro)
+    parts = _plan_parts(shape, planned, device_memory)
     plan = MemoryPlan(
         devices=inputs.devices,
+        micro_batch_size=planned.micro_batch_size,
+        micro_batch_auto=inputs.micro_batch_auto,
         parameters=shape.parameters,
         trainable_parameters=parts["trainable"],
         weights=parts["weights"],
@@ -327,7 +236,7 @@ def plan_memory(
         engine_weights=parts["engine_weights"],
         kv_cache=parts["kv_cache"],
         activations=parts["activations"],
-        total=_peak(parts, inputs),
+        total=_peak(parts, planned),
         device_memory=device_memory,
         safety=safety,
     )
@@ -349,8 +258,12 @@ def _candidates(
         if inputs.device_divisor and inputs.device_divisor % n:
             continue
         change = {"resources.devices": n}
-        out.append((change, f"{n} devices", inputs.replace(devices=n)))
-    micro = inputs.micro_batch_size // 2
+        more = inputs.replace(devices=n)
+        if inputs.micro_batch_auto:  # auto chooses again from its largest on n devices
+            more = more.replace(micro_batch_size=largest_micro_batch(inputs.update_rows, n))
+        out.append((change, f"{n} devices", more))
+    # auto has tried every smaller micro-batch already
+    micro = 0 if inputs.micro_batch_auto else inputs.micro_batch_size // 2
     while micro >= 1:
         change = {"grpo.micro_batch_size": micro}
         out.append((change, f"micro_batch_size {micro}", inputs.replace(micro_batch_size=micro)))

@@ -34,6 +34,7 @@ __all__ = [
     "UnsupportedConfig",
     "default_hub_cache",
     "detected_device_memory",
+    "host_memory",
     "lookup_shape",
     "preset_shape",
     "read_model_shape",
@@ -323,4 +324,9 @@ def detected_device_memory() -> tuple[int, Accelerator]:
             return int(out[0]) << 20, "cuda"  # MiB
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "cpu"
+    return host_memory(), "cpu"
+
+
+def host_memory() -> int:
+    """This machine's physical memory in bytes (what a CPU job's plan fits)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -105,6 +105,11 @@ class MemoryPlanOut(BaseModel):
     """Bytes per device of the job on the workers' devices (jobspec.memory_plan)."""
 
     devices: int
+    micro_batch_size: int = Field(
+        description="Completions per forward/backward pass the plan is for: the job's number, "
+        "or what grpo.micro_batch_size auto chose (the largest power of two that fits)."
+    )
+    micro_batch_auto: bool = Field(description="Whether the plan chose the micro-batch (auto).")
     parameters: int
     trainable_parameters: int
     per_device: dict[str, int] = Field(

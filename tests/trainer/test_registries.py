@@ -187,9 +187,9 @@ def test_with_rows_replaces_the_source_and_revalidates() -> None:
 
 def test_trainer_config_re_exports_every_spec_section() -> None:
     import jobspec
-    from jobspec import base, dataset, grpo, rows
+    from jobspec import base, dataset, grpo, grpo_options, rows
 
-    for module in (base, dataset, grpo, rows):
+    for module in (base, dataset, grpo, grpo_options, rows):
         for name in module.__all__:
             assert getattr(jobspec, name) is getattr(module, name), name
             assert name in jobspec.__all__, name

@@ -7,6 +7,11 @@ policy and its tokenizer, the prompts as token ids, the optimizer, schedule and 
 guard, and the KL reference (:func:`prepare_run`); then, once a checkpoint is restored, the
 rollout engine (:func:`start_run_engine`, :func:`announce_run`).
 
+The spec the run works with has ``grpo.micro_batch_size`` as a number (``auto`` resolved on the
+run's device once the policy is loaded: ``trainer.update.micro_batch``), and with
+``grpo.compile`` the placed policy's decoder layers are compiled last
+(``trainer.update.compiled`` gives the order and why).
+
 The policy is loaded in host memory, and its copies are made there, tensor by tensor, before it
 reaches the device (docs/scaling.md, "Start-up order and memory per rank"): the reference in
 its own dtype, then on one rank both move to the device; on several ranks rank 0's weights are
@@ -56,6 +61,8 @@ from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine, start_engine
 from trainer.run.callbacks import Callbacks, RunInfo
 from trainer.scoring.rewards import RewardFn, Scorer, resolve_scorer
+from trainer.update.compiled import CompileNotSupported, compile_decoder_layers, compile_refusal
+from trainer.update.micro_batch import resolve_run_micro_batch
 from trainer.update.optim import build_optimizer
 from trainer.update.policy_update import NonFiniteGuard
 from trainer.update.schedule import make_scheduler
@@ -175,9 +182,14 @@ def prepare_run(
     ds = config.dataset
     train_rows, eval_rows = split_holdout(dataset_rows(ds), ds.holdout)
     scorer = resolve_scorer(given.graders, given.reward_fn, config.graders)
+    refusal = compile_refusal(device.type) if config.grpo.compile else None
+    if refusal is not None:  # before any model is loaded
+        raise CompileNotSupported(f"grpo.compile: {refusal}")
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     policy = _load_policy(config, callbacks, device, given)
+    # grpo.micro_batch_size auto becomes a number here, once: the run's spec from now on.
+    config = resolve_run_micro_batch(config, policy.model, device, world, callbacks.on_event)
     tok = policy.tokenizer
     pad = tok.pad_token_id
     pad_id = int(pad if pad is not None else tok.eos_token_id or 0)
@@ -191,6 +203,13 @@ def prepare_run(
     else:
         reference = _reference(config, policy.model)
         _to_device(device, policy.model, reference)
+    if config.grpo.compile:  # last, on the placed policy (trainer.update.compiled's order)
+        layers = compile_decoder_layers(policy.model)
+        callbacks.on_event(
+            "config",
+            f"torch.compile on the policy's {len(layers)} decoder layers: the first steps "
+            "pay the compilation",
+        )
     optimizer = build_optimizer(policy.model, config.grpo)
     scheduler = make_scheduler(optimizer, config.grpo)
     guard = NonFiniteGuard(callbacks.on_event)

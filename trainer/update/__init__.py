@@ -5,4 +5,6 @@ estimators (:mod:`~trainer.update.kl`), advantages (:mod:`~trainer.update.advant
 clipped surrogate losses (:mod:`~trainer.update.losses`), sampler-mismatch correction
 (:mod:`~trainer.update.sampler_correction`), the optimizer (:mod:`~trainer.update.optim`) and its
 learning-rate schedule (:mod:`~trainer.update.schedule`), and the update itself, minibatch by
-minibatch, with its non-finite guard (:mod:`~trainer.update.policy_update`)."""
+minibatch, with its non-finite guard (:mod:`~trainer.update.policy_update`). Set up once per
+run: the micro-batch ``auto`` chooses (:mod:`~trainer.update.micro_batch`) and the compiled
+decoder layers (:mod:`~trainer.update.compiled`)."""

@@ -74,3 +74,33 @@ def test_model_folder_config_is_read(make_api: Callable[..., Api], tmp_path: Any
     answer = api.client.post("/v1/jobs/validate", json=spec, headers=api.headers)
     assert answer.status_code == 200, answer.text
     assert answer.json()["plan"]["parameters"] == 494_032_768
+
+
+def test_validate_shows_the_micro_batch_auto_chooses_for_the_workers_device(
+    make_api: Callable[..., Api],
+) -> None:
+    """grpo.micro_batch_size auto: the plan reports the largest power of two (at most the 64
+    completions of an update) that fits the workers' device, smaller on a smaller one; the
+    resolved spec keeps auto (the worker chooses again for its own device)."""
+    spec = {
+        **smollm2_full(prompts_per_step=8, group_size=8, max_new_tokens=256),
+        "lora": {"rank": 16},
+    }
+    spec["grpo"]["micro_batch_size"] = "auto"  # type: ignore[index]
+    chosen = {}
+    for gib in (64, 3):
+        api = make_api(worker_device_memory_gib=gib)
+        answer = api.client.post("/v1/jobs/validate", json=spec, headers=api.headers)
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert body["spec"]["grpo"]["micro_batch_size"] == "auto"
+        plan = body["plan"]
+        assert plan["micro_batch_auto"] is True and plan["fits"] is True
+        chosen[gib] = plan["micro_batch_size"]
+    assert chosen[64] == 64 and chosen[3] < chosen[64], chosen
+    assert chosen[3] & (chosen[3] - 1) == 0  # a power of two
+
+    fixed = {**spec, "grpo": {**spec["grpo"], "micro_batch_size": 8}}  # type: ignore[dict-item]
+    answer = api.client.post("/v1/jobs/validate", json=fixed, headers=api.headers)
+    assert answer.json()["plan"]["micro_batch_size"] == 8
+    assert answer.json()["plan"]["micro_batch_auto"] is False

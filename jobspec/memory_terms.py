@@ -1,0 +1,219 @@
+"""The bytes of each part of a job's memory plan (``jobspec.memory_plan``), term by term, from
+the model's shape and what of the spec decides them (:class:`PlanInputs`). Torch-free.
+
+Per device, for N devices (docs/scaling.md: FSDP shards the policy, gradients, AdamW's state and
+a full fine-tune's reference; each rank has its engine):
+
+- weights: trainable parameters in float32 (master weights, under bfloat16 too), /N; a LoRA
+  job's frozen base as ``trainer.models.precision.frozen_reference`` holds a frozen copy
+  (float32; bfloat16 Linears under bfloat16: ``store_frozen_linears_for_autocast``), /N.
+- gradients (float32) and optimizer (AdamW's two float32 moments): trainable parameters, /N
+  (gradients whole where a device accumulates several micro-batches: one reduce-scatter).
+- reference (KL active): a full fine-tune's frozen copy, /N; LoRA: 0 (adapters off).
+- engine: vLLM holds the model in ``rollout.dtype`` on every rank and its KV cache
+  (``rollout.kv_cache_gib``, else as ``trainer.rollout.startup.kv_cache_bytes`` sizes it);
+  transformers generates with the policy (one device, float32: no copy), its KV cache alive
+  while it generates.
+- activations of one micro-batch (prompt + completion tokens): each layer's float32 input
+  (checkpointing; without it every layer's intermediates), then the larger of the forward's
+  end (the fused output head's chunk, ``trainer.update.fused_head``: its [rows, vocab] float32
+  logits and the log-sum-exp's copy of them; under bfloat16, autocast's copies of the
+  trainable decoder weights, cached until the forward ends) and the backward's one layer
+  recomputed with its gradients and attention scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from jobspec.grpo import MAX_MICRO_BATCH
+from jobspec.model_shape import Accelerator, ModelShape
+
+if TYPE_CHECKING:
+    from jobspec.job import JobSpec
+
+__all__ = [
+    "HEAD_CHUNK_BUFFERS",
+    "HEAD_CHUNK_ELEMENTS",
+    "HF_GENERATE_ROWS",
+    "KV_HEADROOM",
+    "PlanInputs",
+    "activation_bytes",
+    "autocast_copies",
+    "engine_bytes",
+    "frozen_bytes",
+    "head_chunk_rows",
+    "largest_micro_batch",
+]
+
+GIB = 1 << 30
+# Read by the trainer too (through jobspec.memory_plan), as HEAD_CHUNK_ELEMENTS.
+KV_HEADROOM, HF_GENERATE_ROWS = 1.25, 64
+HEAD_CHUNK_ELEMENTS = 1 << 24
+# [rows, vocab] float32 buffers the fused head holds at once: a chunk's logits and logsumexp's
+# shifted copy in the forward (its backward recomputes one chunk, in place). Checked against
+# torch.cuda.max_memory_allocated on an H200 (BENCHMARKS.md 10c).
+HEAD_CHUNK_BUFFERS = 2
+# One decoder layer recomputed in the backward pass: what its backward saves, per token, in
+# units of hidden_size (the two norms' inputs and outputs, q, the rotated q, the attention
+# output, o_proj's output and the residual; k and v are smaller, grouped heads) and of
+# intermediate_size (gate, up, the activation and the product). Checked against measured CPU
+# peaks (tests/trainer/test_memory_plan_peak.py).
+LAYER_HIDDEN_FACTOR = 10
+LAYER_INTERMEDIATE_FACTOR = 4
+ITEMSIZE = {"float32": 4, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What of a job's spec (and its worker) decides its memory."""
+
+    devices: int = 1
+    training_dtype: str = "float32"
+    lora_rank: int | None = None
+    lora_targets: list[str] | str = "all-linear"
+    kl_active: bool = False
+    engine: str = "vllm"
+    engine_holds_weights: bool = True  # vLLM: its own copy and a KV cache allocated up front
+    rollout_dtype: str = "float32"
+    kv_cache_gib: float | None = None
+    sleep_mode: bool = True
+    micro_batch_size: int = 16  # with micro_batch_auto: the largest to try
+    micro_batch_auto: bool = False  # grpo.micro_batch_size "auto": the plan chooses
+    update_rows: int = 64  # completions per optimizer update (over every device)
+    sequence_tokens: int = 384
+    completion_tokens: int = 128
+    rollout_sequences: int = 64
+    gradient_checkpointing: bool = True
+    accelerator: Accelerator = "cpu"
+    # A devices count N is allowed when it divides this (prompts_per_step, mini_batch_size;
+    # 1 for an agentic job, which trains on one device).
+    device_divisor: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, accelerator: Accelerator = "cpu") -> PlanInputs:
+        from jobspec.grpo import rollout_dtype
+        from jobspec.traits import ROLLOUT_ENGINE_TRAITS
+
+        grpo, rollout, dataset = spec.grpo, spec.rollout, spec.dataset
+        micro, devices = grpo.micro_batch_setting, spec.resources.devices
+        update_rows = grpo.mini_batch_size or grpo.completions_per_step
+        auto = micro == "auto"  # the plan chooses, from the largest down
+        micro_rows = largest_micro_batch(update_rows, devices) if micro == "auto" else micro
+        eval_rows = 0
+        if dataset.holdout:
+            eval_rows = min(spec.eval.max_rows, dataset.holdout)
+        elif dataset.validation_file_id is not None:
+            eval_rows = spec.eval.max_rows
+        return cls(
+            devices=devices,
+            training_dtype=grpo.dtype,
+            lora_rank=spec.lora.rank if spec.lora is not None else None,
+            lora_targets=spec.lora.target_modules if spec.lora is not None else "all-linear",
+            kl_active=grpo.kl.active,
+            engine=rollout.engine,
+            engine_holds_weights=ROLLOUT_ENGINE_TRAITS[rollout.engine].sizes_kv_cache,
+            rollout_dtype=rollout_dtype(rollout.dtype, grpo.dtype, accelerator),
+            kv_cache_gib=rollout.kv_cache_gib,
+            sleep_mode=rollout.sleep_mode,
+            micro_batch_size=micro_rows,
+            micro_batch_auto=auto,
+            update_rows=update_rows,
+            sequence_tokens=grpo.sequence_tokens,
+            completion_tokens=grpo.max_new_tokens,
+            rollout_sequences=max(grpo.completions_per_step, eval_rows),
+            gradient_checkpointing=grpo.gradient_checkpointing,
+            accelerator=accelerator,
+            device_divisor=1
+            if spec.is_agentic
+            else math.gcd(grpo.prompts_per_step, grpo.mini_batch_size or grpo.prompts_per_step),
+        )
+
+    def replace(self, **changes: Any) -> PlanInputs:
+        return dataclasses.replace(self, **changes)
+
+
+def largest_micro_batch(update_rows: int, devices: int) -> int:
+    """The largest power of two at most the completions one device trains per update (and
+    at most ``MAX_MICRO_BATCH``): where ``auto`` starts."""
+    rows = min(MAX_MICRO_BATCH, max(1, math.ceil(update_rows / devices)))
+    return 1 << (rows.bit_length() - 1)
+
+
+def frozen_bytes(shape: ModelShape, dtype: str) -> int:
+    """A frozen full copy: float32, or bfloat16 Linear weights of the decoder and the rest
+    float32 (``trainer.models.precision.frozen_reference``)."""
+    if dtype == "float32":
+        return 4 * shape.parameters
+    linear = shape.linear_parameters
+    return ITEMSIZE[dtype] * linear + 4 * (shape.parameters - linear)
+
+
+def _vllm_kv_bytes(shape: ModelShape, inputs: PlanInputs) -> int:
+    if inputs.kv_cache_gib is not None:
+        return int(inputs.kv_cache_gib * GIB)
+    block = 128 if inputs.accelerator == "cpu" else 16
+    blocks = inputs.rollout_sequences * math.ceil(inputs.sequence_tokens / block)
+    per_token = shape.kv_bytes_per_token(ITEMSIZE[inputs.rollout_dtype])
+    return math.ceil(blocks * block * per_token * KV_HEADROOM)
+
+
+def engine_bytes(shape: ModelShape, inputs: PlanInputs) -> tuple[int, int]:
+    """(engine weights, KV cache) on each device."""
+    itemsize = ITEMSIZE[inputs.rollout_dtype]
+    if inputs.engine_holds_weights:
+        return itemsize * shape.parameters, _vllm_kv_bytes(shape, inputs)
+    own_copy = inputs.devices > 1 or inputs.rollout_dtype != "float32"
+    rows = min(HF_GENERATE_ROWS, inputs.rollout_sequences)
+    kv = rows * inputs.sequence_tokens * shape.kv_bytes_per_token(itemsize)
+    return (itemsize * shape.parameters if own_copy else 0), kv
+
+
+def head_chunk_rows(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> int:
+    """Rows of the output head's chunk (``trainer.rollout.colocation.head_chunk_rows_for``)."""
+    vocab = max(1, shape.vocab_size)
+    if inputs.accelerator == "cpu":
+        rows = max(16, HEAD_CHUNK_ELEMENTS // vocab)
+    else:
+        rows = max(16, min(8192, math.floor(device_memory * 0.05 / (16 * vocab))))
+    return min(rows, inputs.micro_batch_size * inputs.completion_tokens)
+
+
+def activation_bytes(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> int:
+    """One micro-batch's forward and backward at their peak (module docstring): the decoder's
+    saved inputs [layers, tokens, H], plus the larger of the forward's end (the head's
+    ``HEAD_CHUNK_BUFFERS`` [rows, V] float32 buffers, its [tokens, H] float32 states and
+    gradient, autocast's weight copies) and one layer recomputed in the backward pass."""
+    tokens = inputs.micro_batch_size * inputs.sequence_tokens
+    inner = ITEMSIZE[inputs.training_dtype]  # autocast's matmul outputs
+    h, i = shape.hidden_size, shape.intermediate_size
+    layer = tokens * (LAYER_HIDDEN_FACTOR * h + LAYER_INTERMEDIATE_FACTOR * i) * inner
+    # Attention probabilities and their gradient (CPU's SDPA materialises them; on a GPU the
+    # fused kernels do not).
+    scores = 0
+    if inputs.accelerator == "cpu":
+        per_row = shape.num_attention_heads * inputs.sequence_tokens**2
+        scores = 2 * inputs.micro_batch_size * per_row * 4
+    residual = tokens * h * 4  # the float32 residual stream between layers
+    if inputs.gradient_checkpointing:
+        saved, recomputed = shape.num_hidden_layers * residual, layer + scores
+    else:
+        saved, recomputed = shape.num_hidden_layers * (residual + layer + scores), 0
+    rows = head_chunk_rows(shape, inputs, device_memory)
+    head = HEAD_CHUNK_BUFFERS * rows * shape.vocab_size * 4 + 2 * residual
+    return saved + max(head + autocast_copies(shape, inputs), recomputed)
+
+
+def autocast_copies(shape: ModelShape, inputs: PlanInputs) -> int:
+    """bfloat16 autocast caches a bfloat16 copy of each float32 trainable weight a matmul
+    reads until the forward pass ends: a full fine-tune's decoder Linears (whole, also when
+    FSDP gathers them layer by layer), a LoRA job's adapters; 0 in float32."""
+    if inputs.training_dtype == "float32":
+        return 0
+    itemsize = ITEMSIZE[inputs.training_dtype]
+    if inputs.lora_rank is not None:
+        return itemsize * shape.lora_parameters(inputs.lora_rank, inputs.lora_targets)
+    return itemsize * shape.linear_parameters
