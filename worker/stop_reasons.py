@@ -30,8 +30,10 @@ EXPORT_OUTCOMES: dict[StopReason, Outcome] = {
 # collective of the ranks failed or timed out (trainer.distributed.world.DistributedTimeout).
 # The attempt goes back to the queue, counted against max_attempts, and the next one resumes
 # from the last checkpoint (worker.attempts.retry); a job that fails so every time ends failed
-# with the reason once its attempts are used up.
-RetryableReason = Literal["rank_failed", "distributed_timeout"]
+# with the reason once its attempts are used up. An async job's rollout server killed over and
+# over (trainer.rollout.rollout_server.RolloutServerKilled: while it started, or through the
+# client's restarts) is the same kind of failure.
+RetryableReason = Literal["rank_failed", "distributed_timeout", "rollout_server_killed"]
 RETRYABLE_REASONS: frozenset[str] = frozenset(get_args(RetryableReason))
 
 

@@ -16,12 +16,14 @@ from safetensors.torch import load_file
 
 import trainer.rollout.startup as startup_module
 import trainer.run.setup as loop_module
-from tests.trainer.test_loop import Recorder, _one_torch_thread, tiny_spec  # noqa: F401
+from tests.trainer.test_loop import Recorder, tiny_spec
 from trainer.models.loading import load_policy, resolve_model
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.rollout.registry import make_engine
 from trainer.run.loop import train
 from trainer.scoring.rewards import RewardFunction, resolve_scorer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SMALL = {"prompts_per_step": 4, "group_size": 4, "max_new_tokens": 8}
 # An absolute path (the spec accepts it) where no model exists: loading it would fail.

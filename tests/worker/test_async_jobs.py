@@ -140,3 +140,15 @@ def test_max_staleness_0_trains_as_the_synchronous_job(
         assert [s for s, _ in got[name]] == [1, 2, 3], name  # every step updated
         for (_, a), (_, b) in zip(got[name], want[name], strict=True):
             assert a == pytest.approx(b, abs=1e-6), name
+
+
+def test_a_server_killed_over_and_over_is_a_retryable_job_failure() -> None:
+    """A rollout server that keeps being killed (while it starts, or through the client's
+    restarts) hands the job back to the queue, counted against its attempts, as a killed rank
+    does; one that exits by itself fails the job with the reason."""
+    from trainer.rollout.remote_engine import RolloutServerError, RolloutServerKilled
+    from worker.stop_reasons import retryable
+
+    killed = RolloutServerKilled("the rollout server died 3 times during one call")
+    assert retryable(killed) is killed and isinstance(killed, RolloutServerError)
+    assert retryable(RolloutServerError("it exited with code 1 before it was ready")) is None

@@ -33,13 +33,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedTokenizerBase
 
-from jobspec import JobSpec
 from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.distributed.weights import bucketed
 from trainer.rollout.base import Completion, PrefillCounts, torch_dtype
@@ -47,8 +45,8 @@ from trainer.rollout.rollout_server import (
     SECRET_HEADER,
     RolloutServerConfig,
     RolloutServerError,
+    RolloutServerKilled,
     ServerProcess,
-    config_for_run,
     launch,
 )
 from trainer.rollout.weight_versions import DEFAULT_BUCKET_BYTES, PublishedVersions, policy_tensors
@@ -56,10 +54,14 @@ from trainer.rollout.weight_versions import DEFAULT_BUCKET_BYTES, PublishedVersi
 __all__ = [
     "RemoteEngine",
     "RolloutServerError",
-    "RunFacts",
+    "RolloutServerKilled",
     "VersionView",
-    "start_remote_engine",
 ]
+
+# A server killed by a signal while it starts is started again, this many tries in all.
+START_ATTEMPTS = 3
+# How many times one call may find its server dead and start a new one before it fails.
+RESTARTS_PER_CALL = 2
 
 
 class _ServerGone(Exception):
@@ -241,23 +243,33 @@ class RemoteEngine:
     # ------------------------------------------------------------------ the process
 
     def _launch(self) -> ServerProcess:
+        """A started server. One killed by a signal while it starts (a fault, not its own
+        exit) is started again, up to :data:`START_ATTEMPTS` times in all."""
         config = dataclasses.replace(self.config, weights_dir=str(self.versions.folder))
-        return launch(config, self._root, timeout_s=self._start_timeout_s)
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return launch(config, self._root, timeout_s=self._start_timeout_s)
+            except RolloutServerKilled:
+                if attempt == START_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
 
     def _call(self, path: str, payload: dict[str, Any] | None) -> Any:
-        """One request; when the server is gone, a new server and the same request once more."""
+        """One request; when the server is gone, a new server and the same request again, up
+        to :data:`RESTARTS_PER_CALL` times (a server that keeps dying fails the call with
+        RolloutServerKilled, which the worker retries from the job's last checkpoint)."""
         server = self._current()
-        try:
-            return self._request(server, path, payload)
-        except _ServerGone:
-            server = self._replace(server)
-        try:
-            return self._request(server, path, payload)
-        except _ServerGone as exc:
-            raise RolloutServerError(
-                f"the restarted rollout server died during the retried call ({exc}); "
-                f"its output ends:\n{server.tail()}"
-            ) from exc
+        for restart in range(RESTARTS_PER_CALL + 1):
+            try:
+                return self._request(server, path, payload)
+            except _ServerGone as exc:
+                if restart == RESTARTS_PER_CALL:
+                    raise RolloutServerKilled(
+                        f"the rollout server died {RESTARTS_PER_CALL + 1} times during one call "
+                        f"({exc}); its output ends:\n{server.tail()}"
+                    ) from exc
+                server = self._replace(server)
+        raise AssertionError("unreachable")
 
     def _current(self) -> ServerProcess:
         server = self._owned.server
@@ -350,62 +362,6 @@ class VersionView:
 
     def close(self) -> None:
         pass
-
-
-class RunFacts(Protocol):
-    """What :func:`start_remote_engine` reads of a run (``trainer.run.setup.RunSetup``)."""
-
-    config: JobSpec
-    device: torch.device
-    tokenizer: PreTrainedTokenizerBase
-    model_path: Path | None
-    train_ids: list[list[int]]
-    eval_ids: list[list[int]]
-
-    @property
-    def engine_model(self) -> nn.Module: ...
-
-
-def start_remote_engine(
-    setup: RunFacts,
-    *,
-    device: torch.device | None = None,
-    threads: int | None = None,
-    cpus: Sequence[int] | None = None,
-    **options: Any,
-) -> RemoteEngine:
-    """The rollout server of a run (``setup``: its spec, model folder, tokenizer, prompts),
-    sized as :func:`trainer.rollout.startup.start_engine` sizes an in-process engine: the
-    context of the longest call, a vLLM KV cache for the run's largest generate call, the end
-    tokens the run declares. ``device`` (default: the run's), ``threads`` and ``cpus`` are
-    the server's own; ``options`` go to :class:`RemoteEngine`."""
-    from trainer.rollout.base import model_context_tokens
-    from trainer.rollout.startup import kv_block_tokens, max_model_len, run_kv_cache_bytes
-    from trainer.rollout.stop_tokens import stop_token_ids
-
-    if setup.model_path is None:
-        raise ValueError("a rollout server loads the model from its folder (config.model)")
-    spec, where = setup.config, device or setup.device
-    model = setup.engine_model
-    context = model_context_tokens(getattr(model, "config", None), setup.tokenizer)
-    block = kv_block_tokens(where.type)
-    sized = ROLLOUT_ENGINE_TRAITS[spec.rollout.engine].sizes_kv_cache
-    config = config_for_run(
-        spec,
-        setup.model_path,
-        device=where,
-        max_model_len=max_model_len(spec, context),
-        kv_cache_bytes=run_kv_cache_bytes(
-            spec, model, setup.train_ids, setup.eval_ids, block, context, device_type=where.type
-        )
-        if sized
-        else None,
-        kv_block_tokens=block,
-        threads=threads,
-        cpus=cpus,
-    )
-    config.stop_token_ids = list(stop_token_ids(setup.tokenizer, model=model))
-    return RemoteEngine(config, **options)
 
 
 def _answer(status: int, data: bytes, path: str) -> Any:

@@ -39,6 +39,7 @@ import hmac
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +71,7 @@ __all__ = [
     "SECRET_HEADER",
     "RolloutServerConfig",
     "RolloutServerError",
+    "RolloutServerKilled",
     "ServerProcess",
     "config_for_run",
     "launch",
@@ -230,6 +232,14 @@ class RolloutServerError(TrainerError):
     reason = "rollout_server_failed"
 
 
+class RolloutServerKilled(RolloutServerError):
+    """The rollout server was killed by a signal (kill -9, the kernel's OOM killer) while it
+    started or while the client's retries lasted: nothing says the job is at fault, so the
+    worker tries the job again from its last checkpoint (``worker.stop_reasons``)."""
+
+    reason = "rollout_server_killed"
+
+
 @dataclass
 class ServerProcess:
     """One started server (the client's handle): its process, port, secret and log."""
@@ -294,7 +304,8 @@ def _wait_ready(server: ServerProcess, ready: Path, timeout_s: float) -> int:
     while not ready.is_file():
         code = server.popen.poll()
         if code is not None:
-            raise RolloutServerError(
+            killed = code < 0  # a signal, not the server's own exit
+            raise (RolloutServerKilled if killed else RolloutServerError)(
                 f"the rollout server exited with code {code} before it was ready; "
                 f"its output ends:\n{server.tail()}"
             )
@@ -320,14 +331,17 @@ def _limit_cpu(config: RolloutServerConfig) -> None:
         torch.set_num_threads(config.threads)
 
 
-def _watch_parent(parent_pid: int | None) -> None:
-    """Exit when the process that started the server is gone (its trainer was killed)."""
+def _watch_parent(parent_pid: int | None, client_folder: Path) -> None:
+    """Exit when the process that started the server is gone (its trainer was killed),
+    removing the client's folder first: its published weight versions (K + 2 copies of the
+    model) would otherwise stay on the worker's disk, since the dead client cannot clean up."""
     if parent_pid is None:
         return
 
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(_PARENT_POLL_S)
+        shutil.rmtree(client_folder, ignore_errors=True)
         os._exit(0)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
@@ -349,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m trainer.rollout.rollout_server CONFIG.json", file=sys.stderr)
         return 2
     config = RolloutServerConfig.from_json(Path(args[0]).read_text())
-    _watch_parent(config.parent_pid)
+    _watch_parent(config.parent_pid, Path(args[0]).parent)  # the config is in the client's folder
     _limit_cpu(config)
     service = RolloutService(config, build_engine(config))
     httpd = RolloutHTTPServer(service)

@@ -87,7 +87,7 @@ class AsyncRollouts:
         refusal = async_refusal(setup)
         if refusal is not None:
             raise TrainerError(refusal, reason="unsupported")
-        from trainer.rollout.remote_engine import start_remote_engine
+        from trainer.rollout.remote_start import start_remote_engine
 
         self.setup = setup
         self.rollout = rollout

@@ -249,6 +249,46 @@ def test_a_server_killed_during_a_call_is_restarted_and_the_call_retried(
 
 
 @server
+def test_a_server_killed_while_it_starts_is_started_again(
+    tiny_model_dir: Path, tmp_path: Path, prompts
+) -> None:
+    """kill -9 before the server is ready (a fault, not the server's own exit): the client
+    starts another (the chaos run found a job failed for good by one such kill)."""
+    import psutil
+
+    made: dict[str, Any] = {}
+    (tmp_path / "client").mkdir()
+
+    def start() -> None:
+        try:
+            made["engine"] = RemoteEngine(_config(tiny_model_dir), root=tmp_path / "client")
+        except BaseException as exc:
+            made["error"] = exc
+
+    thread = threading.Thread(target=start)
+    thread.start()
+
+    def starting_server() -> int | None:
+        for child in psutil.Process().children(recursive=True):
+            cmdline = " ".join(child.cmdline())
+            if "trainer.rollout.rollout_server" in cmdline:
+                return int(child.pid)
+        return None
+
+    first = wait_until(starting_server, 60, "the server process to appear", 0.01)
+    assert not (tmp_path / "client" / "ready.json").exists()  # killed before it was ready
+    os.kill(first, signal.SIGKILL)
+    thread.join(120)
+    assert "error" not in made, made.get("error")
+    engine: RemoteEngine = made["engine"]
+    try:
+        assert engine.pid != first and _gone(first)
+        assert engine.generate(prompts, 2, **SAMPLED)[0][0].token_ids
+    finally:
+        engine.close()
+
+
+@server
 def test_a_server_that_cannot_start_says_why(tmp_path: Path, tiny_model_dir: Path) -> None:
     config = _config(tiny_model_dir)
     config.model_path = str(tmp_path / "no-such-model")
@@ -347,9 +387,13 @@ def test_the_server_exits_when_its_trainer_is_killed(tiny_model_dir: Path, tmp_p
         assert trainer.stdout is not None
         pid = int(trainer.stdout.readline())
         assert not _gone(pid)
+        folders = list(tmp_path.glob("rollout-server-*"))
+        assert len(folders) == 1 and (folders[0] / "versions").is_dir()
         trainer.kill()  # no close, no atexit: the server must notice by itself
         trainer.wait(30)
         wait_until(lambda: _gone(pid), 30, "the orphaned server to exit", 0.1)
+        # ... and take the dead client's folder (its weight versions) with it.
+        assert not folders[0].exists()
     finally:
         trainer.kill()
         trainer.wait(30)
