@@ -2,16 +2,23 @@
 
     python -m bench.chaos --minutes 10 --seed 1
 
-It starts its own Postgres cluster and redis-server, the API (`grpo api`, 2 processes) and
-three `grpo worker` processes (bench.chaos_cluster), submits 30 small jobs over three projects
-(tiny model, transformers engine, checkpoints every 2 steps, so that resumes happen), and for
-`--minutes` injects faults chosen by a seeded random generator: kill -9 of a worker (the worker
-process alone, as `docker kill` does, or its whole process group, as a lost machine does),
-SIGTERM of a worker (a deployment), a worker frozen past its lease (SIGSTOP of its process
-group, SIGCONT after lease + margin), a Redis crash and a Postgres crash (each restarted), and
-it cancels a few jobs. A thread polls the API throughout and records its latency. Then every
-server is brought back, the remaining jobs get `--drain-minutes` to finish, and the rows are
-checked (bench.chaos_checks). Exit status 1 on any violation.
+It starts its own Postgres cluster and redis-server, the API (`grpo api`, 2 processes), three
+one-device `grpo worker` processes and a two-device one, and a `grpo inference` process serving
+the tiny model (bench.chaos_cluster). It submits 30 small jobs over three projects, a seeded mix
+of kinds (bench.chaos_jobs: plain tiny jobs, LoRA jobs, async jobs with a rollout server of
+their own, agent jobs with a python tool and environment, two-device jobs under torchrun; all
+on the tiny model with checkpoints every 2 steps, so that resumes happen), and sends chat
+completions through the API's gateway to the base model and to the models of the jobs that
+succeeded (bench.chaos_inference). For `--minutes` it injects faults chosen by a seeded random
+generator: kill -9 of a worker (the worker process alone, as `docker kill` does, or its whole
+process group, as a lost machine does), SIGTERM of a worker (a deployment), a worker frozen
+past its lease (SIGSTOP of its process group, SIGCONT after lease + margin), a Redis crash and
+a Postgres crash (each restarted), kill -9 of an async job's rollout server (the trainer
+restarts it), kill -9 of the inference process (restarted, as compose would) or of one of its
+vLLM engines (it restarts it), and it cancels a few jobs. A thread polls the API throughout and
+records its latency. Then every server is brought back, the remaining jobs get
+`--drain-minutes` to finish, the inference tier must answer again, and the rows are checked
+(bench.chaos_checks). Exit status 1 on any violation.
 
 Writes `bench/results/chaos_seed<N>_<M>m.json`; the run's folder (logs) is kept on failure.
 """
@@ -30,151 +37,55 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.chaos_checks import check_run
+from bench.chaos_checks import check_run, metric_values_sql
 from bench.chaos_cluster import SETTINGS, Cluster
+from bench.chaos_faults import fault_kinds, fault_window
+from bench.chaos_jobs import MIXES
 from bench.chaos_traffic import Traffic
 from bench.common import RESULTS_DIR, load_snapshot, machine_info
-
-WEIGHTS = {
-    "worker_kill9": 3,
-    "worker_term": 2,
-    "worker_pause": 2,
-    "redis_restart": 1,
-    "postgres_restart": 1,
-}
-
-
-class Faults:
-    """The fault injector: one fault at a time, each chosen and timed by `rng`."""
-
-    def __init__(self, cluster: Cluster, rng: random.Random, log: list[dict[str, Any]]) -> None:
-        self.cluster = cluster
-        self.rng = rng
-        self.log = log
-        self.t0 = time.monotonic()
-
-    def _record(self, kind: str, **detail: Any) -> None:
-        entry = {"t": round(time.monotonic() - self.t0, 1), "kind": kind, **detail}
-        self.log.append(entry)
-        print(f"[chaos {entry['t']:7.1f}s] {kind} {detail}", flush=True)
-
-    def _pick_worker(self) -> int:
-        """A worker slot, preferring one that holds a lease (a fault that hits a running job)."""
-        try:
-            holders = self.cluster.lease_holders()
-        except Exception:  # the database may be down right now: any worker will do
-            holders = {}
-        busy = [
-            slot
-            for slot in range(len(self.cluster.workers))
-            if self.cluster.worker_name(slot) in holders
-        ]
-        if busy and self.rng.random() < 0.8:
-            return self.rng.choice(busy)
-        return self.rng.randrange(len(self.cluster.workers))
-
-    def inject(self, kind: str) -> None:
-        getattr(self, kind)()
-
-    def worker_kill9(self) -> None:
-        slot = self._pick_worker()
-        worker = self.cluster.workers[slot]
-        assert worker is not None
-        group = self.rng.random() < 0.5
-        name = self.cluster.worker_name(slot)
-        if group:
-            worker.send(signal.SIGKILL)
-        elif worker.proc is not None:
-            worker.proc.send_signal(signal.SIGKILL)
-        if worker.proc is not None:
-            worker.proc.wait()
-        time.sleep(self.rng.uniform(0.5, 3.0))
-        self.cluster.start_worker(slot)
-        self._record("worker_kill9", worker=name, whole_group=group)
-
-    def worker_term(self) -> None:
-        slot = self._pick_worker()
-        worker = self.cluster.workers[slot]
-        assert worker is not None
-        name = self.cluster.worker_name(slot)
-        started = time.monotonic()
-        if worker.proc is not None:
-            # To the worker alone, as `docker stop` does: it hands its job back and exits.
-            worker.proc.send_signal(signal.SIGTERM)
-        # The grace period of the compose file is longer than the trainer's stop grace, so is
-        # this one; past it, the worker is killed as Docker would.
-        status = worker.wait(SETTINGS["stop_grace_seconds"] + 30)
-        if status is None:
-            worker.stop(signal.SIGKILL)
-        took = round(time.monotonic() - started, 1)
-        self.cluster.start_worker(slot)
-        self._record("worker_term", worker=name, exit_status=status, exit_s=took)
-
-    def worker_pause(self) -> None:
-        slot = self._pick_worker()
-        worker = self.cluster.workers[slot]
-        assert worker is not None
-        name = self.cluster.worker_name(slot)
-        # The whole group (worker and its heartbeat process): a frozen machine, so the lease
-        # expires and another worker takes the job; the paused one must not write on waking.
-        pause = SETTINGS["lease_seconds"] + SETTINGS["maintenance_seconds"] + self.rng.uniform(2, 6)
-        worker.send(signal.SIGSTOP)
-        time.sleep(pause)
-        worker.send(signal.SIGCONT)
-        self._record("worker_pause", worker=name, paused_s=round(pause, 1))
-
-    def redis_restart(self) -> None:
-        down = self.rng.uniform(1.0, 5.0)
-        self.cluster.redis.stop(signal.SIGKILL)
-        time.sleep(down)
-        self.cluster.redis.start()
-        self._record("redis_restart", down_s=round(down, 1))
-
-    def postgres_restart(self) -> None:
-        mode = self.rng.choice(["immediate", "fast"])
-        down = self.rng.uniform(1.0, 5.0)
-        self.cluster.pg.stop(mode)
-        time.sleep(down)
-        self.cluster.pg.start()
-        self._record("postgres_restart", mode=mode, down_s=round(down, 1))
-
-
-def fault_window(cluster: Cluster, rng: random.Random, minutes: float) -> list[dict[str, Any]]:
-    log: list[dict[str, Any]] = []
-    faults = Faults(cluster, rng, log)
-    kinds, weights = list(WEIGHTS), list(WEIGHTS.values())
-    # Every kind once first (in a seeded order), so that even a short run covers them all;
-    # then weighted draws.
-    first = rng.sample(kinds, len(kinds))
-    end = time.monotonic() + minutes * 60
-    while True:
-        time.sleep(rng.uniform(3.0, 10.0))
-        if time.monotonic() >= end:
-            return log
-        faults.inject(first.pop(0) if first else rng.choices(kinds, weights)[0])
 
 
 def read_rows(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
     return {
-        "jobs": cluster.rows("SELECT id, project_id, status, total_steps, attempt FROM jobs"),
+        "jobs": cluster.rows(
+            "SELECT id, project_id, status, total_steps, attempt, error_code, error_message "
+            "FROM jobs"
+        ),
         "events": cluster.rows(
             "SELECT id, job_id, attempt, type, data, created_at FROM job_events"
         ),
-        "metrics": cluster.rows("SELECT job_id, step, attempt, created_at FROM job_metrics"),
+        # With the few values the per-kind checks read (bench.chaos_checks.KIND_METRICS).
+        "metrics": cluster.rows(
+            f'SELECT job_id, step, attempt, created_at, {metric_values_sql()} AS "values" '
+            "FROM job_metrics m"
+        ),
         "checkpoints": cluster.rows("SELECT job_id, step, attempt, created_at FROM checkpoints"),
     }
+
+
+def _counts(values: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for value in values:
+        out[value] = out.get(value, 0) + 1
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix=f"grpo-chaos-{args.seed}-"))
     root.chmod(0o755)  # the private Postgres runs as the postgres user (when we are root)
-    cluster = Cluster(root, workers=args.workers)
+    cluster = Cluster(
+        root,
+        workers=args.workers,
+        two_device_workers=args.two_device_workers if args.mix == "all" else 0,
+        inference=not args.no_inference,
+    )
     summary: dict[str, Any] = {
         "benchmark": "chaos",
         "command": " ".join(["python -m bench.chaos", *sys.argv[1:]]),
         "seed": args.seed,
         "minutes": args.minutes,
+        "mix": args.mix,
         "machine": machine_info(),
         "load_before": load_snapshot(),
         "settings": SETTINGS,
@@ -185,7 +96,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         started = time.monotonic()
         cluster.start()
-        # About as much training as three workers do in the window, so faults keep landing
+        if cluster.inference_enabled:
+            # The base engine up before the faults, so that the window's answers say how the
+            # tier holds up, not how long its first start takes on this machine.
+            summary["inference_ready_s"] = cluster.wait_inference_ready(args.inference_start_s)
+        # About as much training as the workers do in the window, so faults keep landing
         # on running jobs; the drain finishes the rest.
         steps = max(10, int(8 * args.minutes)) if args.steps is None else args.steps
         traffic = Traffic(
@@ -195,44 +110,79 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             steps=steps,
             window_s=args.minutes * 60,
             cancels=args.cancels,
+            mix=args.mix,
         )
         traffic.start()
-        faults = fault_window(cluster, rng, args.minutes)
+        faults = fault_window(cluster, rng, args.minutes, fault_kinds(cluster, args.mix))
         window_end = time.monotonic()
         traffic.mark("drain")
         cluster.ensure_up()
         drained = traffic.wait_all_finished(args.drain_minutes * 60)
         finished = time.monotonic()
         traffic.stop()
+        recovered: dict[str, float | None] = {}
+        if traffic.inference is not None:
+            recovered = traffic.inference.recovered(args.inference_start_s)
         for worker in cluster.workers:  # nothing writes while the rows are read
             if worker is not None:
                 worker.stop(signal.SIGTERM, timeout=30)
         rows = read_rows(cluster)
         report = check_run(
-            rows["jobs"], rows["events"], rows["metrics"], rows["checkpoints"], traffic.cancelled
+            rows["jobs"],
+            rows["events"],
+            rows["metrics"],
+            rows["checkpoints"],
+            traffic.cancelled,
+            kinds=traffic.kind_of,
         )
-        ok = report.ok and drained and len(rows["jobs"]) == args.jobs
-        counts: dict[str, int] = {}
-        for fault in faults:
-            counts[fault["kind"]] = counts.get(fault["kind"], 0) + 1
+        orphans = cluster.orphans()
+        inference = traffic.inference.summary() if traffic.inference is not None else {}
+        inference_ok = not inference or (
+            inference["violations"] == 0 and all(v is not None for v in recovered.values())
+        )
+        ok = (
+            report.ok
+            and drained
+            and len(rows["jobs"]) == args.jobs
+            and inference_ok
+            and not orphans
+        )
+        landed = [f for f in faults if "skipped" not in f]
         summary.update(
             passed=ok,
             all_jobs_finished_in_drain=drained,
             jobs=len(rows["jobs"]),
             jobs_submitted=len(traffic.job_ids),
+            jobs_by_kind=_counts(list(traffic.kind_of.values())),
             submit_errors=traffic.errors,
             steps_per_job=steps,
             statuses=report.statuses,
+            statuses_by_kind=report.statuses_by_kind,
             cancelled_by_run=sorted(traffic.cancelled),
             attempts_per_job=report.attempts,
             lost=report.lost,
             duplicated=report.duplicated,
             metrics_rows=len(rows["metrics"]),
+            rollout_server_restarts_seen=report.server_restarts,
+            failed_jobs=[
+                {
+                    "id": r["id"],
+                    "kind": traffic.kind_of.get(str(r["id"]), "tiny"),
+                    "error_code": r["error_code"],
+                    "error_message": (r["error_message"] or "")[:1000],
+                }
+                for r in rows["jobs"]
+                if r["status"] == "failed"
+            ],
             violations=[str(v) for v in report.violations[:200]],
             violation_count=len(report.violations),
-            faults_by_kind=counts,
+            faults_by_kind=_counts([f["kind"] for f in landed]),
+            faults_skipped=_counts([f["kind"] for f in faults if "skipped" in f]),
             faults=faults,
             api=traffic.latency_summary(),
+            inference=inference,
+            inference_recovered_s=recovered,
+            orphans=orphans,
             seconds={
                 "setup_and_window": round(window_end - started, 1),
                 "drain": round(finished - window_end, 1),
@@ -265,7 +215,25 @@ def main(argv: list[str] | None = None) -> int:
         help="mean steps per job (default: 8 per minute of window, at least 10)",
     )
     parser.add_argument("--cancels", type=int, default=3, help="jobs the run cancels")
-    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=3, help="one-device workers")
+    parser.add_argument(
+        "--two-device-workers", type=int, default=1, help="workers of 2 CPU devices"
+    )
+    parser.add_argument(
+        "--mix",
+        choices=sorted(MIXES),
+        default="all",
+        help="job kinds: all (bench.chaos_jobs) or tiny (the tiny jobs alone, as before)",
+    )
+    parser.add_argument(
+        "--no-inference", action="store_true", help="no inference process nor traffic"
+    )
+    parser.add_argument(
+        "--inference-start-s",
+        type=float,
+        default=600.0,
+        help="how long the base engine may take to start, and to answer after the drain",
+    )
     parser.add_argument("--drain-minutes", type=float, default=15.0)
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs)")
     args = parser.parse_args(argv)
@@ -275,19 +243,36 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS_DIR.mkdir(exist_ok=True)
     out = RESULTS_DIR / f"chaos_seed{args.seed}_{args.minutes:g}m.json"
     out.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    api = summary.get("api", {})
-    print(
-        f"chaos seed {args.seed}, {args.minutes:g} min: {'PASSED' if summary['passed'] else 'FAILED'}"
-        f"; faults {summary.get('faults_by_kind')}; jobs {summary.get('statuses')}; "
-        f"lost {summary.get('lost')}, duplicated {summary.get('duplicated')}, "
-        f"violations {summary.get('violation_count')}; API during faults {api.get('window')}"
-    )
+    print(summary_line(args, summary))
     for line in summary.get("violations", [])[:20]:
         print(f"  violation: {line}")
+    for failed in summary.get("failed_jobs", [])[:10]:
+        print(f"  failed job: {failed}")
+    for bad in summary.get("inference", {}).get("bad_answers", [])[:10]:
+        print(f"  inference: {bad}")
+    for orphan in summary.get("orphans", [])[:10]:
+        print(f"  orphan: {orphan}")
     if not summary["passed"]:
         print(f"logs kept in {summary['folder']}")
     print(f"wrote {out}")
     return 0 if summary["passed"] else 1
+
+
+def summary_line(args: argparse.Namespace, summary: dict[str, Any]) -> str:
+    api = summary.get("api", {}).get("window", {})
+    inference = summary.get("inference", {}).get("window", {})
+    return (
+        f"chaos seed {args.seed}, {args.minutes:g} min: "
+        f"{'PASSED' if summary['passed'] else 'FAILED'}"
+        f"; faults {summary.get('faults_by_kind')} (skipped {summary.get('faults_skipped')})"
+        f"; jobs {summary.get('statuses_by_kind')}"
+        f"; lost {summary.get('lost')}, duplicated {summary.get('duplicated')}, "
+        f"violations {summary.get('violation_count')}, orphans {len(summary.get('orphans', []))}"
+        f"; API during faults {api.get('by_status')} {api.get('ok_latency_ms')}"
+        f"; inference during faults {inference.get('by_target')} {inference.get('ok_latency_ms')}"
+        f", violations {summary.get('inference', {}).get('violations')}"
+        f", recovered {summary.get('inference_recovered_s')}"
+    )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,12 @@ hand in tests/bench/test_chaos_checks.py), so the checker itself can be shown to
   lost its lease;
 - events are in order: ids increase with `created_at` within a job, the first is `created`, and
   the status events form one chain (each one leaves the status the previous one entered) of
-  changes the state machine allows.
+  changes the state machine allows;
+- per job kind (bench.chaos_jobs), every metrics row shows the job ran as its kind asked: an
+  async job's `async/staleness_max` is exactly min(step - 1, K) at every step (versions are
+  fixed by the step, so a restarted rollout server or a resumed attempt changes nothing); a
+  two-device job's rows carry rank 1's step time (two ranks trained it); an agent job's
+  carry its episodes' turns.
 """
 
 from __future__ import annotations
@@ -30,6 +35,18 @@ from app.jobs.transitions import ALLOWED, JobStatus
 
 Row = Mapping[str, Any]
 LEASED = frozenset({JobStatus.RUNNING.value, JobStatus.CANCELLING.value})
+STALENESS = "async/staleness_max"
+SERVER_RESTARTS = "rollout/server_restarts"
+# The metric each kind's rows must carry (the metrics rows' `values`, only these read).
+KIND_METRICS = {"async": STALENESS, "two_device": "rank/1/time_step", "agent": "episode/turns"}
+READ_METRICS = (*KIND_METRICS.values(), SERVER_RESTARTS)
+ASYNC_MAX_STALENESS = 1  # bench.chaos_jobs.ASYNC
+
+
+def metric_values_sql() -> str:
+    """The SQL expression of a metrics row's values the checks read (not the whole row)."""
+    pairs = ", ".join(f"'{name}', m.\"values\"->'{name}'" for name in READ_METRICS)
+    return f"json_build_object({pairs})"
 
 
 @dataclass(frozen=True)
@@ -59,7 +76,10 @@ class Report:
     lost: int = 0  # jobs that did not end as they should (stuck, failed, missing steps)
     duplicated: int = 0  # metrics rows beyond the first for a (job, step)
     statuses: dict[str, int] = field(default_factory=dict)
+    statuses_by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
     attempts: dict[int, int] = field(default_factory=dict)  # attempts used -> jobs
+    # Rollout server restarts the async jobs' metrics report (summed over jobs and attempts).
+    server_restarts: int = 0
 
     @property
     def ok(self) -> bool:
@@ -104,6 +124,36 @@ def check_steps(job: Row, metrics: list[Row]) -> tuple[list[Violation], int]:
     elif steps != list(range(1, len(steps) + 1)):
         out.append(Violation(job["id"], "steps", f"gap in the steps written: {steps[:20]}"))
     return out, duplicated
+
+
+def check_kind_metrics(job: Row, kind: str, metrics: list[Row]) -> list[Violation]:
+    """Every metrics row shows the job ran as `kind` asked (see the module doc)."""
+    name = KIND_METRICS.get(kind)
+    if name is None:
+        return []
+    out: list[Violation] = []
+    wrong: list[str] = []
+    for row in sorted(metrics, key=lambda m: int(m["step"])):
+        value = (row.get("values") or {}).get(name)
+        step = int(row["step"])
+        if value is None:
+            wrong.append(f"step {step}: no {name}")
+        elif kind == "async" and float(value) != min(step - 1, ASYNC_MAX_STALENESS):
+            wrong.append(f"step {step}: {name} {value}")
+    if wrong:
+        out.append(Violation(job["id"], f"{kind}_metrics", "; ".join(wrong[:10])))
+    return out
+
+
+def server_restarts(metrics: list[Row]) -> int:
+    """The rollout server restarts of a job: the counter is per attempt (its last value)."""
+    last: dict[int, float] = {}
+    for row in metrics:
+        value = (row.get("values") or {}).get(SERVER_RESTARTS)
+        if value is not None:
+            attempt = int(row["attempt"])
+            last[attempt] = max(last.get(attempt, 0.0), float(value))
+    return int(sum(last.values()))
 
 
 def check_event_order(job_id: str, events: list[Row]) -> list[Violation]:
@@ -208,17 +258,26 @@ def check_run(
     metrics: Sequence[Row],
     checkpoints: Iterable[Row] = (),
     cancelled: Iterable[str] = (),
+    kinds: Mapping[str, str] | None = None,
 ) -> Report:
-    """Every invariant over every job; `cancelled` are the jobs the run asked to cancel."""
+    """Every invariant over every job; `cancelled` are the jobs the run asked to cancel,
+    `kinds` each job's kind (bench.chaos_jobs; unnamed jobs are `tiny`)."""
     cancelled_ids = set(cancelled)
+    kinds = kinds or {}
     events_of, metrics_of, checkpoints_of = _by_job(events), _by_job(metrics), _by_job(checkpoints)
     report = Report()
     for job in jobs:
         job_id = str(job["id"])
         report.statuses[job["status"]] = report.statuses.get(job["status"], 0) + 1
+        kind = kinds.get(job_id, "tiny")
+        by_kind = report.statuses_by_kind.setdefault(kind, {})
+        by_kind[job["status"]] = by_kind.get(job["status"], 0) + 1
         job_events = events_of.get(job_id, [])
+        job_metrics = metrics_of.get(job_id, [])
         final = check_final_status(job, cancelled_ids)
-        steps, duplicated = check_steps(job, metrics_of.get(job_id, []))
+        steps, duplicated = check_steps(job, job_metrics)
+        if kind == "async":
+            report.server_restarts += server_restarts(job_metrics)
         report.duplicated += duplicated
         if final or any(v.kind == "steps" for v in steps):
             report.lost += 1
@@ -235,5 +294,6 @@ def check_run(
             *check_event_order(job_id, job_events),
             *overlaps,
             *check_writes_in_lease(job_id, held, worker_writes),
+            *check_kind_metrics(job, kind, job_metrics),
         ]
     return report

@@ -1,6 +1,8 @@
 """The chaos run's clients: one thread submits the jobs on a seeded schedule (and cancels a
-few), another polls the API all along and records how long each answer took. Both go through
-the public HTTP API, retrying as a real client would while a fault makes it unavailable."""
+few), another polls the API all along and records how long each answer took, a third sends
+chat completions to the inference tier (bench.chaos_inference). All go through the public HTTP
+API, retrying as a real client would while a fault makes it unavailable. The jobs are a seeded
+mix of kinds (bench.chaos_jobs)."""
 
 from __future__ import annotations
 
@@ -12,26 +14,13 @@ from typing import Any
 import httpx
 
 from bench.chaos_cluster import Cluster
+from bench.chaos_inference import InferenceTraffic
+from bench.chaos_jobs import job_spec, plan_kinds, steps_for
 from bench.load_client import percentile
 
 PROJECTS = 3
 TERMINAL = ("succeeded", "failed", "cancelled")
 POLL_INTERVAL_S = 0.25
-
-
-def job_spec(index: int, steps: int) -> dict[str, Any]:
-    """A small job: the tiny model, transformers rollouts, a checkpoint every 2 steps (so a
-    resumed attempt starts from one)."""
-    return {
-        "name": f"chaos-{index}",
-        "model": "tiny-random-llama",
-        "dataset": {"generator": {"type": "arithmetic", "count": 16}},
-        "graders": [{"type": "numeric_match"}],
-        "grpo": {"steps": steps, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8},
-        "rollout": {"engine": "transformers"},
-        "checkpoint_interval": 2,
-        "seed": index,
-    }
 
 
 class Traffic:
@@ -44,9 +33,11 @@ class Traffic:
         steps: int,
         window_s: float,
         cancels: int,
+        mix: str = "all",
     ) -> None:
         self.cluster = cluster
         self.rng = rng
+        self.kinds = plan_kinds(jobs, rng, mix)  # by submission order
         self.jobs = jobs
         self.steps = steps
         self.window_s = window_s
@@ -54,6 +45,8 @@ class Traffic:
         self.keys: list[str] = []
         self.job_ids: list[str] = []
         self.owner: dict[str, int] = {}  # job id -> project index
+        self.kind_of: dict[str, str] = {}  # job id -> kind
+        self.inference: InferenceTraffic | None = None
         self.cancelled: set[str] = set()
         self.errors: list[str] = []  # refused submissions
         self.samples: list[tuple[str, str, int, float]] = []  # phase, kind, status, seconds
@@ -76,18 +69,39 @@ class Traffic:
             (self.rng.uniform(0.2, 0.9) * self.window_s, "cancel", c) for c in range(self.cancels)
         ]
         plan.sort()
+        inference_seed = self.rng.random()  # drawn before the threads share the generator
         for target in (self._submit_all, self._poll):
             thread = threading.Thread(target=target, args=(plan,), daemon=True)
             thread.start()
             self._threads.append(thread)
+        if self.cluster.inference_enabled:
+            self.inference = InferenceTraffic(
+                self.cluster.api_url,
+                random.Random(inference_seed),
+                self.keys,
+                self.owner,
+                self.kind_of,
+                self._succeeded,
+            )
+            self.inference.start()
+
+    def _succeeded(self) -> list[str]:
+        """The jobs that succeeded, in submission order."""
+        rows = self.cluster.rows("SELECT id FROM jobs WHERE status = 'succeeded'")
+        done = {str(r["id"]) for r in rows}
+        return [j for j in list(self.job_ids) if j in done]
 
     def mark(self, phase: str) -> None:
         self.phase = phase
+        if self.inference is not None:
+            self.inference.phase = phase
 
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=15)
+        if self.inference is not None:
+            self.inference.stop()
 
     # ---- submitting and cancelling ---------------------------------------------------------
 
@@ -124,13 +138,14 @@ class Traffic:
 
     def _submit(self, client: httpx.Client, index: int) -> None:
         project = index % PROJECTS
-        steps = self.rng.randint(max(2, self.steps // 2), max(3, self.steps * 3 // 2))
+        kind = self.kinds[index]
+        steps = steps_for(kind, self.steps, self.rng)
         response = self._until_answered(
             client,
             "POST",
             "/v1/jobs",
             project,
-            json=job_spec(index, steps),
+            json=job_spec(index, steps, kind),
             # A retry after a lost answer must not create a second job.
             headers={"Idempotency-Key": f"chaos-{index}"},
         )
@@ -140,8 +155,9 @@ class Traffic:
             self.errors.append(f"job {index}: {response.status_code} {response.text[:300]}")
             return
         job_id = str(response.json()["id"])
-        self.job_ids.append(job_id)
+        self.kind_of[job_id] = kind
         self.owner[job_id] = project
+        self.job_ids.append(job_id)
 
     def _cancel_one(self, client: httpx.Client) -> None:
         """Cancel a job that has not finished (queued or running), if there is one."""
@@ -176,7 +192,7 @@ class Traffic:
             turn = 0
             while not self._stop.wait(POLL_INTERVAL_S):
                 turn += 1
-                own = [j for j, p in self.owner.items() if p == 0]
+                own = [j for j, p in list(self.owner.items()) if p == 0]
                 if turn % 2 and own:
                     kind, path = "get", f"/v1/jobs/{self.rng.choice(own)}"
                 else:
