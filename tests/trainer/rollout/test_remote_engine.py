@@ -8,6 +8,7 @@ vLLM one is ``model`` too. The version rule and the published files are tested w
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -259,6 +260,17 @@ def test_a_server_killed_while_it_starts_is_started_again(
     made: dict[str, Any] = {}
     (tmp_path / "client").mkdir()
 
+    def servers() -> set[int]:
+        """This process's rollout servers (the module's shared one among them)."""
+        found = set()
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "trainer.rollout.rollout_server" in " ".join(child.cmdline()):
+                    found.add(int(child.pid))
+        return found
+
+    others = servers()
+
     def start() -> None:
         try:
             made["engine"] = RemoteEngine(_config(tiny_model_dir), root=tmp_path / "client")
@@ -269,13 +281,9 @@ def test_a_server_killed_while_it_starts_is_started_again(
     thread.start()
 
     def starting_server() -> int | None:
-        for child in psutil.Process().children(recursive=True):
-            cmdline = " ".join(child.cmdline())
-            if "trainer.rollout.rollout_server" in cmdline:
-                return int(child.pid)
-        return None
+        return next(iter(servers() - others), None)
 
-    first = wait_until(starting_server, 60, "the server process to appear", 0.01)
+    first = wait_until(starting_server, 60, "the new server process to appear", 0.01)
     assert not (tmp_path / "client" / "ready.json").exists()  # killed before it was ready
     os.kill(first, signal.SIGKILL)
     thread.join(120)
