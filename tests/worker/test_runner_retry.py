@@ -142,13 +142,13 @@ def test_any_other_trainer_error_still_fails_at_once(ctx: WorkerContext) -> None
     assert job(ctx, job_id).error_code == "prompts_too_long"
 
 
-def test_the_retryable_reasons_are_the_launchers_and_the_worlds() -> None:
+def test_the_retryable_reasons_are_the_launchers_the_worlds_and_the_rollout_servers() -> None:
     from trainer.distributed.world import DistributedTimeout
+    from trainer.rollout.rollout_server import RolloutServerKilled
     from trainer.run.relay import RelayTimeout
 
-    assert {RankFailed.reason, DistributedTimeout.reason, RelayTimeout.reason} == set(
-        RETRYABLE_REASONS
-    )
+    reasons = {RankFailed.reason, DistributedTimeout.reason, RelayTimeout.reason}
+    assert reasons | {RolloutServerKilled.reason} == set(RETRYABLE_REASONS)
 
 
 def test_a_job_on_several_devices_gets_the_launcher_and_one_device_the_loop() -> None:
