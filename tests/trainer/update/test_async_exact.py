@@ -47,25 +47,12 @@ import torch
 from torch import Tensor
 
 from jobspec import GRPOSpec
-from tests.trainer.update.test_kl_exact import EOS, PROMPT, VOCAB, A, B, _Policy
-from trainer.data.dataset import Example, PromptSampler
-from trainer.distributed.world import World
+from tests.trainer.update.test_kl_exact import EOS, PROMPT, VOCAB, A, B, _Policy, step_update
 from trainer.models.reference import Reference
 from trainer.rollout.base import Completion, FinishReason
-from trainer.run.rank_batch import rank_batch
-from trainer.scoring.collect import Group, collect_groups
-from trainer.scoring.rewards import RewardFunction
+from trainer.scoring.collect import Group
 from trainer.update import kl as kl_math
 from trainer.update.batch import Batch
-from trainer.update.inputs import (
-    kl_only_groups,
-    needs_old_logprobs,
-    reward_kl_penalty,
-    score_logprobs,
-    shaped_rewards,
-    split_advantages,
-)
-from trainer.update.policy_update import NonFiniteGuard, UpdateInputs, run_updates
 
 Outcome = tuple[int, ...]
 BETA = 0.5
@@ -171,46 +158,11 @@ def _step_gradient(
 ) -> Tensor:
     """The gradient one step applies for a group of ``outcomes`` sampled by the policy of
     the :func:`_log_table` ``sampler``; ``current`` and ``ref`` are tables."""
-    model = _Policy(current)
     reference = Reference(_Policy(ref), shares_policy=False) if spec.kl.active else None
-    device = torch.device("cpu")
-    col = collect_groups(
-        _Engine(outcomes, sampler),  # type: ignore[arg-type]
-        RewardFunction(_reward),
-        PromptSampler(1, seed=0),
-        [[PROMPT]],
-        [Example("p", None)],
-        spec,
-        seed=0,
-        step=1,
-        should_stop=lambda: False,
+    engine = _Engine(outcomes, sampler)
+    return step_update(
+        _Policy(current), reference, engine, _reward, spec, on_batch=_engine_logprobs_in_float64
     )
-    kl_only = kl_only_groups(col, spec)
-    rb = rank_batch(col.kept, spec, device, World(), 1, kl_only)
-    _engine_logprobs_in_float64(rb.batch, [*rb.kept, *kl_only])
-    shaped = shaped_rewards(rb.kept, rb.whole, spec)
-    with_old = needs_old_logprobs(spec, rb.whole.size)
-    scored = score_logprobs(model, reference, rb.batch, spec, pad_id=EOS, with_old=with_old)
-    penalty = reward_kl_penalty(scored, rb.batch, spec)
-    adv = split_advantages(shaped, penalty, spec, rows=rb.whole.size)
-    before = model.head.weight.detach().clone()
-    run_updates(
-        UpdateInputs(
-            model=model,
-            optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
-            batch=rb.batch,
-            advantages=adv.total,
-            kl_advantages=adv.kl,
-            old_logprobs=scored.old,
-            ref_logprobs=scored.ref,
-            pad_id=EOS,
-            guard=NonFiniteGuard(lambda *a, **k: None),
-            step=1,
-            seed=0,
-        ),
-        spec,
-    )
-    return before - model.head.weight.detach()
 
 
 _EXPECTATIONS: dict[str, Tensor] = {}

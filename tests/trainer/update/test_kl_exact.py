@@ -24,7 +24,7 @@ only, was off by more than the gradient itself (90-180%).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -38,8 +38,9 @@ from trainer.distributed.world import World
 from trainer.models.reference import Reference
 from trainer.rollout.base import Completion
 from trainer.run.rank_batch import rank_batch
-from trainer.scoring.collect import collect_groups
+from trainer.scoring.collect import Group, collect_groups
 from trainer.scoring.rewards import RewardFunction
+from trainer.update.batch import Batch
 from trainer.update.inputs import (
     kl_only_groups,
     needs_old_logprobs,
@@ -145,12 +146,26 @@ def _step_gradient(
     policy: Tensor, ref: Tensor, outcomes: tuple[tuple[int, ...], ...], spec: GRPOSpec
 ) -> Tensor:
     """The gradient one step applies for a group of ``outcomes``, through the loop's phases."""
-    model = _Policy(policy)
     reference = Reference(_Policy(ref), shares_policy=False) if spec.kl.active else None
+    return step_update(_Policy(policy), reference, _Scripted(outcomes), _reward, spec)
+
+
+def step_update(
+    model: _Policy,
+    reference: Reference | None,
+    engine: object,
+    reward: Callable[[list[str], list[Mapping[str, Any]]], list[float]],
+    spec: GRPOSpec,
+    on_batch: Callable[[Batch, list[Group]], None] | None = None,
+) -> Tensor:
+    """One step of the loop's phases (``collect_groups`` to ``run_updates``, SGD at rate 1) on
+    ``engine``'s completions of the one prompt: the change of ``model``'s head table [P, V].
+    ``on_batch(batch, groups)`` sees the packed batch before it is scored
+    (tests/trainer/update/test_async_exact.py restores its float64 engine log-probs)."""
     device = torch.device("cpu")
     col = collect_groups(
-        _Scripted(outcomes),  # type: ignore[arg-type]
-        RewardFunction(_reward),
+        engine,  # type: ignore[arg-type]
+        RewardFunction(reward),
         PromptSampler(1, seed=0),
         [[PROMPT]],
         [Example("p", None)],
@@ -161,8 +176,10 @@ def _step_gradient(
     )
     kl_only = kl_only_groups(col, spec)
     if not (col.kept or kl_only):
-        return torch.zeros_like(policy)
+        return torch.zeros_like(model.head.weight)
     rb = rank_batch(col.kept, spec, device, World(), 1, kl_only)
+    if on_batch is not None:
+        on_batch(rb.batch, [*rb.kept, *kl_only])
     shaped = shaped_rewards(rb.kept, rb.whole, spec)
     with_old = needs_old_logprobs(spec, rb.whole.size)
     scored = score_logprobs(model, reference, rb.batch, spec, pad_id=EOS, with_old=with_old)
