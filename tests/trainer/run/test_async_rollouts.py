@@ -66,11 +66,10 @@ def test_staleness_metrics_count_each_lag() -> None:
 
 
 class _Recorder:
-    """A produce function that records (step, version) and what had been taken then."""
+    """A produce function that records each (step, version) it was asked for."""
 
-    def __init__(self, pipeline_box: list[RolloutPipeline]) -> None:
+    def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []
-        self.box = pipeline_box
 
     def __call__(self, step: int, version: int) -> Collected:
         self.calls.append((step, version))
@@ -78,10 +77,8 @@ class _Recorder:
 
 
 def _run_loop(k: int, steps: int) -> list[tuple[int, int]]:
-    box: list[RolloutPipeline] = []
-    produce = _Recorder(box)
+    produce = _Recorder()
     pipeline = RolloutPipeline(produce, max_staleness=k, first_step=1, last_step=steps, published=0)
-    box.append(pipeline)
     pipeline.start()
     try:
         for step in range(1, steps + 1):
