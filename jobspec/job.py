@@ -205,14 +205,11 @@ class JobSpec(StrictModel):
     @field_validator("resources")
     @classmethod
     def _one_device_jobs(cls, resources: ResourcesSpec, info: ValidationInfo) -> ResourcesSpec:
-        # The trainer runs agent episodes (trainer.run.episodes.agent_refusal) and an async
-        # job's rollout server (trainer.run.async_run) for one rank only: such a job could
-        # only fail on its worker, after waiting for a worker of its size.
-        grpo = info.data.get("grpo")
+        # The trainer runs agent episodes (trainer.run.episodes.agent_refusal) for one rank
+        # only: such a job could only fail on its worker, after waiting for a worker of its
+        # size.
         if resources.devices > 1 and (info.data.get("tools") or info.data.get("environment")):
             why = "a job with tools or an environment trains on one device"
-        elif resources.devices > 1 and isinstance(grpo, GRPOSpec) and grpo.async_.enabled:
-            why = "an async job (grpo.async.max_staleness >= 1) trains on one device for now"
         else:
             return resources
         raise field_error(

@@ -5,6 +5,7 @@ one-process value)."""
 
 from __future__ import annotations
 
+from trainer.distributed.world import World
 from trainer.rollout.base import RolloutEngine
 from trainer.run.metrics import evaluate
 from trainer.run.setup import RunSetup
@@ -17,13 +18,20 @@ _EVAL_SEED_SALT = 99_991
 
 
 def evaluate_run(
-    setup: RunSetup, engine: RolloutEngine, step: int, rollout: Rollout | None = None
+    setup: RunSetup,
+    engine: RolloutEngine,
+    step: int,
+    rollout: Rollout | None = None,
+    *,
+    world: World | None = None,
 ) -> float:
     """``eval/accuracy`` of the run at ``step`` (0: before any update); with an agent job's
-    ``rollout``, of greedy episodes."""
+    ``rollout``, of greedy episodes. ``world``: the ranks that evaluate, each its share
+    (default: the run's; an async job's rank 0 evaluates every row alone)."""
     s = setup
+    world = world or s.world
     rows = s.eval_rows[: len(s.eval_ids)]
-    share = s.world.share(len(rows))
+    share = world.share(len(rows))
     seed = derive_seed(s.config.seed, step, _EVAL_SEED_SALT)
     items = [row.grading_item for row in rows[share.start : share.stop]]
     ids = s.eval_ids[share.start : share.stop]
@@ -33,7 +41,7 @@ def evaluate_run(
         if ids
         else 0.0
     )
-    parts = s.world.gather_objects((mine, len(ids)), "eval")
+    parts = world.gather_objects((mine, len(ids)), "eval")
     accuracy = sum(a * n for a, n in parts) / max(1, sum(n for _, n in parts))
     s.callbacks.on_event(
         "eval",

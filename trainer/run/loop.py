@@ -323,6 +323,7 @@ class _Run:
         return StepContext(self.setup, self.started, self.config.seed)
 
     def _evaluate(self, step: int) -> float:
+        if self.async_ is not None:
+            return self.async_.evaluate(step, self.agents)
         assert self.engine is not None
-        engine = self.engine if self.async_ is None else self.async_.eval_engine(step)
-        return evaluate_run(self.setup, engine, step, self.agents)
+        return evaluate_run(self.setup, self.engine, step, self.agents)

@@ -245,7 +245,11 @@ def prepare_run(
 
 def _mirror_kind(config: JobSpec) -> str:
     """ "lazy" (no weights held: the engine loads its own, and the sync streams to it) when the
-    engine loads a folder, else "eager" (the transformers engine generates with the module)."""
+    engine loads a folder or runs in an async job's rollout server (a process of its own, which
+    loads the folder whatever its engine), else "eager" (the transformers engine generates with
+    the module)."""
+    if config.grpo.async_.enabled:
+        return "lazy"
     return "lazy" if ROLLOUT_ENGINE_TRAITS[config.rollout.engine].loads_folder else "eager"
 
 
