@@ -25,12 +25,19 @@ def add_keys_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     create = keys_sub.add_parser("create", help="Create a key (printed once).")
     create.add_argument("--project", default="default", help="Project name (created if new).")
     create.add_argument("--name", default=None, help="A label for the key.")
+    create.add_argument(
+        "--tinker",
+        action="store_true",
+        help="Print the key as the Tinker SDK takes it (tml-<key>, X-API-Key; docs/tinker.md).",
+    )
     listing = keys_sub.add_parser("list", help="List keys (ids, prefixes, projects; no secret).")
     listing.add_argument("--project", default=None, help="Only this project's keys.")
     revoke = keys_sub.add_parser(
         "revoke", help="Revoke a key: from now on every API process answers it 401."
     )
-    revoke.add_argument("key", help="The key's id (key_...), or the key itself (grpo_...).")
+    revoke.add_argument(
+        "key", help="The key's id (key_...), or the key itself (grpo_... or tml-grpo_...)."
+    )
 
 
 def run_keys(args: argparse.Namespace, settings: Settings) -> int:
@@ -59,6 +66,10 @@ def _create(session: Session, args: argparse.Namespace, _settings: Settings) -> 
 
     created = create_key(session, args.project, args.name)
     note = f"(key {created.key_id} for project '{created.project_name}'; it is shown only once)"
+    if args.tinker:  # the same project key, in the form the tinker SDK checks for
+        from app.tinker.deps import tinker_key
+
+        return tinker_key(created.plaintext), note
     return created.plaintext, note
 
 
@@ -86,8 +97,9 @@ def _revoke(session: Session, args: argparse.Namespace, settings: Settings) -> t
     from app.sessions import repository as keys_repo
     from app.sessions.revocations import revocation_epoch
     from app.sessions.service import revoke_key
+    from app.tinker.deps import TINKER_KEY_PREFIX
 
-    given = args.key.strip()
+    given = args.key.strip().removeprefix(TINKER_KEY_PREFIX)  # a key in its Tinker form too
     parts = split_key(given)
     if parts is not None:  # the key itself: its prefix names it (the operator holds the DB)
         key = keys_repo.find_key_by_prefix(session, prefix=parts[0])

@@ -3,7 +3,8 @@
 # Safe to re-run: an existing venv is only topped up.
 #   scripts/setup.sh        everything (`make setup`, `make test`)
 #   scripts/setup.sh run    what running the service needs (`make demo`, `make serve`): no dev
-#                           tools, no MLflow venv, no browser or npm packages (tests use them)
+#                           tools, no MLflow or Tinker SDK venv, no browser or npm packages
+#                           (tests use them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCOPE=${1:-all}
@@ -22,6 +23,26 @@ if [ "$SCOPE" = all ] && [ ! -x .venv-mlflow/bin/mlflow ]; then
         && .venv-mlflow/bin/pip install --quiet "mlflow==3.17.2" psycopg2-binary ) \
         > .venv-mlflow.log 2>&1 &
     mlflow_pid=$!
+fi
+# The official Tinker SDK, for the tests of the Tinker API (tests/app/tinker): pinned, as
+# shipped, in a venv of its own, and without torch (the SDK needs it only to convert tensors;
+# the API must serve a client that has none). Built in the background like the MLflow venv
+# (about 40 s the first time); the marker file names the version that passed the checks, so a
+# re-run does nothing and a new pin reinstalls. Its log is .venv-tinker.log.
+TINKER_SDK=0.38.0
+tinker_pid=""
+if [ "$SCOPE" = all ] && [ ! -e ".venv-tinker/.tinker-$TINKER_SDK" ]; then
+    (
+        [ -x .venv-tinker/bin/python ] || "$PYTHON" -m venv .venv-tinker
+        .venv-tinker/bin/pip install --quiet "tinker==$TINKER_SDK"
+        if .venv-tinker/bin/python -c "import torch" 2>/dev/null; then
+            echo "setup: torch was installed into .venv-tinker; the SDK env must be torch-free" >&2
+            exit 1
+        fi
+        .venv-tinker/bin/python -c "import tinker; assert tinker.__version__ == '$TINKER_SDK', tinker.__version__"
+        touch ".venv-tinker/.tinker-$TINKER_SDK"
+    ) > .venv-tinker.log 2>&1 &
+    tinker_pid=$!
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$PIP" install --quiet --upgrade pip wheel
@@ -57,6 +78,11 @@ fi
 if [ -n "$mlflow_pid" ] && ! wait "$mlflow_pid"; then
     cat .venv-mlflow.log >&2
     echo "setup: the MLflow venv failed (log above)" >&2
+    exit 1
+fi
+if [ -n "$tinker_pid" ] && ! wait "$tinker_pid"; then
+    cat .venv-tinker.log >&2
+    echo "setup: the Tinker SDK venv failed (log above)" >&2
     exit 1
 fi
 "$VENV/bin/python" - <<'PY'

@@ -8,9 +8,10 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_shutting_down
 
-from app.core.queue import RUN_JOB_TASK, celery_config
+from app.core.queue import RUN_JOB_TASK, TINKER_MODEL_TASK, celery_config
 from worker.context import WorkerContext
 from worker.runner import run_job
+from worker.tinker_model import hold_tinker_model
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,13 @@ def create_celery(ctx: WorkerContext) -> Celery:
         # Thin: ids in, plain function out. All rules live in worker.runner.
         outcome = run_job(ctx, job_id)
         log.info("job %s: %s", job_id, outcome)
+        return outcome
+
+    @celery.task(name=TINKER_MODEL_TASK, acks_late=True, reject_on_worker_lost=True)
+    def tinker_model_task(model_id: str) -> str:
+        # Thin, as run_job_task: the model is held until its session ends (worker.tinker_model).
+        outcome = hold_tinker_model(ctx, model_id)
+        log.info("tinker model %s: %s", model_id, outcome)
         return outcome
 
     def _on_shutdown(**_: Any) -> None:

@@ -202,25 +202,35 @@ def _end(
 
 def confine_model(spec: JobSpec, settings: WorkerSettings) -> JobSpec:
     """The spec with `model` checked against the operator's model roots or Hub rules (again:
-    the API checked at submission), and a folder or Hub repo id replaced by the real folder
-    (a Hub model's snapshot in the worker's Hugging Face cache), so the trainer opens exactly
-    the folder that was checked. Raises ModelNotAllowed, ModelNotCached or ModelNotFound
-    (TrainerErrors, whose messages the user sees) otherwise."""
-    if spec.model in PACKAGED_MODELS:
+    the API checked at submission), and a folder or Hub repo id replaced by the real folder, so
+    the trainer opens exactly the folder that was checked (see confined_model)."""
+    if spec.model in PACKAGED_MODELS:  # the trainer builds it from its name
         return spec
-    if is_hub_repo_id(spec.model):
-        refusal = settings.hub_model_refusal(spec.model)
+    model = confined_model(spec.model, spec.model_revision, settings)
+    return spec.model_copy(update={"model": model, "model_revision": None})
+
+
+def confined_model(model: str, revision: str | None, settings: WorkerSettings) -> str:
+    """What a worker may load for the model name `model` (a job's, or a Tinker training
+    client's base model, worker.tinker_model): a packaged model's name unchanged, else the real
+    folder of a folder under the operator's model roots or of a Hub model's snapshot in the
+    worker's Hugging Face cache. Raises ModelNotAllowed, ModelNotCached or ModelNotFound
+    (TrainerErrors, whose messages the user sees) otherwise."""
+    if model in PACKAGED_MODELS:
+        return model
+    if is_hub_repo_id(model):
+        refusal = settings.hub_model_refusal(model)
         if refusal is not None:
             raise ModelNotAllowed(refusal)
-    from trainer.models.loading import resolve_model  # torch: only for a job that names a folder
+    from trainer.models.loading import resolve_model  # torch: only for a model that is a folder
 
     folder = resolve_model(
-        spec.model,
-        revision=spec.model_revision,
+        model,
+        revision=revision,
         allowed_roots=[Path(root) for root in settings.model_root_list],
         forbidden=[settings.data_dir, settings.resolved_checkpoint_dir],
     )
-    return spec.model_copy(update={"model": str(folder), "model_revision": None})
+    return str(folder)
 
 
 def starting_model(ctx: WorkerContext, job: Job, spec: JobSpec) -> JobSpec:

@@ -7,7 +7,7 @@ Status is written only by `app.jobs.transitions`.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -23,18 +23,21 @@ from sqlalchemy import (
     UniqueConstraint,
     literal_column,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.clock import utcnow
 from app.core.job_status import QUOTA_COUNTED_STATES
+from app.core.model_base import Base, BigId
 
-# BigInteger autoincrement ids are plain INTEGER on SQLite (where only INTEGER PRIMARY KEY
-# auto-increments) and BIGSERIAL elsewhere.
-BigId = BigInteger().with_variant(Integer(), "sqlite")
-
-
-class Base(DeclarativeBase):
-    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
+# The Tinker API's tables, declared in a module of their own on the same Base: importing the
+# models puts every table in Base.metadata (migrations, pool warm-up).
+from app.core.tinker_tables import (  # noqa: F401
+    TinkerCheckpoint,
+    TinkerModel,
+    TinkerRequest,
+    TinkerSampler,
+    TinkerSession,
+)
 
 
 class Timestamped:

@@ -14,6 +14,8 @@ from app.core.settings import Settings
 log = logging.getLogger(__name__)
 
 RUN_JOB_TASK = "worker.run_job"
+# A Tinker training client held resident by a worker (worker/tinker_model.py; app/tinker).
+TINKER_MODEL_TASK = "worker.tinker_model"
 
 
 def queue_for(base: str, devices: int) -> str:

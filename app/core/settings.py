@@ -14,13 +14,14 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.core.gateway_settings import GatewaySettings
+from app.core.tinker_settings import TinkerSettings
 from jobspec.integrations import IntegrationSpecUnion, integration_refusal, normalized_uri
 from jobspec.model_shape import Accelerator, detected_device_memory
 from jobspec.paths import hub_allowlist, hub_model_refusal
 from jobspec.resources import MAX_DEVICES
 
 
-class Settings(GatewaySettings):
+class Settings(GatewaySettings, TinkerSettings):
     model_config = SettingsConfigDict(env_prefix="GRPO_", extra="ignore")
 
     data_dir: Path = Field(

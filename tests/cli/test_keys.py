@@ -59,3 +59,23 @@ def test_a_key_revoked_from_the_command_line_is_refused_at_once(service: Setting
     unknown = cli("keys", "revoke", "key_0000")
     assert unknown.code == 2 and "no key" in unknown.err
     assert cli("keys", "list", "--project", "no-such-project").code == 2
+
+
+def test_a_tinker_key_is_the_project_key_the_tinker_sdk_takes(service: Settings) -> None:
+    project = "cli-tinker-" + service.queue_name[-6:]
+    created = cli("keys", "create", "--project", project, "--tinker")
+    assert created.code == 0, created.err
+    key = created.out.strip().splitlines()[-1]  # its last line: what a user copies
+    assert key.startswith("tml-grpo_")  # the SDK refuses any key without the tml- prefix
+    with TestClient(create_app(service)) as client:
+        capabilities = "/api/v1/get_server_capabilities"
+        assert client.get(capabilities, headers={"X-API-Key": key}).status_code == 200
+        assert (
+            client.get("/v1/jobs", headers={"Authorization": f"Bearer {key[4:]}"}).status_code
+            == 200
+        )
+        # The prefix alone, or the key without it, is not a Tinker key.
+        assert client.get(capabilities, headers={"X-API-Key": key[4:]}).status_code == 401
+        assert client.get(capabilities, headers={"X-API-Key": "tml-grpo_x_y"}).status_code == 401
+        assert cli("keys", "revoke", key).code == 0  # revoked in its Tinker form too
+        assert client.get(capabilities, headers={"X-API-Key": key}).status_code == 401

@@ -1,0 +1,62 @@
+"""The settings of the Tinker API (app/tinker) and of the workers that hold its training models
+(worker/tinker_model.py): session lifetimes and every bound a tenant's calls meet (environment
+GRPO_TINKER_*). A part of :class:`app.core.settings.Settings` (which inherits these fields),
+kept apart to keep that module readable."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TinkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GRPO_", extra="ignore")
+
+    tinker_session_ttl_s: float = Field(
+        default=120.0,
+        ge=15,
+        le=86_400,
+        description=(
+            "A Tinker session whose client sent no heartbeat (every 10 s) for this long is over: "
+            "its workers save nothing more, fail its queued calls and free their models."
+        ),
+    )
+    tinker_max_sessions_per_project: int = Field(
+        default=8, ge=1, le=10_000, description="Live Tinker sessions a project may hold."
+    )
+    tinker_max_models_per_project: int = Field(
+        default=2,
+        ge=1,
+        le=1_000,
+        description="Training clients (each a model resident on a worker) a project may hold.",
+    )
+    tinker_max_queued_per_model: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Calls waiting for one training model; more are answered 429 (the SDK waits).",
+    )
+    tinker_max_chunk_datums: int = Field(
+        default=256, ge=1, le=1024, description="Datums per forward_backward call (the SDK splits)."
+    )
+    tinker_max_body_bytes: int = Field(
+        default=5_000_000,
+        ge=10_000,
+        le=100_000_000,
+        description="Bytes of one forward_backward or sample body.",
+    )
+    tinker_max_tokens_per_call: int = Field(
+        default=65_536, ge=64, le=10_000_000, description="Tokens of one forward_backward call."
+    )
+    tinker_max_samples_per_call: int = Field(
+        default=64, ge=1, le=4096, description="num_samples of one sample call."
+    )
+    tinker_max_sample_tokens: int = Field(
+        default=1024, ge=1, le=131_072, description="max_tokens of one sample call."
+    )
+    tinker_poll_wait_s: float = Field(
+        default=20.0,
+        gt=0,
+        le=40,
+        description="How long retrieve_future holds a poll open (the SDK gives up at 45 s).",
+    )

@@ -1,0 +1,109 @@
+"""What the Tinker API tells about models and saves: the server's capabilities, a training
+client's info (with the tokenizer folder the SDK loads on the same host, offline), a sampler,
+the saves of a training run and a save's weights info."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.core.clock import utcnow
+from app.core.errors import NotFound
+from app.core.settings import Settings
+from app.core.tinker_tables import TinkerCheckpoint
+from app.tinker import repository as repo
+from app.tinker.service import trainable_models, usable_model
+
+# Checkpoint kinds: the saved state (weights and optimizer) and the sampler weights.
+CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
+
+
+def capabilities() -> dict[str, Any]:
+    return {
+        "supported_models": [
+            {"model_name": name, "trainable": True, "sampleable": True}
+            for name in trainable_models()
+        ]
+    }
+
+
+def model_info(db: Session, settings: Settings, project_id: str, model_id: str) -> dict[str, Any]:
+    model = usable_model(db, settings, project_id, model_id)
+    if model.model_folder is None:
+        raise NotFound(
+            f"model {model_id} is not loaded yet; wait for create_model's result",
+            param="model_id",
+        )
+    return {
+        "type": "get_info",
+        "model_id": model.id,
+        "model_data": {
+            "arch": "llama",
+            "model_name": model.base_model,
+            # A local folder: the SDK loads its tokenizer from it (same host, no hub).
+            "tokenizer_id": model.model_folder,
+        },
+        "optimizer_config": {"type": "adamw"},
+        "is_lora": True,
+        "lora_rank": model.lora_rank,
+        "model_name": model.base_model,
+    }
+
+
+def sampler_info(db: Session, project_id: str, sampler_id: str) -> dict[str, Any]:
+    sampler = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
+    if sampler is None:
+        raise NotFound(f"no sampling session {sampler_id[:120]!r}", param="sampler_id")
+    return {
+        "sampler_id": sampler.id,
+        "base_model": sampler.base_model,
+        "model_path": sampler.model_path,
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    aware = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return aware.isoformat().replace("+00:00", "Z")
+
+
+def checkpoint_entry(row: TinkerCheckpoint) -> dict[str, Any]:
+    return {
+        "checkpoint_id": f"{row.kind}/{row.name}",
+        "checkpoint_type": CHECKPOINT_TYPES.get(row.kind, "training"),
+        "time": _iso(row.created_at),
+        "tinker_path": f"tinker://{row.model_id}/{row.kind}/{row.name}",
+        "size_bytes": row.size_bytes,
+        "public": False,
+        "user_metadata": row.user_metadata,
+        "expires_at": _iso(row.expires_at),
+    }
+
+
+def checkpoints(db: Session, project_id: str, model_id: str) -> dict[str, Any]:
+    if repo.get_model(db, project_id=project_id, model_id=model_id) is None:
+        raise NotFound(f"no training run {model_id[:120]!r}", param="model_id")
+    rows = repo.checkpoints_of_model(db, project_id=project_id, model_id=model_id, now=utcnow())
+    return {"checkpoints": [checkpoint_entry(row) for row in rows], "cursor": None}
+
+
+def weights_info(
+    db: Session, project_id: str, model_id: str, kind: str, name: str
+) -> dict[str, Any]:
+    saved = repo.get_checkpoint(db, project_id=project_id, model_id=model_id, kind=kind, name=name)
+    model = repo.get_model(db, project_id=project_id, model_id=model_id)
+    if saved is None or model is None:
+        raise NotFound(f"no save tinker://{model_id}/{kind}/{name}", param="tinker_path")
+    lora = model.lora or {}
+    return {
+        "base_model": model.base_model,
+        "is_lora": True,
+        "lora_rank": model.lora_rank,
+        "optimizer_config": {"type": "adamw"},
+        "train_unembed": lora.get("train_unembed"),
+        "train_mlp": lora.get("train_mlp"),
+        "train_attn": lora.get("train_attn"),
+    }

@@ -1,0 +1,135 @@
+"""The Tinker API's queries (tables: app.core.tinker_tables). Every read of a tenant's row is
+by project, so no call can reach another project's session, model, sampler or request."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from app.core.tinker_tables import (
+    TinkerCheckpoint,
+    TinkerModel,
+    TinkerRequest,
+    TinkerSampler,
+    TinkerSession,
+)
+
+# Model statuses that hold (or are about to hold) a worker: counted against the project's quota.
+LIVE_MODEL_STATUSES = ("starting", "ready")
+
+
+def get_session(db: Session, *, project_id: str, session_id: str) -> TinkerSession | None:
+    row = db.get(TinkerSession, session_id)
+    return row if row is not None and row.project_id == project_id else None
+
+
+def live_sessions(db: Session, *, project_id: str, since: datetime) -> int:
+    """The project's sessions not finished whose last heartbeat is at or after ``since``."""
+    query = select(func.count()).where(
+        TinkerSession.project_id == project_id,
+        TinkerSession.finished_at.is_(None),
+        TinkerSession.heartbeat_at >= since,
+    )
+    return int(db.scalar(query) or 0)
+
+
+def get_model(db: Session, *, project_id: str, model_id: str) -> TinkerModel | None:
+    row = db.get(TinkerModel, model_id)
+    return row if row is not None and row.project_id == project_id else None
+
+
+def lock_model(db: Session, *, project_id: str, model_id: str) -> TinkerModel | None:
+    """The model row, locked until the unit of work ends (Postgres): two calls of one model
+    check and advance its ``last_seq`` one after the other."""
+    row = db.scalar(select(TinkerModel).where(TinkerModel.id == model_id).with_for_update())
+    return row if row is not None and row.project_id == project_id else None
+
+
+def live_models(db: Session, *, project_id: str) -> int:
+    query = select(func.count()).where(
+        TinkerModel.project_id == project_id, TinkerModel.status.in_(LIVE_MODEL_STATUSES)
+    )
+    return int(db.scalar(query) or 0)
+
+
+def models_of_session(db: Session, *, session_id: str) -> list[TinkerModel]:
+    return list(db.scalars(select(TinkerModel).where(TinkerModel.session_id == session_id)))
+
+
+def queued_requests(db: Session, *, model_id: str) -> int:
+    query = select(func.count()).where(
+        TinkerRequest.model_id == model_id, TinkerRequest.status == "queued"
+    )
+    return int(db.scalar(query) or 0)
+
+
+def find_request(db: Session, *, model_id: str, seq_key: str) -> TinkerRequest | None:
+    query = select(TinkerRequest).where(
+        TinkerRequest.model_id == model_id, TinkerRequest.seq_key == seq_key
+    )
+    return db.scalar(query)
+
+
+def get_request(db: Session, *, project_id: str, request_id: str) -> TinkerRequest | None:
+    row = db.scalar(select(TinkerRequest).where(TinkerRequest.request_id == request_id))
+    return row if row is not None and row.project_id == project_id else None
+
+
+def fail_queued(db: Session, *, model_id: str, error: str, category: str, now: datetime) -> int:
+    """Fail every queued request of a model (its worker is gone); how many."""
+    result = db.execute(
+        update(TinkerRequest)
+        .where(TinkerRequest.model_id == model_id, TinkerRequest.status == "queued")
+        .values(status="failed", error=error, error_category=category, finished_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def mark_model_lost(db: Session, *, model_id: str, stale_before: datetime, error: str) -> bool:
+    """Mark a model failed when its worker's heartbeat is older than ``stale_before`` (the
+    worker died); False when the heartbeat is fresh or the model already ended."""
+    result = db.execute(
+        update(TinkerModel)
+        .where(
+            TinkerModel.id == model_id,
+            TinkerModel.status.in_(LIVE_MODEL_STATUSES),
+            TinkerModel.heartbeat_at.is_not(None),
+            TinkerModel.heartbeat_at < stale_before,
+        )
+        .values(status="failed", error_message=error)
+        # No in-Python evaluation of the criteria (SQLite hands back naive datetimes).
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
+def get_sampler(db: Session, *, project_id: str, sampler_id: str) -> TinkerSampler | None:
+    row = db.get(TinkerSampler, sampler_id)
+    return row if row is not None and row.project_id == project_id else None
+
+
+def get_checkpoint(
+    db: Session, *, project_id: str, model_id: str, kind: str, name: str
+) -> TinkerCheckpoint | None:
+    row = db.get(TinkerCheckpoint, (model_id, kind, name))
+    return row if row is not None and row.project_id == project_id else None
+
+
+def checkpoints_of_model(
+    db: Session, *, project_id: str, model_id: str, now: datetime
+) -> list[TinkerCheckpoint]:
+    """The model's saves not expired, oldest first."""
+    query = (
+        select(TinkerCheckpoint)
+        .where(TinkerCheckpoint.project_id == project_id, TinkerCheckpoint.model_id == model_id)
+        .where((TinkerCheckpoint.expires_at.is_(None)) | (TinkerCheckpoint.expires_at > now))
+        .order_by(TinkerCheckpoint.created_at)
+    )
+    return list(db.scalars(query))
+
+
+def stale_since(now: datetime, seconds: float) -> datetime:
+    return now - timedelta(seconds=seconds)

@@ -1,0 +1,405 @@
+"""The Tinker API (``/api/v1/...``), the paths the official ``tinker`` SDK calls (docs/tinker.md).
+Thin: a body parsed and bounded, the rule in app.tinker.service, catalog or futures.
+
+Calls that return a future (create_model, forward_backward, forward, optim_step, save_weights,
+save_weights_for_sampler, load_weights, asample) answer at once with a ``request_id``; the
+model's worker applies them (worker/tinker_model.py) and ``retrieve_future`` returns the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ValidationError
+
+from app.core.deps import SessionDep, StateDep
+from app.core.errors import InvalidRequest, PayloadTooLarge
+from app.tinker import catalog, service
+from app.tinker import schemas as s
+from app.tinker.deps import TinkerPrincipalDep
+from app.tinker.futures import await_outcome
+from app.tinker.wire import WireError, decode_forward_backward, fwdbwd_chunk_bytes
+
+router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
+
+M = TypeVar("M", bound=BaseModel)
+# A JSON body of the Tinker API (the largest: a sample's prompt of MAX_PROMPT_TOKENS ids).
+MAX_JSON_BYTES = 2_000_000
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the body is over {limit} bytes")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise PayloadTooLarge(f"the body is over {limit} bytes")
+    return body
+
+
+async def _parse(request: Request, model: type[M]) -> tuple[M, bytes]:
+    """The JSON body as ``model`` (a 422 naming the field otherwise), and its bytes."""
+    body = await _body(request, MAX_JSON_BYTES)
+    if b"\\u0000" in body:  # Postgres stores no NUL in text
+        raise InvalidRequest("the body holds a NUL character")
+    try:
+        return model.model_validate_json(body or b"{}"), body
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidRequest(f"{where}: {first['msg']}", param=where) from None
+
+
+def _path(path: str) -> tuple[str, str, str]:
+    """A ``tinker://<model>/<kind>/<name>`` path's parts (400 naming the path otherwise)."""
+    try:
+        return s.parse_tinker_path(path)
+    except WireError as exc:
+        raise service.TinkerBadRequest(str(exc), param="path") from None
+
+
+def _future(accepted: service.Accepted) -> dict[str, Any]:
+    answer: dict[str, Any] = {"request_id": accepted.request_id, "model_id": accepted.model_id}
+    if accepted.sample_sequence_ids is not None:
+        answer["sample_sequence_ids"] = accepted.sample_sequence_ids
+    return answer
+
+
+# ------------------------------------------------------------------ client and session
+
+
+@router.post("/client/config")
+async def client_config(state: StateDep) -> dict[str, Any]:
+    settings = state.settings
+    # The SDK's estimate of a chunk's bytes leaves out the framing: ask for chunks that fit.
+    chunk_bytes = fwdbwd_chunk_bytes(
+        settings.tinker_max_body_bytes,
+        settings.tinker_max_tokens_per_call,
+        settings.tinker_max_chunk_datums,
+    )
+    return s.client_config(settings.tinker_max_chunk_datums, chunk_bytes)
+
+
+@router.post("/client/dynamic_config")
+async def dynamic_config() -> dict[str, Any]:
+    return {"refresh_interval_sec": 300}
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/get_server_capabilities")
+def capabilities(_principal: TinkerPrincipalDep) -> dict[str, Any]:
+    return catalog.capabilities()
+
+
+@router.post("/create_session")
+async def create_session(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    body, _ = await _parse(request, s.CreateSessionRequest)
+    session_id = service.create_session(
+        db,
+        state.settings,
+        principal.project_id,
+        display_name=body.display_name,
+        tags=list(body.tags),
+        user_metadata=dict(body.user_metadata or {}),
+        sdk_version=body.sdk_version,
+    )
+    return {"type": "create_session", "session_id": session_id}
+
+
+@router.post("/session_heartbeat")
+async def session_heartbeat(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    body, _ = await _parse(request, s.SessionHeartbeatRequest)
+    service.heartbeat(db, state.settings, principal.project_id, body.session_id)
+    return {"type": "session_heartbeat"}
+
+
+@router.post("/telemetry")
+async def telemetry(request: Request, _principal: TinkerPrincipalDep) -> dict[str, str]:
+    await _body(request, MAX_JSON_BYTES)  # read and dropped: we keep no client telemetry
+    return {"status": "accepted"}
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(
+    session_id: str, request: Request, principal: TinkerPrincipalDep, db: SessionDep
+) -> dict[str, Any]:
+    body, _ = await _parse(request, s.SessionFinishRequest)
+    reason = body.reason.type if body.reason is not None else None
+    service.finish_session(db, principal.project_id, session_id, reason)
+    return {}
+
+
+# ------------------------------------------------------------------ training
+
+
+@router.post("/create_model")
+async def create_model(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    body, raw = await _parse(request, s.CreateModelRequest)
+    if body.lora_config is None:
+        raise InvalidRequest("lora_config is required: this server trains LoRA adapters")
+    if body.optimizer_config.type != "adamw":
+        raise InvalidRequest("optimizer_config.type: only adamw is served here")
+    lora = body.lora_config.model_dump(exclude={"rank"})
+    accepted = service.create_model(
+        db,
+        state.settings,
+        principal.project_id,
+        session_id=body.session_id,
+        model_seq_id=body.model_seq_id,
+        base_model=body.base_model,
+        lora_rank=body.lora_config.rank,
+        lora=lora,
+        body=raw,
+    )
+    return _future(accepted)
+
+
+@router.post("/get_info")
+async def get_info(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    body, _ = await _parse(request, s.GetInfoRequest)
+    return catalog.model_info(db, state.settings, principal.project_id, body.model_id)
+
+
+@router.post("/forward_backward")
+async def forward_backward(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    settings = state.settings
+    raw = await _body(request, settings.tinker_max_body_bytes)
+    if request.headers.get("content-encoding"):
+        raise InvalidRequest("compressed bodies are not accepted (proto_compress_fwdbwd: false)")
+    try:
+        call = decode_forward_backward(
+            raw,
+            max_bytes=settings.tinker_max_body_bytes,
+            max_datums=settings.tinker_max_chunk_datums,
+            max_tokens=settings.tinker_max_tokens_per_call,
+        )
+    except WireError as exc:
+        raise service.TinkerBadRequest(str(exc)) from None
+    accepted = service.submit(
+        db,
+        settings,
+        principal.project_id,
+        model_id=call.model_id,
+        seq_id=call.seq_id,
+        kind="forward" if call.forward_only else "forward_backward",
+        body=raw,
+    )
+    return _future(accepted)
+
+
+async def _training_call(
+    request: Request,
+    principal: TinkerPrincipalDep,
+    state: StateDep,
+    db: SessionDep,
+    model: type[s.OptimStepRequest] | type[s.SaveWeightsRequest],
+    kind: str,
+) -> dict[str, Any]:
+    body, raw = await _parse(request, model)
+    if body.seq_id is None:
+        raise InvalidRequest("seq_id is required", param="seq_id")
+    accepted = service.submit(
+        db,
+        state.settings,
+        principal.project_id,
+        model_id=body.model_id,
+        seq_id=body.seq_id,
+        kind=kind,
+        body=raw,
+    )
+    return _future(accepted)
+
+
+@router.post("/optim_step")
+async def optim_step(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    return await _training_call(request, principal, state, db, s.OptimStepRequest, "optim_step")
+
+
+@router.post("/save_weights")
+async def save_weights(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    return await _training_call(request, principal, state, db, s.SaveWeightsRequest, "save_weights")
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    body, raw = await _parse(request, s.SaveWeightsForSamplerRequest)
+    if body.seq_id is None:
+        raise InvalidRequest("seq_id is required", param="seq_id")
+    if body.sampling_session_seq_id is not None:  # a new sampling session over these weights
+        try:
+            session_id, _ = s.parse_training_model_id(body.model_id)
+        except WireError as exc:
+            raise service.TinkerBadRequest(str(exc), param="model_id") from None
+        service.add_sampler(
+            db,
+            state.settings,
+            principal.project_id,
+            session_id=session_id,
+            sampling_seq_id=body.sampling_session_seq_id,
+            model_id=body.model_id,
+            model_path=None,
+        )
+    accepted = service.submit(
+        db,
+        state.settings,
+        principal.project_id,
+        model_id=body.model_id,
+        seq_id=body.seq_id,
+        kind="save_weights_for_sampler",
+        body=raw,
+    )
+    return _future(accepted)
+
+
+@router.post("/load_weights")
+async def load_weights(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    body, raw = await _parse(request, s.LoadWeightsRequest)
+    if not body.creates_model or body.session_id is None or body.model_seq_id is None:
+        raise InvalidRequest(
+            "load_weights into a running client is not served: restore with "
+            "create_training_client_from_state(path)"
+        )
+    source, kind, name = _path(body.path)
+    if kind != "weights":
+        raise InvalidRequest("path: a training state is a tinker://<model>/weights/<name> path")
+    accepted = service.load_model(
+        db,
+        state.settings,
+        principal.project_id,
+        session_id=body.session_id,
+        model_seq_id=body.model_seq_id,
+        source_model_id=source,
+        name=name,
+        optimizer=body.optimizer,
+        body=raw,
+    )
+    return _future(accepted)
+
+
+# ------------------------------------------------------------------ sampling
+
+
+@router.post("/create_sampling_session")
+async def create_sampling_session(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    body, _ = await _parse(request, s.CreateSamplingSessionRequest)
+    if body.model_path is None:
+        raise InvalidRequest(
+            "model_path is required: this server samples the saved weights of a training "
+            "client (tinker://<model>/sampler_weights/<name>), not a base model alone",
+            param="model_path",
+        )
+    model_id, kind, name = _path(body.model_path)
+    if (
+        kind != "sampler_weights"
+        or catalog.repo.get_checkpoint(
+            db, project_id=principal.project_id, model_id=model_id, kind=kind, name=name
+        )
+        is None
+    ):
+        raise service.TinkerBadRequest(f"no sampler weights {body.model_path[:300]}")
+    sampler_id = service.add_sampler(
+        db,
+        state.settings,
+        principal.project_id,
+        session_id=body.session_id,
+        sampling_seq_id=body.sampling_session_seq_id,
+        model_id=model_id,
+        model_path=body.model_path,
+    )
+    return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+
+@router.get("/samplers/{sampler_id}")
+def get_sampler(sampler_id: str, principal: TinkerPrincipalDep, db: SessionDep) -> dict[str, Any]:
+    return catalog.sampler_info(db, principal.project_id, sampler_id)
+
+
+@router.post("/asample")
+async def asample(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+) -> dict[str, Any]:
+    settings = state.settings
+    body, raw = await _parse(request, s.SampleRequest)
+    if body.sampling_session_id is None or body.seq_id is None:
+        raise InvalidRequest("sampling_session_id and seq_id are required")
+    if body.num_samples > settings.tinker_max_samples_per_call:
+        raise InvalidRequest(
+            f"num_samples: at most {settings.tinker_max_samples_per_call} per call",
+            param="num_samples",
+        )
+    max_tokens = body.sampling_params.max_tokens
+    if max_tokens is not None and max_tokens > settings.tinker_max_sample_tokens:
+        raise InvalidRequest(
+            f"sampling_params.max_tokens: at most {settings.tinker_max_sample_tokens}",
+            param="sampling_params.max_tokens",
+        )
+    accepted = service.submit_sample(
+        db,
+        settings,
+        principal.project_id,
+        sampler_id=body.sampling_session_id,
+        seq_id=body.seq_id,
+        num_samples=body.num_samples,
+        body=raw,
+    )
+    return _future(accepted)
+
+
+# ------------------------------------------------------------------ futures and saves
+
+
+@router.post("/retrieve_future")
+async def retrieve_future(
+    request: Request, principal: TinkerPrincipalDep, state: StateDep
+) -> Response:
+    body, _ = await _parse(request, s.RetrieveFutureRequest)
+    outcome = await await_outcome(
+        state.sessions, state.settings, principal.project_id, body.request_id
+    )
+    if outcome.payload is None:
+        waiting = s.TryAgainResponse(request_id=body.request_id)
+        return Response(waiting.model_dump_json(exclude_none=True), media_type="application/json")
+    return Response(outcome.payload, media_type=outcome.media)
+
+
+@router.get("/training_runs/{model_id}/checkpoints")
+def list_checkpoints(
+    model_id: str, principal: TinkerPrincipalDep, db: SessionDep
+) -> dict[str, Any]:
+    return catalog.checkpoints(db, principal.project_id, model_id)
+
+
+@router.post("/weights_info")
+async def weights_info(
+    request: Request, principal: TinkerPrincipalDep, db: SessionDep
+) -> dict[str, Any]:
+    body, _ = await _parse(request, s.WeightsInfoRequest)
+    model_id, kind, name = _path(body.tinker_path)
+    return catalog.weights_info(db, principal.project_id, model_id, kind, name)

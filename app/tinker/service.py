@@ -1,0 +1,390 @@
+"""The rules of the Tinker API: sessions live while their heartbeats arrive, a project holds a
+bounded number of sessions, models and queued calls, a model's training calls are accepted in
+``seq_id`` order (a retried call finds its first request), and every call that returns a future
+becomes a request row that the model's worker applies (worker/tinker_model.py).
+
+Ids follow Tinker's: a model is ``{session}:train:{n}`` (the SDK derives it itself when it
+restores from a saved state), a sampler ``{session}:sample:{n}``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.core import db as db_boundary
+from app.core.clock import utcnow
+from app.core.errors import ApiError, Gone, NotFound, TooManyRequests
+from app.core.settings import Settings
+from app.core.tinker_tables import TinkerModel, TinkerRequest, TinkerSampler, TinkerSession
+from app.tinker import repository as repo
+from app.tinker.dispatch import send_model
+from jobspec.job import PACKAGED_MODELS
+
+# The LoRA ranks a training client may ask for.
+MAX_LORA_RANK = 256
+# Retry-After of a full quota: a session or model frees up when a client stops heartbeating.
+QUOTA_RETRY_S = 30
+QUEUE_RETRY_S = 2
+
+
+class TinkerBadRequest(ApiError):
+    """A call the SDK must not retry: 400 with a body (the SDK retries an empty 400)."""
+
+    status_code = 400
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A call that returns a future: what its first answer carries."""
+
+    request_id: str
+    model_id: str | None = None
+    sample_sequence_ids: list[str] | None = None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def trainable_models() -> tuple[str, ...]:
+    """The base models this deployment trains through the Tinker API: the packaged ones."""
+    return PACKAGED_MODELS
+
+
+# ------------------------------------------------------------------ sessions
+
+
+def create_session(
+    db: Session,
+    settings: Settings,
+    project_id: str,
+    *,
+    display_name: str | None,
+    tags: list[str],
+    user_metadata: dict[str, Any],
+    sdk_version: str | None,
+) -> str:
+    since = repo.stale_since(utcnow(), settings.tinker_session_ttl_s)
+    if repo.live_sessions(db, project_id=project_id, since=since) >= (
+        settings.tinker_max_sessions_per_project
+    ):
+        raise TooManyRequests(
+            f"this project holds {settings.tinker_max_sessions_per_project} live Tinker "
+            "sessions (GRPO_TINKER_MAX_SESSIONS_PER_PROJECT); close one or let it expire",
+            retry_after=QUOTA_RETRY_S,
+        )
+    row = TinkerSession(
+        id=new_id("ts"),
+        project_id=project_id,
+        display_name=display_name,
+        tags=list(tags),
+        user_metadata=dict(user_metadata),
+        sdk_version=sdk_version,
+        created_at=utcnow(),
+        heartbeat_at=utcnow(),
+    )
+    db.add(row)
+    db.flush()
+    return row.id
+
+
+def live_session(
+    db: Session, settings: Settings, project_id: str, session_id: str
+) -> TinkerSession:
+    """The project's session, alive (404 when it is not the project's, 410 once it ended)."""
+    row = repo.get_session(db, project_id=project_id, session_id=session_id)
+    if row is None:
+        raise NotFound(f"no Tinker session {session_id[:120]!r}", param="session_id")
+    stale = repo.stale_since(utcnow(), settings.tinker_session_ttl_s)
+    heartbeat = (
+        row.heartbeat_at
+        if row.heartbeat_at.tzinfo
+        else row.heartbeat_at.replace(tzinfo=stale.tzinfo)
+    )
+    if row.finished_at is not None or heartbeat < stale:
+        raise Gone(
+            f"Tinker session {row.id} has ended (finished, or no heartbeat for "
+            f"{settings.tinker_session_ttl_s:.0f} s); create a new one and restore from a "
+            "saved state",
+            param="session_id",
+        )
+    return row
+
+
+def heartbeat(db: Session, settings: Settings, project_id: str, session_id: str) -> None:
+    live_session(db, settings, project_id, session_id).heartbeat_at = utcnow()
+
+
+def finish_session(db: Session, project_id: str, session_id: str, reason: str | None) -> None:
+    row = repo.get_session(db, project_id=project_id, session_id=session_id)
+    if row is None:
+        raise NotFound(f"no Tinker session {session_id[:120]!r}", param="session_id")
+    if row.finished_at is None:  # the first reason wins
+        row.finished_at = utcnow()
+        row.finish_reason = (reason or "unknown")[:32]
+
+
+# ------------------------------------------------------------------ training models
+
+
+def _check_model_quota(db: Session, settings: Settings, project_id: str) -> None:
+    if repo.live_models(db, project_id=project_id) >= settings.tinker_max_models_per_project:
+        raise TooManyRequests(
+            f"this project holds {settings.tinker_max_models_per_project} Tinker training "
+            "clients (GRPO_TINKER_MAX_MODELS_PER_PROJECT), each a model resident on a worker; "
+            "end a session to free one",
+            retry_after=QUOTA_RETRY_S,
+        )
+
+
+def _new_model(
+    db: Session,
+    settings: Settings,
+    project_id: str,
+    *,
+    session_id: str,
+    model_seq_id: int,
+    kind: str,
+    body: bytes,
+    fields: dict[str, Any],
+) -> Accepted:
+    """A training client's row and its first request (create_model or load_weights), sent to
+    a worker once committed. A retried creation finds its first request."""
+    live_session(db, settings, project_id, session_id)
+    model_id = f"{session_id}:train:{model_seq_id}"
+    existing = repo.get_model(db, project_id=project_id, model_id=model_id)
+    if existing is not None:
+        first = repo.find_request(db, model_id=model_id, seq_key="0")
+        if first is not None and first.kind == kind:
+            return Accepted(first.request_id, model_id)
+        raise TinkerBadRequest(f"model_seq_id {model_seq_id} is taken", param="model_seq_id")
+    _check_model_quota(db, settings, project_id)
+    db.add(TinkerModel(id=model_id, session_id=session_id, project_id=project_id, **fields))
+    request = _add_request(db, project_id, model_id, "0", kind, body)
+    db.flush()
+    db_boundary.after_commit(db, lambda _: send_model(settings, model_id))
+    return Accepted(request.request_id, model_id)
+
+
+def create_model(
+    db: Session,
+    settings: Settings,
+    project_id: str,
+    *,
+    session_id: str,
+    model_seq_id: int,
+    base_model: str,
+    lora_rank: int,
+    lora: dict[str, Any],
+    body: bytes,
+) -> Accepted:
+    if base_model not in trainable_models():
+        raise TinkerBadRequest(
+            f"base_model {base_model[:200]!r} is not trained here; the models this server "
+            f"trains: {', '.join(trainable_models())} (GET /api/v1/get_server_capabilities)",
+            param="base_model",
+        )
+    if not 1 <= lora_rank <= MAX_LORA_RANK:
+        raise TinkerBadRequest(
+            f"lora_config.rank must be 1..{MAX_LORA_RANK}, got {lora_rank}", param="lora_config"
+        )
+    fields = {"base_model": base_model, "lora_rank": lora_rank, "lora": dict(lora)}
+    return _new_model(
+        db,
+        settings,
+        project_id,
+        session_id=session_id,
+        model_seq_id=model_seq_id,
+        kind="create_model",
+        body=body,
+        fields=fields,
+    )
+
+
+def load_model(
+    db: Session,
+    settings: Settings,
+    project_id: str,
+    *,
+    session_id: str,
+    model_seq_id: int,
+    source_model_id: str,
+    name: str,
+    optimizer: bool,
+    body: bytes,
+) -> Accepted:
+    """A new training client from a saved state (``load_weights`` with a session): the saved
+    model's base and LoRA settings, its weights, and its optimizer state when asked."""
+    saved = repo.get_checkpoint(
+        db, project_id=project_id, model_id=source_model_id, kind="weights", name=name
+    )
+    source = repo.get_model(db, project_id=project_id, model_id=source_model_id)
+    if saved is None or source is None:
+        raise NotFound(f"no saved state tinker://{source_model_id}/weights/{name}", param="path")
+    fields = {
+        "base_model": source.base_model,
+        "lora_rank": source.lora_rank,
+        "lora": dict(source.lora),
+        "restore_from": saved.folder,
+        "restore_optimizer": optimizer,
+    }
+    return _new_model(
+        db,
+        settings,
+        project_id,
+        session_id=session_id,
+        model_seq_id=model_seq_id,
+        kind="load_weights",
+        body=body,
+        fields=fields,
+    )
+
+
+def usable_model(db: Session, settings: Settings, project_id: str, model_id: str) -> TinkerModel:
+    """The project's model, still held (404 when not the project's; 410 once it ended)."""
+    row = repo.get_model(db, project_id=project_id, model_id=model_id)
+    if row is None:
+        raise NotFound(f"no Tinker model {model_id[:120]!r}", param="model_id")
+    if row.status in ("failed", "closed"):
+        raise Gone(
+            f"model {row.id} is no longer held: {row.error_message or row.status}"
+            + (f"; restore it from {row.last_saved_path}" if row.last_saved_path else ""),
+            param="model_id",
+        )
+    live_session(db, settings, project_id, row.session_id)
+    return row
+
+
+def submit(
+    db: Session,
+    settings: Settings,
+    project_id: str,
+    *,
+    model_id: str,
+    seq_id: int,
+    kind: str,
+    body: bytes,
+) -> Accepted:
+    """A training call (forward_backward, forward, optim_step, save_weights,
+    save_weights_for_sampler): accepted once per ``seq_id``, in increasing order."""
+    model = usable_model(db, settings, project_id, model_id)
+    repeated = repo.find_request(db, model_id=model_id, seq_key=str(seq_id))
+    if repeated is not None:  # the SDK re-sent a call it had no answer for
+        return Accepted(repeated.request_id, model_id)
+    locked = repo.lock_model(db, project_id=project_id, model_id=model_id) or model
+    if seq_id <= locked.last_seq:
+        raise TinkerBadRequest(
+            f"wrong seq order: seq_id {seq_id} after {locked.last_seq} (each call of a "
+            "training client takes the next seq_id)",
+            param="seq_id",
+        )
+    if repo.queued_requests(db, model_id=model_id) >= settings.tinker_max_queued_per_model:
+        raise TooManyRequests(
+            f"model {model_id} has {settings.tinker_max_queued_per_model} calls waiting "
+            "(GRPO_TINKER_MAX_QUEUED_PER_MODEL)",
+            retry_after=QUEUE_RETRY_S,
+        )
+    # A seq_id accepted counts as used even if the worker fails the call: the SDK never sends
+    # a rejected seq_id again, it moves on to the next.
+    locked.last_seq = seq_id
+    locked.last_request_at = utcnow()
+    request = _add_request(db, project_id, model_id, str(seq_id), kind, body)
+    try:
+        db.flush()
+    except IntegrityError:  # a concurrent retry of the same seq_id won the insert
+        db.rollback()
+        raise TooManyRequests("the same call is being accepted; retry", retry_after=1) from None
+    return Accepted(request.request_id, model_id)
+
+
+def _add_request(
+    db: Session, project_id: str, model_id: str, seq_key: str, kind: str, body: bytes
+) -> TinkerRequest:
+    row = TinkerRequest(
+        request_id=new_id("tr"),
+        project_id=project_id,
+        model_id=model_id,
+        seq_key=seq_key,
+        kind=kind,
+        body=body,
+        status="queued",
+        created_at=utcnow(),
+    )
+    db.add(row)
+    return row
+
+
+# ------------------------------------------------------------------ sampling
+
+
+def add_sampler(
+    db: Session,
+    settings: Settings,
+    project_id: str,
+    *,
+    session_id: str,
+    sampling_seq_id: int,
+    model_id: str,
+    model_path: str | None,
+) -> str:
+    """A sampling session over a training model's saved weights (``{session}:sample:{n}``)."""
+    live_session(db, settings, project_id, session_id)
+    model = usable_model(db, settings, project_id, model_id)
+    sampler_id = f"{session_id}:sample:{sampling_seq_id}"
+    existing = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
+    if existing is not None:
+        if existing.model_id == model_id and existing.model_path == model_path:
+            return sampler_id  # a retried creation
+        raise TinkerBadRequest(
+            f"sampling_session_seq_id {sampling_seq_id} is taken", param="sampling_session_seq_id"
+        )
+    db.add(
+        TinkerSampler(
+            id=sampler_id,
+            session_id=session_id,
+            project_id=project_id,
+            base_model=model.base_model,
+            model_id=model_id,
+            model_path=model_path,
+            created_at=utcnow(),
+        )
+    )
+    db.flush()
+    return sampler_id
+
+
+def submit_sample(
+    db: Session,
+    settings: Settings,
+    project_id: str,
+    *,
+    sampler_id: str,
+    seq_id: int,
+    num_samples: int,
+    body: bytes,
+) -> Accepted:
+    """A sample call, applied by the worker holding the sampler's model; a re-sent call (same
+    sampler and seq_id) finds its first request."""
+    sampler = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
+    if sampler is None or sampler.model_id is None:
+        raise NotFound(f"no sampling session {sampler_id[:120]!r}", param="sampling_session_id")
+    model_id = sampler.model_id
+    usable_model(db, settings, project_id, model_id)
+    key = f"sample:{sampler_id}:{seq_id}"
+    repeated = repo.find_request(db, model_id=model_id, seq_key=key)
+    if repeated is None:
+        if repo.queued_requests(db, model_id=model_id) >= settings.tinker_max_queued_per_model:
+            raise TooManyRequests(
+                f"the model behind {sampler_id} has {settings.tinker_max_queued_per_model} "
+                "calls waiting",
+                retry_after=QUEUE_RETRY_S,
+            )
+        repeated = _add_request(db, project_id, model_id, key, "sample", body)
+        db.flush()
+    ids = [f"{repeated.request_id}:{i}" for i in range(num_samples)]
+    return Accepted(repeated.request_id, model_id, sample_sequence_ids=ids)

@@ -1,0 +1,179 @@
+"""The loss functions of the Tinker training API, per token, and the registry that names them.
+
+Shapes: B datums by T positions (right-padded). ``lp`` [B, T] is the learner's target
+log-probability ``log p_theta(target_tokens[t] | tokens[: t + 1])`` with its gradient; every
+input is a [B, T] float tensor, 0 at padding. Each objective returns the per-token loss [B, T];
+the call's loss is its plain SUM over tokens and datums (Tinker's convention: no mean, so that
+gradients of several calls add up to the gradient of their union).
+
+The input ``logprobs`` is q, the log-probability the sampler gave each token; ``advantages`` A.
+``ratio = exp(lp - q)``. A token whose advantage is 0 contributes nothing, in every
+policy-gradient loss: the cookbook marks prompt positions with A = 0 (and q = 0, target 0),
+and only ``dro``'s penalty would otherwise reach them (see :func:`dro`).
+
+Clip thresholds are ratio bounds (0.8 and 1.2 by default), not epsilons. They come from the
+call's config, and a datum may override them per token with ``loss_fn_inputs`` of the same
+names; the objectives read them as [B, T] inputs either way.
+
+The log-ratio is clamped to ``[-MAX_LOG_RATIO, MAX_LOG_RATIO]`` before ``exp`` (float32
+overflows near 88): a token whose probability moved by more than ``e^20`` since it was sampled
+gets no gradient from the ratio instead of an infinite one. Inside that range every objective is
+exactly the formula in its docstring. ``trainer.update.losses.clipped_surrogate`` is not reused:
+its bounds are scalar epsilons, here they are per-token ratio bounds.
+
+Adding a loss: one function here and one :data:`LOSSES` entry; its name is then in
+:data:`LOSS_FUNCTIONS`, which validation and the service read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "LOSSES",
+    "LOSS_FUNCTIONS",
+    "MAX_LOG_RATIO",
+    "UNSUPPORTED_LOSSES",
+    "LossFunction",
+    "cispo",
+    "cross_entropy",
+    "dro",
+    "gspo",
+    "importance_sampling",
+    "ppo",
+]
+
+MAX_LOG_RATIO = 20.0
+CLIP_LOW, CLIP_HIGH = "clip_low_threshold", "clip_high_threshold"
+TARGET_TOKENS = "target_tokens"
+
+Inputs = Mapping[str, Tensor]
+Objective = Callable[[Tensor, Inputs, Mapping[str, float]], Tensor]
+
+
+def _log_ratio(lp: Tensor, q: Tensor, active: Tensor) -> Tensor:
+    """``lp - q`` where ``active``, 0 elsewhere, clamped: inactive tokens (prompt positions
+    with q = 0, padding) can then never put an inf into the forward or a NaN into the
+    backward pass (``0 * inf``)."""
+    diff = torch.where(active, lp - q, torch.zeros_like(lp))
+    return diff.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
+def _clipped_objective(ratio: Tensor, adv: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    """``-min(ratio * A, clamp(ratio, low, high) * A)`` per token (PPO's pessimistic bound)."""
+    return -torch.minimum(ratio * adv, torch.clamp(ratio, min=low, max=high) * adv)
+
+
+def cross_entropy(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:
+    """``-lp * weights`` [B, T]. Weights are any floats (the SDK's client-side custom losses
+    send ``-dC/dlp``, which may be negative); absent, they are 1 on every token."""
+    return -lp * x["weights"]
+
+
+def importance_sampling(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:
+    """``-exp(lp - q) * A`` [B, T]: the policy gradient corrected for the sampler, whose
+    gradient is ``-ratio * A * grad lp``."""
+    adv = x["advantages"]
+    ratio = torch.exp(_log_ratio(lp, x["logprobs"], adv != 0))
+    return -ratio * adv
+
+
+def ppo(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:
+    """``-min(ratio * A, clamp(ratio, lo, hi) * A)`` [B, T], ``lo``/``hi`` the per-token clip
+    thresholds (ratio bounds)."""
+    adv = x["advantages"]
+    ratio = torch.exp(_log_ratio(lp, x["logprobs"], adv != 0))
+    return _clipped_objective(ratio, adv, x[CLIP_LOW], x[CLIP_HIGH])
+
+
+def cispo(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:
+    """``-sg(clamp(ratio, lo, hi)) * lp * A`` [B, T]: the clipped ratio is a constant weight
+    (no token loses its gradient to the clip, unlike ppo)."""
+    adv = x["advantages"]
+    ratio = torch.exp(_log_ratio(lp, x["logprobs"], adv != 0))
+    weight = torch.clamp(ratio, min=x[CLIP_LOW], max=x[CLIP_HIGH]).detach()
+    return -weight * lp * adv
+
+
+def dro(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:
+    """``-(lp * A - beta / 2 * (lp - q)^2)`` [B, T] on tokens with A != 0, else 0.
+
+    The mask is this server's reading of "tokens with advantage 0 do not train": the quadratic
+    penalty does not vanish with A, and on the prompt positions the cookbook sends (target 0,
+    q = 0) it would pull ``log p(0 | prompt)`` towards 0. ``beta`` defaults to 0.05 (the
+    Tinker docs' example; the docs state no default)."""
+    adv = x["advantages"]
+    beta = config["beta"]
+    value = lp * adv - 0.5 * beta * (lp - x["logprobs"]) ** 2
+    return torch.where(adv != 0, -value, torch.zeros_like(value))
+
+
+def gspo(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:
+    """GSPO-token [B, T]: per datum, ``s = exp(mean over the tokens with
+    sequence_ratio_mask != 0 of (sg(lp) - q))``; per token ``ratio_t = s * exp(lp_t -
+    sg(lp_t))`` (the value of s, the gradient of the token's own ratio: ``s * grad lp_t``);
+    then ``-min(ratio_t * A_t, clamp(ratio_t, lo, hi) * A_t)``.
+
+    A datum with no masked token has s = 1. The clip thresholds default to 0.8 / 1.2 like
+    ppo's (our choice: Tinker's GSPO defaults are not published; the GSPO paper's much
+    tighter range, 1 - 3e-4 to 1 + 4e-4, can be given in the config)."""
+    adv = x["advantages"]
+    in_ratio = x["sequence_ratio_mask"] != 0
+    count = in_ratio.sum(dim=-1).clamp(min=1)
+    detached = lp.detach()
+    diff = torch.where(in_ratio, detached - x["logprobs"], torch.zeros_like(lp))
+    log_s = (diff.sum(dim=-1) / count).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_s.unsqueeze(-1) + (lp - detached))
+    return _clipped_objective(ratio, adv, x[CLIP_LOW], x[CLIP_HIGH])
+
+
+@dataclass(frozen=True)
+class LossFunction:
+    """A loss of the registry: what it reads and how it computes.
+
+    ``inputs``: required float ``loss_fn_inputs`` (``target_tokens`` is required by all and
+    not listed). ``optional_inputs``: float inputs that may be left out, with the value each
+    token then has. ``config``: scalar config keys with their defaults. ``per_token``: config
+    keys a datum may also give per token as ``loss_fn_inputs`` (its values override the
+    config's for that datum)."""
+
+    objective: Objective
+    inputs: tuple[str, ...] = ()
+    optional_inputs: Mapping[str, float] = field(default_factory=dict)
+    config: Mapping[str, float] = field(default_factory=dict)
+    per_token: tuple[str, ...] = ()
+
+    def input_names(self) -> tuple[str, ...]:
+        """Every ``loss_fn_inputs`` key this loss reads, ``target_tokens`` first."""
+        return (TARGET_TOKENS, *self.inputs, *self.optional_inputs, *self.per_token)
+
+
+_POLICY_INPUTS = ("logprobs", "advantages")
+_CLIPS = {CLIP_LOW: 0.8, CLIP_HIGH: 1.2}
+
+# The one registry of losses this server computes, in the SDK's order.
+LOSSES: dict[str, LossFunction] = {
+    "cross_entropy": LossFunction(cross_entropy, optional_inputs={"weights": 1.0}),
+    "importance_sampling": LossFunction(importance_sampling, _POLICY_INPUTS),
+    "ppo": LossFunction(ppo, _POLICY_INPUTS, config=_CLIPS, per_token=(CLIP_LOW, CLIP_HIGH)),
+    "cispo": LossFunction(cispo, _POLICY_INPUTS, config=_CLIPS, per_token=(CLIP_LOW, CLIP_HIGH)),
+    "dro": LossFunction(dro, _POLICY_INPUTS, config={"beta": 0.05}),
+    "gspo": LossFunction(
+        gspo,
+        (*_POLICY_INPUTS, "sequence_ratio_mask"),
+        config=_CLIPS,
+        per_token=(CLIP_LOW, CLIP_HIGH),
+    ),
+}
+LOSS_FUNCTIONS: tuple[str, ...] = tuple(LOSSES)
+
+# Loss names the SDK knows that this server refuses, and why.
+UNSUPPORTED_LOSSES: dict[str, str] = {
+    "stable_reinforce": "it needs provenance recorded at sampling time, which this server does not keep",
+    "custom": "server-side custom losses are not available; use forward_backward_custom, which "
+    "runs the loss on the client",
+}

@@ -1,0 +1,251 @@
+"""The database side of a Tinker training model's worker (worker/tinker_model.py): its lease on
+the ``tinker_models`` row, the queue of its requests, their results and its saves.
+
+Every write of a held model is fenced by ``lease_owner``: a worker whose lease was taken from it
+(its heartbeat went stale and the API marked the model lost, app.tinker.futures) changes
+nothing any more. The reads and writes the API shares (failing a model's queued calls, a
+sampler, a checkpoint) are app.tinker.repository's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import exists, select, update
+from sqlalchemy.orm import Session
+
+from app.core.clock import as_utc
+from app.core.tinker_tables import TinkerCheckpoint, TinkerModel, TinkerRequest, TinkerSession
+from app.tinker import repository as repo
+
+# The model statuses a worker holds a lease in.
+HELD = repo.LIVE_MODEL_STATUSES
+
+
+def _matched(result: Any) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What a worker's loop needs of a held model's row (read once, at the claim); ``owner``
+    is the lease owner, the worker's name."""
+
+    id: str
+    session_id: str
+    project_id: str
+    base_model: str
+    owner: str
+
+
+def claim(db: Session, *, model_id: str, owner: str, now: datetime, stale_before: datetime) -> bool:
+    """Take the lease of a model no worker holds yet (or whose worker stopped beating before it
+    finished loading): one fenced update, so of two workers sent the same model one wins."""
+    result = db.execute(
+        update(TinkerModel)
+        .where(
+            TinkerModel.id == model_id,
+            TinkerModel.status == "starting",
+            (TinkerModel.lease_owner.is_(None)) | (TinkerModel.heartbeat_at < stale_before),
+        )
+        .values(lease_owner=owner, heartbeat_at=now)
+    )
+    return _matched(result) == 1
+
+
+def waiting_models_of_session(db: Session, *, session_id: str, stale_before: datetime) -> list[str]:
+    """The session's models no worker holds yet (``starting``, no live lease), oldest first:
+    the worker holding the session's first model takes them too."""
+    query = (
+        select(TinkerModel.id)
+        .where(
+            TinkerModel.session_id == session_id,
+            TinkerModel.status == "starting",
+            (TinkerModel.lease_owner.is_(None)) | (TinkerModel.heartbeat_at < stale_before),
+        )
+        .order_by(TinkerModel.created_at)
+    )
+    return list(db.scalars(query))
+
+
+def renew(db: Session, *, model_id: str, owner: str, now: datetime) -> bool:
+    """One heartbeat; False once the lease is no longer ours (taken over, or the model ended
+    elsewhere: whoever ended it answers its calls)."""
+    result = db.execute(
+        update(TinkerModel)
+        .where(
+            TinkerModel.id == model_id,
+            TinkerModel.lease_owner == owner,
+            TinkerModel.status.in_(HELD),
+        )
+        .values(heartbeat_at=now)
+    )
+    return _matched(result) == 1
+
+
+def session_end(db: Session, *, session_id: str, stale_before: datetime) -> str | None:
+    """Why the client's session is over (finished, or silent since before ``stale_before``),
+    or None while it lives."""
+    row = db.execute(
+        select(TinkerSession.finished_at, TinkerSession.heartbeat_at).where(
+            TinkerSession.id == session_id
+        )
+    ).one_or_none()
+    if row is None:
+        return "deleted"
+    if row.finished_at is not None:
+        return "finished by the client"
+    heartbeat = as_utc(row.heartbeat_at)
+    if heartbeat is None or heartbeat < stale_before:
+        return "no heartbeat from the client within the session TTL"
+    return None
+
+
+def mark_ready(db: Session, *, model_id: str, owner: str, model_folder: str) -> bool:
+    """The model is resident: ready, with the folder it was loaded from (get_info names it)."""
+    result = db.execute(
+        update(TinkerModel)
+        .where(
+            TinkerModel.id == model_id,
+            TinkerModel.lease_owner == owner,
+            TinkerModel.status == "starting",
+        )
+        .values(status="ready", model_folder=model_folder)
+    )
+    return _matched(result) == 1
+
+
+def end_model(
+    db: Session,
+    *,
+    model_id: str,
+    owner: str,
+    status: str,
+    message: str,
+    category: str,
+    now: datetime,
+) -> bool:
+    """End a held model (``closed`` or ``failed``) and fail its queued calls with ``message``.
+    The model row is updated first: its row lock makes a concurrent submission that locks the
+    model (app.tinker.service) wait and then see the model ended."""
+    result = db.execute(
+        update(TinkerModel)
+        .where(
+            TinkerModel.id == model_id,
+            TinkerModel.lease_owner == owner,
+            TinkerModel.status.in_(HELD),
+        )
+        .values(status=status, error_message=message if status == "failed" else None)
+    )
+    if _matched(result) != 1:
+        return False
+    repo.fail_queued(db, model_id=model_id, error=message, category=category, now=now)
+    return True
+
+
+@dataclass(frozen=True)
+class QueuedRequest:
+    position: int
+    request_id: str
+    kind: str
+    body: bytes
+
+
+def next_request(db: Session, *, model_id: str) -> QueuedRequest | None:
+    """The model's oldest queued call (arrival order: the SDK sends one call of a model at a
+    time, in seq_id order)."""
+    row = db.execute(
+        select(
+            TinkerRequest.position, TinkerRequest.request_id, TinkerRequest.kind, TinkerRequest.body
+        )
+        .where(TinkerRequest.model_id == model_id, TinkerRequest.status == "queued")
+        .order_by(TinkerRequest.position)
+        .limit(1)
+    ).one_or_none()
+    if row is None:
+        return None
+    return QueuedRequest(row.position, row.request_id, row.kind, bytes(row.body))
+
+
+def _held_by(model_id: str, owner: str) -> Any:
+    return exists().where(
+        TinkerModel.id == model_id,
+        TinkerModel.lease_owner == owner,
+        TinkerModel.status.in_(HELD),
+    )
+
+
+def settle(
+    db: Session,
+    *,
+    model_id: str,
+    owner: str,
+    position: int,
+    now: datetime,
+    result: bytes | None = None,
+    result_format: str | None = None,
+    error: str | None = None,
+    category: str | None = None,
+) -> bool:
+    """Write a call's outcome (a result, or an error and its category), fenced by the lease;
+    False when the lease is gone or the call was already ended elsewhere."""
+    values: dict[str, Any] = {"finished_at": now}
+    if error is None:
+        values.update(status="done", result=result, result_format=result_format)
+    else:
+        values.update(status="failed", error=error, error_category=category)
+    written = db.execute(
+        update(TinkerRequest)
+        .where(
+            TinkerRequest.position == position,
+            TinkerRequest.status == "queued",
+            _held_by(model_id, owner),
+        )
+        .values(**values)
+    )
+    if _matched(written) != 1:
+        return False
+    db.execute(update(TinkerModel).where(TinkerModel.id == model_id).values(last_request_at=now))
+    return True
+
+
+def record_checkpoint(
+    db: Session,
+    *,
+    model_id: str,
+    project_id: str,
+    kind: str,
+    name: str,
+    folder: str,
+    size_bytes: int,
+    user_metadata: dict[str, Any] | None,
+    now: datetime,
+    expires_at: datetime | None,
+) -> None:
+    """Insert or replace (an overwrite) the row of a save the worker just wrote."""
+    row = db.get(TinkerCheckpoint, (model_id, kind, name))
+    if row is None:
+        row = TinkerCheckpoint(model_id=model_id, kind=kind, name=name, project_id=project_id)
+        db.add(row)
+    row.folder = folder
+    row.size_bytes = size_bytes
+    row.user_metadata = user_metadata
+    row.created_at = now
+    row.expires_at = expires_at
+    db.flush()
+
+
+def set_last_saved(db: Session, *, model_id: str, owner: str, path: str) -> None:
+    """The model's newest saved state: what a failure message tells the client to restore."""
+    db.execute(
+        update(TinkerModel)
+        .where(TinkerModel.id == model_id, TinkerModel.lease_owner == owner)
+        .values(last_saved_path=path)
+    )
+
+
+def base_model_of(db: Session, *, project_id: str, model_id: str) -> str | None:
+    model = repo.get_model(db, project_id=project_id, model_id=model_id)
+    return model.base_model if model is not None else None

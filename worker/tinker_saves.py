@@ -1,0 +1,126 @@
+"""The saves of a held Tinker model (worker/tinker_requests.py): where they live, how one is
+written and recorded, and how a ``tinker://`` path is found again.
+
+A save goes under ``<checkpoint dir>/tinker/<project>/<model>/<kind>/<name>`` (``weights``:
+the state with the optimizer; ``sampler_weights``: the adapter) and is recorded in
+``tinker_checkpoints``; a path is only ever resolved through that table, within the model's
+own project, never by joining what the client wrote onto a folder.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.core.clock import as_utc, utcnow
+from app.core.db import session_scope
+from app.core.tinker_tables import TinkerCheckpoint
+from app.tinker import names
+from app.tinker import repository as repo
+from worker import tinker_queries as q
+from worker.settings import WorkerSettings
+from worker.tinker_queries import ModelRef
+
+
+class RequestRefused(ValueError):
+    """A call the worker refuses for what it asks (the user's error)."""
+
+
+def checkpoint_root(settings: WorkerSettings, project_id: str) -> Path:
+    """Where a project's Tinker saves live (each model's in a folder of its own)."""
+    return settings.resolved_checkpoint_dir / "tinker" / project_id
+
+
+def _live(row: TinkerCheckpoint | None) -> TinkerCheckpoint | None:
+    """The save, unless it expired (its folder may linger until the retention removes it)."""
+    if row is None:
+        return None
+    expires = as_utc(row.expires_at)
+    return row if expires is None or expires > utcnow() else None
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def write_save(
+    sessions: sessionmaker[Session],
+    settings: WorkerSettings,
+    ref: ModelRef,
+    kind: str,
+    name: str,
+    write: Callable[[Path], None],
+    *,
+    overwrite: bool,
+    ttl_seconds: int | None,
+    user_metadata: dict[str, Any] | None,
+) -> str:
+    """Write a save of the model with ``write(folder)`` (a TrainingSession's save_state or
+    save_adapter) and record it; its tinker path. RequestRefused for a name in use without
+    ``overwrite``."""
+    path = names.tinker_path(ref.id, kind, name)  # refuses a name that is not one
+    with session_scope(sessions) as db:
+        existing = repo.get_checkpoint(
+            db, project_id=ref.project_id, model_id=ref.id, kind=kind, name=name
+        )
+        taken = _live(existing) is not None
+    if taken and not overwrite:
+        raise RequestRefused(f"{path} exists; save under another name, or overwrite it")
+    parent = checkpoint_root(settings, ref.project_id) / ref.id.replace(":", "_") / kind
+    parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(4)
+    # The primitives write a folder whole or not at all, and never over one: a save is written
+    # beside its name and swapped in, so the old one stays whole until the new one is.
+    staging, replaced = parent / f".{name}.new-{token}", parent / f".{name}.old-{token}"
+    final = parent / name
+    try:
+        write(staging)
+        if final.exists():
+            final.rename(replaced)
+        staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(replaced, ignore_errors=True)
+    now = utcnow()
+    with session_scope(sessions) as db:
+        q.record_checkpoint(
+            db,
+            model_id=ref.id,
+            project_id=ref.project_id,
+            kind=kind,
+            name=name,
+            folder=str(final),
+            size_bytes=_folder_bytes(final),
+            user_metadata=user_metadata,
+            now=now,
+            expires_at=now + timedelta(seconds=ttl_seconds) if ttl_seconds else None,
+        )
+        if kind == "weights":
+            q.set_last_saved(db, model_id=ref.id, owner=ref.owner, path=path)
+    return path
+
+
+def saved_folder(sessions: sessionmaker[Session], ref: ModelRef, path: str, kind: str) -> Path:
+    """The folder of the save at ``path``: one of this project's, of ``kind``, not expired,
+    and made from this model's base model. RequestRefused (or WireError) otherwise."""
+    model_id, path_kind, name = names.parse_tinker_path(path)
+    if path_kind != kind:
+        raise RequestRefused(f"{path} is not a {kind} save")
+    with session_scope(sessions) as db:
+        row = _live(
+            repo.get_checkpoint(
+                db, project_id=ref.project_id, model_id=model_id, kind=kind, name=name
+            )
+        )
+        base = q.base_model_of(db, project_id=ref.project_id, model_id=model_id)
+    if row is None or not Path(row.folder).is_dir():
+        raise RequestRefused(f"no save {path}")
+    if base != ref.base_model:
+        raise RequestRefused(f"{path} was saved from {base}, not {ref.base_model}")
+    return Path(row.folder)
