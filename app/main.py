@@ -23,6 +23,7 @@ from app.progress import project_stream
 from app.progress import routes as progress
 from app.sessions import keys_routes
 from app.sessions import routes as session
+from app.tinker import listing_routes as tinker_listing
 from app.tinker import routes as tinker
 from app.usage import routes as usage
 from app.webhooks import routes as webhooks
@@ -75,5 +76,6 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(session.router)
     app.include_router(keys_routes.router)
     app.include_router(tinker.router)
+    app.include_router(tinker_listing.router)
     app.include_router(dashboard.router)
     return app

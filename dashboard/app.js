@@ -1,4 +1,5 @@
-// grpo-service dashboard: routing, sign-in, jobs list and compare page; the job page is job.js.
+// grpo-service dashboard: routing, sign-in, jobs list and compare page; the job page is job.js,
+// the Tinker sessions page tinker.js.
 // Plain DOM, no framework. Sign-in and every data call go through api.js (a session cookie;
 // the page keeps no key). The jobs list follows the project's change stream (/v1/stream) and
 // reads the list again when it says a job changed; the compare page polls every 2 s; the job
@@ -9,6 +10,7 @@ import { api, followProject, loadSession, onSessionEnd, qs, session, signIn, sig
 import { StepChart, alignSeries, fmtNum } from "/dashboard/charts.js";
 import { STATUSES, TERMINAL, ageOf, badge, fmtDuration, fmtTime, h, klText, progressBar } from "/dashboard/dom.js";
 import { jobView } from "/dashboard/job.js";
+import { tinkerView } from "/dashboard/tinker.js";
 
 const compareSelection = new Set();
 
@@ -30,6 +32,7 @@ function route(message) {
   let nav = "jobs";
   if (job) current = jobView(root, decodeURIComponent(job[1]));
   else if (path === "/compare") { nav = "compare"; current = compareView(root, params); }
+  else if (path === "/tinker") { nav = "tinker"; current = tinkerView(root, params); }
   else current = listView(root, params);
   for (const a of document.querySelectorAll("[data-nav]")) {
     a.classList.toggle("active", a.dataset.nav === nav);

@@ -16,9 +16,11 @@ its session does. The API stores each call as a request row; this worker:
 
 A worker holds a whole session: while it serves a model, it also takes the session's other
 models that no worker holds yet (a second training client, one restored from a saved state),
-each served by a thread of its own in this process until the session ends. A solo-pool worker
-(one task at a time) could otherwise never load a session's second model while it holds the
-first, and the client would wait on it forever.
+each served by a thread of its own in this process until its session ends; and another
+session's model that no idle worker took within a few seconds (up to
+``GRPO_TINKER_MODELS_PER_WORKER`` models in all). A solo-pool worker (one task at a time) could
+otherwise never load a second model while it holds the first, and the client would wait on it
+until the first session ends.
 
 A heartbeat thread renews the lease every ``heartbeat_seconds`` and watches the session. A
 thread, not the job runner's heartbeat process: a call runs for seconds in torch, which
@@ -63,8 +65,10 @@ T = TypeVar("T")
 
 # How long an idle model waits between two looks at its queue: a call's latency floor.
 IDLE_POLL_S = 0.05
-# How often an idle model looks for its session's models that no worker holds yet.
+# How often an idle model looks for models that no worker holds yet, and how long another
+# session's model waits for an idle worker before a busy one takes it.
 ADOPT_EVERY_S = 1.0
+ADOPT_OTHERS_AFTER_S = 5.0
 
 
 class ModelLease:
@@ -139,13 +143,26 @@ def hold_tinker_model(ctx: WorkerContext, model_id: str) -> str:
 
 
 def _adopt_waiting(ctx: WorkerContext, ref: ModelRef, adopted: list[threading.Thread]) -> None:
-    """Claim the session's models no worker holds yet and serve each in a thread."""
+    """Claim models no worker holds yet, up to ``tinker_models_per_worker`` held in all, and
+    serve each in a thread: the session's own at once, another session's once no idle worker
+    took it within ``ADOPT_OTHERS_AFTER_S`` (a single worker, the embedded default, then
+    serves every session instead of leaving the next client waiting for this session's end)."""
+    room = ctx.settings.tinker_models_per_worker - 1 - sum(t.is_alive() for t in adopted)
+    if room <= 0:
+        return
     now = utcnow()
     stale = repo.stale_since(now, ctx.settings.lease_seconds)
+    unclaimed = repo.stale_since(now, ADOPT_OTHERS_AFTER_S)
     waiting = _db(
         ctx,
         ref,
-        lambda db: q.waiting_models_of_session(db, session_id=ref.session_id, stale_before=stale),
+        lambda db: q.waiting_models(
+            db,
+            session_id=ref.session_id,
+            stale_before=stale,
+            unclaimed_before=unclaimed,
+            limit=room,
+        ),
     )
     for model_id in waiting:
         other = _claim(ctx, model_id)

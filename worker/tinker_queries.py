@@ -55,17 +55,26 @@ def claim(db: Session, *, model_id: str, owner: str, now: datetime, stale_before
     return _matched(result) == 1
 
 
-def waiting_models_of_session(db: Session, *, session_id: str, stale_before: datetime) -> list[str]:
-    """The session's models no worker holds yet (``starting``, no live lease), oldest first:
-    the worker holding the session's first model takes them too."""
+def waiting_models(
+    db: Session,
+    *,
+    session_id: str,
+    stale_before: datetime,
+    unclaimed_before: datetime,
+    limit: int,
+) -> list[str]:
+    """Models no worker holds yet (``starting``, no live lease), oldest first: the session's
+    own at once, another session's once it has waited since ``unclaimed_before`` (no idle
+    worker took it: this one may)."""
     query = (
         select(TinkerModel.id)
         .where(
-            TinkerModel.session_id == session_id,
             TinkerModel.status == "starting",
             (TinkerModel.lease_owner.is_(None)) | (TinkerModel.heartbeat_at < stale_before),
+            (TinkerModel.session_id == session_id) | (TinkerModel.created_at < unclaimed_before),
         )
         .order_by(TinkerModel.created_at)
+        .limit(limit)
     )
     return list(db.scalars(query))
 

@@ -13,7 +13,7 @@ class TinkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GRPO_", extra="ignore")
 
     tinker_session_ttl_s: float = Field(
-        default=120.0,
+        default=60.0,
         ge=15,
         le=86_400,
         description=(
@@ -25,10 +25,19 @@ class TinkerSettings(BaseSettings):
         default=8, ge=1, le=10_000, description="Live Tinker sessions a project may hold."
     )
     tinker_max_models_per_project: int = Field(
-        default=2,
+        default=4,
         ge=1,
         le=1_000,
         description="Training clients (each a model resident on a worker) a project may hold.",
+    )
+    tinker_models_per_worker: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description=(
+            "Training clients one worker process holds at once (each a resident model): the "
+            "session's own, and others no idle worker took."
+        ),
     )
     tinker_max_queued_per_model: int = Field(
         default=64,

@@ -107,6 +107,8 @@ class TinkerRequest(Base):
         # A retried call (same seq_id) finds its first request instead of making a second.
         UniqueConstraint("model_id", "seq_key", name="uq_tinker_requests_model_seq"),
         Index("ix_tinker_requests_model_status", "model_id", "status", "position"),
+        # A project's calls over a window (GET /v1/usage).
+        Index("ix_tinker_requests_project_created", "project_id", "created_at"),
     )
 
 

@@ -35,6 +35,7 @@ ASSETS: dict[str, tuple[str, str]] = {
     "job_parts.js": ("job_parts.js", "text/javascript"),
     "rollouts.js": ("rollouts.js", "text/javascript"),
     "chat.js": ("chat.js", "text/javascript"),
+    "tinker.js": ("tinker.js", "text/javascript"),
     "spec.js": ("spec.js", "text/javascript"),
     "charts.js": ("charts.js", "text/javascript"),
     "style.css": ("style.css", "text/css"),

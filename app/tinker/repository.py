@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.tinker_tables import (
@@ -133,3 +133,101 @@ def checkpoints_of_model(
 
 def stale_since(now: datetime, seconds: float) -> datetime:
     return now - timedelta(seconds=seconds)
+
+
+# ------------------------------------------------------------------ listing and usage
+# (GET /v1/tinker/sessions, app.tinker.listing_routes; the `tinker` part of GET /v1/usage)
+
+
+def sessions_page(
+    db: Session, *, project_id: str, after: TinkerSession | None, limit: int
+) -> tuple[list[TinkerSession], bool]:
+    """The project's sessions, newest first (ties by id), at most ``limit``; ``after`` is the
+    last session of the previous page. Whether more follow."""
+    query = select(TinkerSession).where(TinkerSession.project_id == project_id)
+    if after is not None:
+        query = query.where(
+            or_(
+                TinkerSession.created_at < after.created_at,
+                and_(TinkerSession.created_at == after.created_at, TinkerSession.id < after.id),
+            )
+        )
+    query = query.order_by(TinkerSession.created_at.desc(), TinkerSession.id.desc())
+    rows = list(db.scalars(query.limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def newest_models_of_sessions(
+    db: Session, *, project_id: str, session_ids: list[str], per_session: int
+) -> list[TinkerModel]:
+    """The newest ``per_session`` training models of each of the sessions, oldest first."""
+    if not session_ids:
+        return []
+    rank = (
+        func.row_number()
+        .over(
+            partition_by=TinkerModel.session_id,
+            order_by=(TinkerModel.created_at.desc(), TinkerModel.id.desc()),
+        )
+        .label("rank")
+    )
+    ranked = (
+        select(TinkerModel.id, rank)
+        .where(TinkerModel.project_id == project_id, TinkerModel.session_id.in_(session_ids))
+        .subquery()
+    )
+    query = (
+        select(TinkerModel)
+        .join(ranked, ranked.c.id == TinkerModel.id)
+        .where(ranked.c.rank <= per_session)
+        .order_by(TinkerModel.created_at, TinkerModel.id)
+    )
+    return list(db.scalars(query))
+
+
+def model_counts(db: Session, *, project_id: str, session_ids: list[str]) -> dict[str, int]:
+    """How many training models each of the sessions made (sessions with none left out)."""
+    if not session_ids:
+        return {}
+    query = (
+        select(TinkerModel.session_id, func.count())
+        .where(TinkerModel.project_id == project_id, TinkerModel.session_id.in_(session_ids))
+        .group_by(TinkerModel.session_id)
+    )
+    return {str(session_id): int(n) for session_id, n in db.execute(query)}
+
+
+def call_counts(
+    db: Session, *, project_id: str, model_ids: list[str]
+) -> list[tuple[str, str, str, int]]:
+    """The models' calls counted per (model id, kind, status: queued | done | failed)."""
+    if not model_ids:
+        return []
+    query = (
+        select(TinkerRequest.model_id, TinkerRequest.kind, TinkerRequest.status, func.count())
+        .where(TinkerRequest.project_id == project_id, TinkerRequest.model_id.in_(model_ids))
+        .group_by(TinkerRequest.model_id, TinkerRequest.kind, TinkerRequest.status)
+    )
+    return [(str(m), str(k), str(s), int(n)) for m, k, s, n in db.execute(query)]
+
+
+def created_since(db: Session, *, project_id: str, since: datetime) -> tuple[int, int]:
+    """The sessions and the training models the project created at or after ``since``."""
+    sessions = select(func.count()).where(
+        TinkerSession.project_id == project_id, TinkerSession.created_at >= since
+    )
+    models = select(func.count()).where(
+        TinkerModel.project_id == project_id, TinkerModel.created_at >= since
+    )
+    return int(db.scalar(sessions) or 0), int(db.scalar(models) or 0)
+
+
+def calls_since(db: Session, *, project_id: str, since: datetime) -> list[tuple[str, str, int]]:
+    """The project's calls made at or after ``since``, counted per (kind, status), by kind."""
+    query = (
+        select(TinkerRequest.kind, TinkerRequest.status, func.count())
+        .where(TinkerRequest.project_id == project_id, TinkerRequest.created_at >= since)
+        .group_by(TinkerRequest.kind, TinkerRequest.status)
+        .order_by(TinkerRequest.kind, TinkerRequest.status)
+    )
+    return [(str(k), str(s), int(n)) for k, s, n in db.execute(query)]

@@ -1,11 +1,13 @@
 """/v1/usage: what the caller's project stores (checkpoint bytes, in total and per job), its
 checkpoint storage quota (app.usage.service), its quota of active jobs and their devices
-(app.jobs.quota), and the tokens its chat and completion requests used, per model and day,
-against its daily quota (app.inference.quota)."""
+(app.jobs.quota), the tokens its chat and completion requests used, per model and day,
+against its daily quota (app.inference.quota), and its use of the Tinker API (app.tinker):
+sessions, training clients and calls over the last days, and those live now against their
+quotas."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -20,6 +22,7 @@ from app.inference import usage_repository as inference_usage
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import quota as active_quota
 from app.sessions.deps import PrincipalDep
+from app.tinker import repository as tinker_repo
 from app.usage import service as checkpoint_quota
 from app.usage.schemas import (
     CheckpointQuotaOut,
@@ -27,6 +30,8 @@ from app.usage.schemas import (
     InferenceUsageOut,
     JobQuotaOut,
     JobUsage,
+    TinkerCallsOut,
+    TinkerUsageOut,
     UsageOut,
 )
 
@@ -46,7 +51,9 @@ router = APIRouter(prefix="/v1/usage", tags=["usage"], responses=ERRORS)
     "jobs' checkpoints too until they are purged; and its queued and running jobs and the "
     "devices they ask for, against GRPO_MAX_ACTIVE_JOBS_PER_PROJECT and "
     "GRPO_MAX_ACTIVE_DEVICES_PER_PROJECT; and the tokens of its chat and completion requests "
-    "per model and UTC day, against GRPO_INFERENCE_DAILY_TOKENS_PER_PROJECT.",
+    "per model and UTC day, against GRPO_INFERENCE_DAILY_TOKENS_PER_PROJECT; and the Tinker sessions, training clients and calls "
+    "of the last `tinker_days` UTC days, and the sessions and training clients live now against "
+    "GRPO_TINKER_MAX_SESSIONS_PER_PROJECT and GRPO_TINKER_MAX_MODELS_PER_PROJECT.",
 )
 def get_usage(
     principal: PrincipalDep,
@@ -55,6 +62,9 @@ def get_usage(
     limit: Annotated[int, Query(ge=1, le=100, description="Jobs listed, largest first.")] = 20,
     inference_days: Annotated[
         int, Query(ge=1, le=90, description="Days of inference usage listed, today included.")
+    ] = 7,
+    tinker_days: Annotated[
+        int, Query(ge=1, le=90, description="Days of Tinker activity counted, today included.")
     ] = 7,
 ) -> UsageOut:
     total, count, jobs = checkpoints_repo.usage_totals(session, project_id=principal.project_id)
@@ -90,6 +100,9 @@ def get_usage(
         ),
         inference=_inference(
             session, project_id=principal.project_id, settings=state.settings, days=inference_days
+        ),
+        tinker=_tinker(
+            session, project_id=principal.project_id, settings=state.settings, days=tinker_days
         ),
     )
 
@@ -127,4 +140,35 @@ def _inference(
             for r in rows
         ],
         has_more=more,
+    )
+
+
+def _tinker(session: Session, *, project_id: str, settings: Settings, days: int) -> TinkerUsageOut:
+    now = utcnow()
+    first_day = (now - timedelta(days=days - 1)).date()
+    since = datetime.combine(first_day, time.min, tzinfo=UTC)
+    sessions, models = tinker_repo.created_since(session, project_id=project_id, since=since)
+    calls: dict[str, dict[str, int]] = {}
+    for kind, status, n in tinker_repo.calls_since(session, project_id=project_id, since=since):
+        calls.setdefault(kind, {})[status] = n
+    stale = tinker_repo.stale_since(now, settings.tinker_session_ttl_s)
+    return TinkerUsageOut(
+        days=days,
+        since=inference_usage.day_of(first_day),
+        sessions_created=sessions,
+        models_created=models,
+        calls=[
+            TinkerCallsOut(
+                kind=kind,
+                requests=sum(by_status.values()),
+                applied=by_status.get("done", 0),
+                failed=by_status.get("failed", 0),
+                queued=by_status.get("queued", 0),
+            )
+            for kind, by_status in sorted(calls.items())
+        ],
+        live_sessions=tinker_repo.live_sessions(session, project_id=project_id, since=stale),
+        limit_sessions=settings.tinker_max_sessions_per_project,
+        live_models=tinker_repo.live_models(session, project_id=project_id),
+        limit_models=settings.tinker_max_models_per_project,
     )

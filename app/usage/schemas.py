@@ -80,6 +80,44 @@ class InferenceUsageOut(BaseModel):
     has_more: bool = Field(description="More rows than are listed.")
 
 
+class TinkerCallsOut(BaseModel):
+    kind: str = Field(
+        description="create_model, load_weights, forward_backward, forward, optim_step, "
+        "save_weights, save_weights_for_sampler or sample."
+    )
+    requests: int = Field(description="Calls of this kind made in the period.")
+    applied: int = Field(description="Of those, applied by their model's worker.")
+    failed: int = Field(
+        description="Of those, failed (a bad call, a lost worker, an ended session)."
+    )
+    queued: int = Field(description="Of those, accepted and not applied yet.")
+
+
+class TinkerUsageOut(BaseModel):
+    days: int = Field(description="The period: the last `tinker_days` UTC days, today included.")
+    since: str = Field(description="The period's first UTC day, YYYY-MM-DD.")
+    sessions_created: int = Field(description="Tinker sessions created in the period.")
+    models_created: int = Field(
+        description="Training clients (models resident on a worker) created in the period, "
+        "restores from a saved state included."
+    )
+    calls: list[TinkerCallsOut] = Field(
+        description="The calls made in the period that return a future, per kind (by name), "
+        "and what became of them. Tokens are not counted: a call's token counts are inside "
+        "its stored body and result, not recorded per call."
+    )
+    live_sessions: int = Field(
+        description="Sessions open now (not closed, a heartbeat within "
+        "GRPO_TINKER_SESSION_TTL_S), counted against `limit_sessions`."
+    )
+    limit_sessions: int = Field(description="GRPO_TINKER_MAX_SESSIONS_PER_PROJECT.")
+    live_models: int = Field(
+        description="Training clients starting or resident on a worker now, counted against "
+        "`limit_models`."
+    )
+    limit_models: int = Field(description="GRPO_TINKER_MAX_MODELS_PER_PROJECT.")
+
+
 class UsageOut(BaseModel):
     object: Literal["usage"] = "usage"
     checkpoint_bytes: int = Field(
@@ -99,4 +137,8 @@ class UsageOut(BaseModel):
     inference: InferenceUsageOut = Field(
         description="Tokens served by /v1/chat/completions and /v1/completions, and the "
         "project's inference limits."
+    )
+    tinker: TinkerUsageOut = Field(
+        description="The project's use of the Tinker API (/api/v1, docs/tinker.md) over the "
+        "last `tinker_days` days, and its sessions and training clients now."
     )

@@ -70,6 +70,9 @@ def upgrade() -> None:
         batch_op.create_index(
             "ix_tinker_requests_model_status", ["model_id", "status", "position"], unique=False
         )
+        batch_op.create_index(
+            "ix_tinker_requests_project_created", ["project_id", "created_at"], unique=False
+        )
 
     op.create_table(
         "tinker_sessions",
@@ -145,6 +148,7 @@ def downgrade() -> None:
 
     op.drop_table("tinker_sessions")
     with op.batch_alter_table("tinker_requests", schema=None) as batch_op:
+        batch_op.drop_index("ix_tinker_requests_project_created")
         batch_op.drop_index("ix_tinker_requests_model_status")
 
     op.drop_table("tinker_requests")

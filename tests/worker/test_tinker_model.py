@@ -27,7 +27,8 @@ from tests.conftest import RecordingDispatcher, new_project_key, wait_until
 from worker import tinker_requests
 from worker.context import WorkerContext
 from worker.settings import build_worker_settings
-from worker.tinker_model import hold_tinker_model
+from worker.tinker_model import ADOPT_OTHERS_AFTER_S, _adopt_waiting, hold_tinker_model
+from worker.tinker_queries import ModelRef
 
 TINY = "tiny-random-llama"
 
@@ -368,3 +369,42 @@ def test_a_silent_session_closes_the_model(ctx: WorkerContext, client: Client) -
     assert holder.result() == "closed"
     row = client.model_row(model_id)
     assert (row.status, row.error_message) == ("closed", None)
+
+
+def test_a_busy_worker_takes_another_sessions_model_no_idle_worker_took(
+    ctx: WorkerContext, client: Client
+) -> None:
+    held = client.model()
+    first = client.call(held, "create_model", {"type": "create_model"})
+    holder = Holder(ctx, held)
+    client.settled(first)
+    # Another project's session, whose model has waited past ADOPT_OTHERS_AFTER_S for a worker
+    # (the embedded default has one, busy with the first session for as long as it lives).
+    other = new_client(ctx)
+    waiting = other.model(created_at=utcnow() - timedelta(seconds=ADOPT_OTHERS_AFTER_S + 5))
+    created = other.call(waiting, "create_model", {"type": "create_model"})
+    (done,) = other.settled(created)
+    assert (
+        done.status == "done" and other.model_row(waiting).lease_owner == ctx.settings.worker_name
+    )
+    other.finish_session()
+    client.finish_session()
+    assert holder.result() == "closed"  # the task ends once every model it took has ended
+    assert other.model_row(waiting).status == "closed"
+
+
+def test_a_worker_takes_no_model_beyond_its_bound(ctx: WorkerContext, client: Client) -> None:
+    owner = ctx.settings.worker_name
+    held = client.model(status="ready", lease_owner=owner, heartbeat_at=utcnow())
+    ref = ModelRef(held, client.session_id, client.project_id, TINY, owner)
+    waiting = client.model(1)  # the same session's: taken at once, when there is room
+    adopted: list[threading.Thread] = []
+    ctx.settings.tinker_models_per_worker = 1  # the held model fills it
+    _adopt_waiting(ctx, ref, adopted)
+    assert adopted == [] and client.model_row(waiting).lease_owner is None
+    ctx.settings.tinker_models_per_worker = 2
+    _adopt_waiting(ctx, ref, adopted)
+    assert len(adopted) == 1 and client.model_row(waiting).lease_owner == ref.owner
+    client.finish_session()  # the adopted model's thread ends with its session
+    adopted[0].join(60)
+    assert not adopted[0].is_alive() and client.model_row(waiting).status == "closed"

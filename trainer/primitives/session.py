@@ -13,6 +13,7 @@ in order.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,6 +55,12 @@ from trainer.primitives.validation import (
     resolve_loss,
 )
 from trainer.rollout.stop_tokens import stop_token_ids
+
+# One session is built at a time in a process: transformers loads a model under a process-wide
+# meta-device context, and the LoRA build seeds torch's global generator, so two threads
+# building at once (a worker holding several training clients) break each other's load or
+# initialisation.
+_BUILDING = threading.Lock()
 
 __all__ = ["TrainingSession"]
 
@@ -104,13 +111,14 @@ class TrainingSession:
         self._max_tokens_per_call = max_tokens_per_call
         self._micro_batch_tokens = micro_batch_tokens
         self._device = torch.device(device)
-        base, self._tokenizer = load_policy(self._model_path, dtype=dtype)
-        module: nn.Module = base  # moved in place, before the adapters are made beside it
-        module.to(self._device)
-        targets = lora_targets(base, attn=train_attn, mlp=train_mlp, unembed=train_unembed)
-        self.model: PeftModel = build_lora(
-            base, lora_rank, targets, seed=seed, base_name=self._settings.base_model
-        )
+        with _BUILDING:
+            base, self._tokenizer = load_policy(self._model_path, dtype=dtype)
+            module: nn.Module = base  # moved in place, before the adapters are made beside it
+            module.to(self._device)
+            targets = lora_targets(base, attn=train_attn, mlp=train_mlp, unembed=train_unembed)
+            self.model: PeftModel = build_lora(
+                base, lora_rank, targets, seed=seed, base_name=self._settings.base_model
+            )
         self.model.eval()
         # Loss inputs in float32 unless the model computes in float64: the head upcasts
         # half-precision logits, so log-probabilities are never in half precision.
