@@ -12,14 +12,12 @@ as the one ``grpo download --merge`` receives from the API.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from jobspec.checkpoint_files import MANIFEST, is_model_file
+from trainer.checkpoint.store import write_atomically
 from trainer.models.lora import (
     ADAPTER_CONFIG,
     adapter_config,
@@ -46,8 +44,8 @@ def export_checkpoint(
     if not (checkpoint / MANIFEST).is_file():
         raise FileNotFoundError(f"{checkpoint} is not a complete checkpoint (no {MANIFEST})")
     if merge and is_adapter_checkpoint(checkpoint):
-        return _write_atomically(out, lambda tmp: _merge_into(checkpoint, tmp, base))
-    return _write_atomically(out, lambda tmp: _copy_model_files(checkpoint, tmp))
+        return write_atomically(out, lambda tmp: _merge_into(checkpoint, tmp, base))
+    return write_atomically(out, lambda tmp: _copy_model_files(checkpoint, tmp))
 
 
 def merge_adapter_folder(folder: Path, out: Path, *, base: Path | None = None) -> Path:
@@ -58,23 +56,7 @@ def merge_adapter_folder(folder: Path, out: Path, *, base: Path | None = None) -
     folder, out = Path(folder), Path(out)
     if not is_adapter_checkpoint(folder):
         raise ValueError(f"{folder} holds no LoRA adapters (no {ADAPTER_CONFIG}): nothing to merge")
-    return _write_atomically(out, lambda tmp: _merge_into(folder, tmp, base))
-
-
-def _write_atomically(out: Path, write: Callable[[Path], None]) -> Path:
-    """Run ``write`` on a temporary sibling folder of ``out``, then rename it to ``out``, so
-    ``out`` is complete or absent."""
-    if out.exists():
-        raise FileExistsError(f"{out} exists; choose a new folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        write(tmp)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return write_atomically(out, lambda tmp: _merge_into(folder, tmp, base))
 
 
 def _copy_model_files(checkpoint: Path, target: Path) -> None:

@@ -25,8 +25,10 @@ import json
 import os
 import random
 import shutil
+import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,7 @@ __all__ = [
     "prune_checkpoints",
     "save_checkpoint",
     "sweep_temp_dirs",
+    "write_atomically",
 ]
 
 FORMAT_VERSION = 1
@@ -133,6 +136,26 @@ def _fsync_tree(root: Path) -> None:
         for name in files:
             _fsync_file(Path(dirpath) / name)
         _fsync_dir(Path(dirpath))
+
+
+def write_atomically(out: Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write`` on a fresh temporary sibling folder of ``out``, fsync what it wrote, then
+    rename it to ``out``: ``out`` is complete or absent, even across a crash.
+    FileExistsError when ``out`` exists (nothing is ever overwritten)."""
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} exists; choose a new folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        write(tmp)
+        _fsync_tree(tmp)
+        os.rename(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
 
 
 # --------------------------------------------------------------------------- RNG

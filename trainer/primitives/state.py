@@ -16,16 +16,13 @@ folder either is complete or does not exist.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainer.checkpoint.store import write_atomically
 from trainer.primitives.types import PrimitiveError
 
 __all__ = [
@@ -72,42 +69,6 @@ def dtype_name(dtype: torch.dtype) -> str:
         if value == dtype:
             return name
     raise ValueError(f"dtype {dtype} is not one of {', '.join(_DTYPES)}")
-
-
-def write_atomically(folder: Path, write: Callable[[Path], None]) -> None:
-    """Run ``write`` on a fresh temporary sibling of ``folder``, fsync what it wrote, then
-    rename it to ``folder``. FileExistsError when ``folder`` exists (a save never overwrites;
-    the caller deletes first if it means to)."""
-    folder = Path(folder)
-    if folder.exists():
-        raise FileExistsError(f"{folder} exists")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
-        write(tmp)
-        for entry in tmp.rglob("*"):
-            if entry.is_file():
-                with open(entry, "rb") as handle:
-                    os.fsync(handle.fileno())
-        os.rename(tmp, folder)
-        _fsync_dir(folder.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the rename durable; some filesystems refuse to open a directory for it.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_state_files(
