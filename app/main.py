@@ -25,6 +25,7 @@ from app.sessions import keys_routes
 from app.sessions import routes as session
 from app.tinker import listing_routes as tinker_listing
 from app.tinker import routes as tinker
+from app.tinker import sampling_routes as tinker_sampling
 from app.usage import routes as usage
 from app.webhooks import routes as webhooks
 
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(session.router)
     app.include_router(keys_routes.router)
     app.include_router(tinker.router)
+    app.include_router(tinker_sampling.router)
     app.include_router(tinker_listing.router)
     app.include_router(dashboard.router)
     return app

@@ -40,7 +40,7 @@ async def _body(request: Request, limit: int) -> bytes:
     return body
 
 
-async def _parse(request: Request, model: type[M]) -> tuple[M, bytes]:
+async def parse_body(request: Request, model: type[M]) -> tuple[M, bytes]:
     """The JSON body as ``model`` (a 422 naming the field otherwise), and its bytes."""
     body = await _body(request, MAX_JSON_BYTES)
     if b"\\u0000" in body:  # Postgres stores no NUL in text
@@ -53,7 +53,7 @@ async def _parse(request: Request, model: type[M]) -> tuple[M, bytes]:
         raise InvalidRequest(f"{where}: {first['msg']}", param=where) from None
 
 
-def _path(path: str) -> tuple[str, str, str]:
+def path_parts(path: str) -> tuple[str, str, str]:
     """A ``tinker://<model>/<kind>/<name>`` path's parts (400 naming the path otherwise)."""
     try:
         return s.parse_tinker_path(path)
@@ -61,7 +61,7 @@ def _path(path: str) -> tuple[str, str, str]:
         raise service.TinkerBadRequest(str(exc), param="path") from None
 
 
-def _future(accepted: service.Accepted) -> dict[str, Any]:
+def future_answer(accepted: service.Accepted) -> dict[str, Any]:
     answer: dict[str, Any] = {"request_id": accepted.request_id, "model_id": accepted.model_id}
     if accepted.sample_sequence_ids is not None:
         answer["sample_sequence_ids"] = accepted.sample_sequence_ids
@@ -102,7 +102,7 @@ def capabilities(_principal: TinkerPrincipalDep) -> dict[str, Any]:
 async def create_session(
     request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await _parse(request, s.CreateSessionRequest)
+    body, _ = await parse_body(request, s.CreateSessionRequest)
     session_id = service.create_session(
         db,
         state.settings,
@@ -119,7 +119,7 @@ async def create_session(
 async def session_heartbeat(
     request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await _parse(request, s.SessionHeartbeatRequest)
+    body, _ = await parse_body(request, s.SessionHeartbeatRequest)
     service.heartbeat(db, state.settings, principal.project_id, body.session_id)
     return {"type": "session_heartbeat"}
 
@@ -134,7 +134,7 @@ async def telemetry(request: Request, _principal: TinkerPrincipalDep) -> dict[st
 async def finish_session(
     session_id: str, request: Request, principal: TinkerPrincipalDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await _parse(request, s.SessionFinishRequest)
+    body, _ = await parse_body(request, s.SessionFinishRequest)
     reason = body.reason.type if body.reason is not None else None
     service.finish_session(db, principal.project_id, session_id, reason)
     return {}
@@ -147,7 +147,7 @@ async def finish_session(
 async def create_model(
     request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, raw = await _parse(request, s.CreateModelRequest)
+    body, raw = await parse_body(request, s.CreateModelRequest)
     if body.lora_config is None:
         raise InvalidRequest("lora_config is required: this server trains LoRA adapters")
     if body.optimizer_config.type != "adamw":
@@ -164,14 +164,14 @@ async def create_model(
         lora=lora,
         body=raw,
     )
-    return _future(accepted)
+    return future_answer(accepted)
 
 
 @router.post("/get_info")
 async def get_info(
     request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await _parse(request, s.GetInfoRequest)
+    body, _ = await parse_body(request, s.GetInfoRequest)
     return catalog.model_info(db, state.settings, principal.project_id, body.model_id)
 
 
@@ -201,7 +201,7 @@ async def forward_backward(
         kind="forward" if call.forward_only else "forward_backward",
         body=raw,
     )
-    return _future(accepted)
+    return future_answer(accepted)
 
 
 async def _training_call(
@@ -212,7 +212,7 @@ async def _training_call(
     model: type[s.OptimStepRequest] | type[s.SaveWeightsRequest],
     kind: str,
 ) -> dict[str, Any]:
-    body, raw = await _parse(request, model)
+    body, raw = await parse_body(request, model)
     if body.seq_id is None:
         raise InvalidRequest("seq_id is required", param="seq_id")
     accepted = service.submit(
@@ -224,7 +224,7 @@ async def _training_call(
         kind=kind,
         body=raw,
     )
-    return _future(accepted)
+    return future_answer(accepted)
 
 
 @router.post("/optim_step")
@@ -245,7 +245,7 @@ async def save_weights(
 async def save_weights_for_sampler(
     request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, raw = await _parse(request, s.SaveWeightsForSamplerRequest)
+    body, raw = await parse_body(request, s.SaveWeightsForSamplerRequest)
     if body.seq_id is None:
         raise InvalidRequest("seq_id is required", param="seq_id")
     if body.sampling_session_seq_id is not None:  # a new sampling session over these weights
@@ -271,20 +271,20 @@ async def save_weights_for_sampler(
         kind="save_weights_for_sampler",
         body=raw,
     )
-    return _future(accepted)
+    return future_answer(accepted)
 
 
 @router.post("/load_weights")
 async def load_weights(
     request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, raw = await _parse(request, s.LoadWeightsRequest)
+    body, raw = await parse_body(request, s.LoadWeightsRequest)
     if not body.creates_model or body.session_id is None or body.model_seq_id is None:
         raise InvalidRequest(
             "load_weights into a running client is not served: restore with "
             "create_training_client_from_state(path)"
         )
-    source, kind, name = _path(body.path)
+    source, kind, name = path_parts(body.path)
     if kind != "weights":
         raise InvalidRequest("path: a training state is a tinker://<model>/weights/<name> path")
     accepted = service.load_model(
@@ -298,78 +298,7 @@ async def load_weights(
         optimizer=body.optimizer,
         body=raw,
     )
-    return _future(accepted)
-
-
-# ------------------------------------------------------------------ sampling
-
-
-@router.post("/create_sampling_session")
-async def create_sampling_session(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
-) -> dict[str, Any]:
-    body, _ = await _parse(request, s.CreateSamplingSessionRequest)
-    if body.model_path is None:
-        raise InvalidRequest(
-            "model_path is required: this server samples the saved weights of a training "
-            "client (tinker://<model>/sampler_weights/<name>), not a base model alone",
-            param="model_path",
-        )
-    model_id, kind, name = _path(body.model_path)
-    if (
-        kind != "sampler_weights"
-        or catalog.repo.get_checkpoint(
-            db, project_id=principal.project_id, model_id=model_id, kind=kind, name=name
-        )
-        is None
-    ):
-        raise service.TinkerBadRequest(f"no sampler weights {body.model_path[:300]}")
-    sampler_id = service.add_sampler(
-        db,
-        state.settings,
-        principal.project_id,
-        session_id=body.session_id,
-        sampling_seq_id=body.sampling_session_seq_id,
-        model_id=model_id,
-        model_path=body.model_path,
-    )
-    return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
-
-
-@router.get("/samplers/{sampler_id}")
-def get_sampler(sampler_id: str, principal: TinkerPrincipalDep, db: SessionDep) -> dict[str, Any]:
-    return catalog.sampler_info(db, principal.project_id, sampler_id)
-
-
-@router.post("/asample")
-async def asample(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
-) -> dict[str, Any]:
-    settings = state.settings
-    body, raw = await _parse(request, s.SampleRequest)
-    if body.sampling_session_id is None or body.seq_id is None:
-        raise InvalidRequest("sampling_session_id and seq_id are required")
-    if body.num_samples > settings.tinker_max_samples_per_call:
-        raise InvalidRequest(
-            f"num_samples: at most {settings.tinker_max_samples_per_call} per call",
-            param="num_samples",
-        )
-    max_tokens = body.sampling_params.max_tokens
-    if max_tokens is not None and max_tokens > settings.tinker_max_sample_tokens:
-        raise InvalidRequest(
-            f"sampling_params.max_tokens: at most {settings.tinker_max_sample_tokens}",
-            param="sampling_params.max_tokens",
-        )
-    accepted = service.submit_sample(
-        db,
-        settings,
-        principal.project_id,
-        sampler_id=body.sampling_session_id,
-        seq_id=body.seq_id,
-        num_samples=body.num_samples,
-        body=raw,
-    )
-    return _future(accepted)
+    return future_answer(accepted)
 
 
 # ------------------------------------------------------------------ futures and saves
@@ -379,7 +308,7 @@ async def asample(
 async def retrieve_future(
     request: Request, principal: TinkerPrincipalDep, state: StateDep
 ) -> Response:
-    body, _ = await _parse(request, s.RetrieveFutureRequest)
+    body, _ = await parse_body(request, s.RetrieveFutureRequest)
     outcome = await await_outcome(
         state.sessions, state.settings, principal.project_id, body.request_id
     )
@@ -400,6 +329,6 @@ def list_checkpoints(
 async def weights_info(
     request: Request, principal: TinkerPrincipalDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await _parse(request, s.WeightsInfoRequest)
-    model_id, kind, name = _path(body.tinker_path)
+    body, _ = await parse_body(request, s.WeightsInfoRequest)
+    model_id, kind, name = path_parts(body.tinker_path)
     return catalog.weights_info(db, principal.project_id, model_id, kind, name)

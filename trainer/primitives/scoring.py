@@ -4,7 +4,7 @@ Unlike the GRPO update's :func:`trainer.update.logprobs.completion_logprobs`, wh
 each target from the next input token, a Tinker datum names its targets apart from its input
 (the cookbook's RL datums put target 0 on prompt positions), so the head is applied at every
 position with the given targets. The decoder and the chunked output head are the update's
-own (``_decoder_and_head``, ``_head_chunks``): the same precision rules (the head outside
+own (``decoder_and_head``, ``head_chunks``): the same precision rules (the head outside
 autocast, exact float32 logits) and no [rows, vocab] logits kept for the backward pass.
 """
 
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 # The update's decoder/head split and chunked head, reused rather than copied (they are
 # module-private there; making them public is a rename in trainer.update.logprobs).
-from trainer.update.logprobs import _decoder_and_head, _head_chunks, head_chunk_rows
+from trainer.update.logprobs import decoder_and_head, head_chunk_rows, head_chunks
 
 __all__ = ["target_logprobs"]
 
@@ -34,7 +34,7 @@ def target_logprobs(model: nn.Module, tokens: Tensor, targets: Tensor, mask: Ten
     Differentiable into the model's parameters when grad mode is on. float32 out for a
     half-precision model (the head's logits are upcast), the model's dtype otherwise.
     """
-    decoder, head = _decoder_and_head(model)
+    decoder, head = decoder_and_head(model)
     attention = mask.long()
     # Right padding: real tokens sit at positions 0..N-1 already; padding positions are never
     # read (their rows are dropped below).
@@ -46,7 +46,7 @@ def target_logprobs(model: nn.Module, tokens: Tensor, targets: Tensor, mask: Ten
     states = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)
     ids = targets.reshape(-1).index_select(0, rows)
     vocab = int(getattr(head, "out_features", 65_536))
-    parts, _ = _head_chunks(head, states, ids, 1.0, False, head_chunk_rows(vocab))
+    parts, _ = head_chunks(head, states, ids, 1.0, False, head_chunk_rows(vocab))
     out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
     flat = torch.zeros(tokens.numel(), dtype=out_dtype, device=tokens.device)
     flat = flat.index_copy(0, rows, torch.cat(parts).to(out_dtype))

@@ -106,7 +106,7 @@ def _head_chunk(
     return logprobs, entropy
 
 
-def _decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     config = getattr(model, "config", None)
     # Only models whose logits are exactly lm_head(last_hidden_state) are supported; these
     # config fields mark the common exceptions (Gemma 2 soft-capping, Cohere logit scale).
@@ -184,7 +184,7 @@ def fusable_head(lm_head: nn.Module) -> tuple[Tensor, Tensor | None] | None:
     return weight, bias
 
 
-def _head_chunks(
+def head_chunks(
     lm_head: nn.Module,
     states: Tensor,
     targets: Tensor,
@@ -314,7 +314,7 @@ def completion_logprobs(
             ``head_chunk_rows(V)``.
         with_entropy: also return the per-position entropy (detached: it is a metric).
         head: ``fused`` (the update's path) or ``plain`` (the checkpointed ``lm_head`` per
-            chunk, kept to check the fused one against); see :func:`_head_chunks`.
+            chunk, kept to check the fused one against); see :func:`head_chunks`.
 
     Returns:
         ``(logprobs [B, T], entropy [B, T] or None)``. Both are 0 at completion padding.
@@ -322,7 +322,7 @@ def completion_logprobs(
     """
     _check_inputs(input_ids, attention_mask, prompt_len, temperature, chunk_size)
     batch, length = input_ids.shape
-    decoder, lm_head = _decoder_and_head(model)
+    decoder, lm_head = decoder_and_head(model)
     if chunk_size is None:
         chunk_size = _default_chunk_rows(lm_head, input_ids)
 
@@ -337,7 +337,7 @@ def completion_logprobs(
     states = states.index_select(0, rows)
     targets = targets.index_select(0, rows)
 
-    lp_parts, ent_parts = _head_chunks(
+    lp_parts, ent_parts = head_chunks(
         lm_head, states, targets, temperature, with_entropy, chunk_size, head
     )
     out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype

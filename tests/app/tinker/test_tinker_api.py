@@ -187,3 +187,21 @@ def test_bodies_and_batches_are_bounded(tinker: Tinker) -> None:
          "sampling_params": {"max_tokens": 4}},
     )  # fmt: skip
     assert many.status_code == 422 and "num_samples" in many.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "option",
+    [{"topk_sample_logprobs": 5}, {"prompt_logprobs_last_n": 3}, {"record_stability_info": True}],
+)
+def test_sample_options_not_served_are_a_400_naming_them(
+    tinker: Tinker, option: dict[str, Any]
+) -> None:
+    model_id = tinker.model(tinker.session())
+    answer = tinker.post(
+        "asample",
+        {"sampling_session_id": model_id, "seq_id": 0, "num_samples": 1,
+         "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+         "sampling_params": {"max_tokens": 4}, **option},
+    )  # fmt: skip
+    (name,) = option
+    assert answer.status_code == 400 and name in answer.json()["error"]["message"]
