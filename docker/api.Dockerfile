@@ -7,7 +7,7 @@ COPY dashboard/package.json dashboard/package-lock.json ./
 RUN npm ci --no-audit --no-fund --omit=dev
 COPY dashboard/index.html dashboard/style.css dashboard/app.js dashboard/api.js dashboard/dom.js \
      dashboard/job.js dashboard/job_parts.js dashboard/rollouts.js dashboard/chat.js dashboard/spec.js \
-     dashboard/charts.js dashboard/docs.html dashboard/docs.js ./
+     dashboard/charts.js dashboard/docs.html dashboard/docs.js dashboard/tinker.js ./
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1

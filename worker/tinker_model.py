@@ -45,14 +45,14 @@ from app.core.clock import utcnow
 from app.core.db import session_scope
 from app.core.tinker_tables import TinkerModel
 from app.tinker import repository as repo
+from app.tinker import worker_repository as q
+from app.tinker.worker_repository import ModelRef
 from jobspec import PACKAGED_MODELS
 from trainer.errors import TrainerError
-from worker import tinker_queries as q
 from worker.context import WorkerContext
 from worker.retry import with_db_retry
 from worker.runner import confined_model
 from worker.settings import WorkerSettings
-from worker.tinker_queries import ModelRef
 from worker.tinker_saves import checkpoint_root
 
 if TYPE_CHECKING:

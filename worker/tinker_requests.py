@@ -27,17 +27,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.db import session_scope
 from app.tinker import names, schemas
 from app.tinker import repository as repo
+from app.tinker import worker_repository as q
 from app.tinker.wire import (
     WireError,
     decode_forward_backward,
     encode_forward_backward_output,
     encode_sample_response,
 )
+from app.tinker.worker_repository import ModelRef, QueuedRequest
 from trainer.primitives import Datum, PrimitiveError, TrainingSession, WeightsSnapshot
-from worker import tinker_queries as q
 from worker import tinker_saves as saves
 from worker.settings import WorkerSettings
-from worker.tinker_queries import ModelRef, QueuedRequest
 from worker.tinker_saves import RequestRefused
 
 log = logging.getLogger(__name__)

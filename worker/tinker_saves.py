@@ -23,9 +23,9 @@ from app.core.db import session_scope
 from app.core.tinker_tables import TinkerCheckpoint
 from app.tinker import names
 from app.tinker import repository as repo
-from worker import tinker_queries as q
+from app.tinker import worker_repository as q
+from app.tinker.worker_repository import ModelRef
 from worker.settings import WorkerSettings
-from worker.tinker_queries import ModelRef
 
 
 class RequestRefused(ValueError):

@@ -23,12 +23,12 @@ from app.core.settings import Settings
 from app.core.tinker_tables import TinkerModel, TinkerRequest, TinkerSampler, TinkerSession
 from app.tinker.proto import ForwardBackwardOutputPb, SampleResponsePb
 from app.tinker.wire import FwdBwdRequest, WireDatum, encode_forward_backward
+from app.tinker.worker_repository import ModelRef
 from tests.conftest import RecordingDispatcher, new_project_key, wait_until
 from worker import tinker_requests
 from worker.context import WorkerContext
 from worker.settings import build_worker_settings
 from worker.tinker_model import ADOPT_OTHERS_AFTER_S, _adopt_waiting, hold_tinker_model
-from worker.tinker_queries import ModelRef
 
 TINY = "tiny-random-llama"
 

@@ -16,7 +16,7 @@ from tests.trainer.conftest import tiny_llama
 from trainer.models.lora import apply_lora
 from trainer.update import fused_head
 from trainer.update.fused_head import fused_head_logprobs
-from trainer.update.logprobs import _head_chunks, completion_logprobs, fusable_head
+from trainer.update.logprobs import completion_logprobs, fusable_head, head_chunks
 
 TOL = 1e-6
 VOCAB = 50
@@ -36,7 +36,7 @@ def _head(bias: bool) -> nn.Linear:
 def _plain(
     head: nn.Linear, hidden: Tensor, ids: Tensor, temperature: float, chunk: int
 ) -> tuple[Tensor, Tensor]:
-    lp, ent = _head_chunks(head, hidden, ids, temperature, True, chunk, head="plain")
+    lp, ent = head_chunks(head, hidden, ids, temperature, True, chunk, head="plain")
     return torch.cat(lp), torch.cat(ent)
 
 

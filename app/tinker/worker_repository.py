@@ -1,4 +1,4 @@
-"""The database side of a Tinker training model's worker (worker/tinker_model.py): its lease on
+"""The queries of a Tinker training model's worker (worker/tinker_model.py): its lease on
 the ``tinker_models`` row, the queue of its requests, their results and its saves.
 
 Every write of a held model is fenced by ``lease_owner``: a worker whose lease was taken from it
