@@ -63,9 +63,9 @@ def waiting_models(
     unclaimed_before: datetime,
     limit: int,
 ) -> list[str]:
-    """Models no worker holds yet (``starting``, no live lease), oldest first: the session's
-    own at once, another session's once it has waited since ``unclaimed_before`` (no idle
-    worker took it: this one may)."""
+    """Models no worker holds yet (``starting``, no live lease): the session's own at once and
+    first, another session's once it has waited since ``unclaimed_before`` (no idle worker
+    took it: this one may), the longest waiting first."""
     query = (
         select(TinkerModel.id)
         .where(
@@ -73,7 +73,8 @@ def waiting_models(
             (TinkerModel.lease_owner.is_(None)) | (TinkerModel.heartbeat_at < stale_before),
             (TinkerModel.session_id == session_id) | (TinkerModel.created_at < unclaimed_before),
         )
-        .order_by(TinkerModel.created_at)
+        # The session's own first (they belong with it), then the longest waiting.
+        .order_by(TinkerModel.session_id != session_id, TinkerModel.created_at)
         .limit(limit)
     )
     return list(db.scalars(query))

@@ -393,11 +393,14 @@ def test_a_busy_worker_takes_another_sessions_model_no_idle_worker_took(
     assert other.model_row(waiting).status == "closed"
 
 
+@pytest.mark.model  # the adopted model loads in its thread
 def test_a_worker_takes_no_model_beyond_its_bound(ctx: WorkerContext, client: Client) -> None:
     owner = ctx.settings.worker_name
     held = client.model(status="ready", lease_owner=owner, heartbeat_at=utcnow())
     ref = ModelRef(held, client.session_id, client.project_id, TINY, owner)
-    waiting = client.model(1)  # the same session's: taken at once, when there is room
+    # The same session's: taken at once and before any other session's waiting model (the
+    # database may hold such models of other tests, never claimed).
+    waiting = client.model(1)
     adopted: list[threading.Thread] = []
     ctx.settings.tinker_models_per_worker = 1  # the held model fills it
     _adopt_waiting(ctx, ref, adopted)
