@@ -1,10 +1,11 @@
-// The job page's chat panel: ask the job's model a question and watch the answer stream in,
-// through the API's OpenAI-compatible POST /v1/chat/completions (stream: true), as any client
-// would. The model is one of the job's kept checkpoints (`<job id>@<step>`, the newest by
-// default, usable while the job runs) or, once the job succeeded, its final weights (the job
-// id). The sampling settings sent are the ones shown. A model whose engine is still starting
-// answers 503 with Retry-After: the panel says so and asks again after that wait. Stop (or
-// leaving the page) aborts the request, and the API cancels the generation.
+// The chat panel: ask a model a question and watch the answer stream in, through the API's
+// OpenAI-compatible POST /v1/chat/completions (stream: true), as any client would. The job page
+// offers the job's kept checkpoints (`<job id>@<step>`, the newest by default, usable while the
+// job runs) and, once the job succeeded, its final weights (the job id); the Tinker page offers
+// the project's sampler weights saves (their `ft:` names). The sampling settings sent are the
+// ones shown. A model whose engine is still starting answers 503 with Retry-After: the panel
+// says so and asks again after that wait. Stop (or leaving the page) aborts the request, and the
+// API cancels the generation.
 
 import { CSRF_HEADERS } from "/dashboard/api.js";
 import { h } from "/dashboard/dom.js";
@@ -48,7 +49,9 @@ export async function* chunkTexts(body) {
   }
 }
 
-export function chatPart(id, st) {
+/** The panel. `offered()` gives the models to offer now ({value, label}, the default first);
+ * `emptyText` says why there is none yet. */
+export function chatPart(offered, emptyText) {
   const model = h("select", { id: "chat-model", "aria-label": "Model" });
   const temperature = h("input", { id: "chat-temperature", type: "number", min: 0, max: 2, step: 0.1, value: 0.7 });
   const topP = h("input", { id: "chat-top-p", type: "number", min: 0.05, max: 1, step: 0.05, value: 1 });
@@ -66,20 +69,20 @@ export function chatPart(id, st) {
   const el = h("section", { class: "card", id: "chat" }, h("h3", {}, "Try the model",
     h("span", { class: "muted small" }, "streamed from /v1/chat/completions")), settings, transcript, status, form);
   let ctrl = null;
-  let offered = "";
+  let shown = null; // the offered names last shown (none yet: the first refresh shows them)
 
-  /** Offer the job's current checkpoints (called when they or the job's status change). */
+  /** Offer the current models (called when what `offered` reads changes). */
   function refresh() {
-    const names = chatModels(id, st.job, st.checkpoints);
+    const names = offered();
     const key = names.map((n) => n.value).join();
-    if (key === offered) return;
-    offered = key;
+    if (key === shown) return;
+    shown = key;
     const chosen = model.value;
     model.replaceChildren(...names.map((n) => h("option", { value: n.value }, `${n.label} (${n.value})`)));
     if (names.some((n) => n.value === chosen)) model.value = chosen;
     send.disabled = !names.length || ctrl != null;
-    if (!names.length) status.textContent = "No checkpoint yet: the panel can ask the model once the job saves one.";
-    else if (status.textContent.startsWith("No checkpoint")) status.textContent = "";
+    if (!names.length) status.textContent = emptyText;
+    else if (status.textContent === emptyText) status.textContent = "";
   }
 
   function settingsBody() {

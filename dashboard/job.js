@@ -7,7 +7,7 @@
 // job_parts.js and rollouts.js; this module loads their data.
 
 import { AuthError, POLL_MS, api, follow, qs, setConn } from "/dashboard/api.js";
-import { chatPart } from "/dashboard/chat.js";
+import { chatModels, chatPart } from "/dashboard/chat.js";
 import { TERMINAL, h } from "/dashboard/dom.js";
 import {
   chartsPart, checkpointsPart, eventsPart, headerPart, progressPart, specPart,
@@ -39,7 +39,8 @@ class JobPage {
     this.rollouts = rolloutsPart(id, st);
     this.events = eventsPart(id, st);
     this.checkpoints = checkpointsPart(id, st);
-    this.chat = chatPart(id, st);
+    this.chat = chatPart(() => chatModels(id, st.job, st.checkpoints),
+      "No checkpoint yet: the panel can ask the model once the job saves one.");
     this.spec = specPart();
     root.append(this.header.el, this.progress.el, this.charts.el, this.rollouts.el,
       h("div", { class: "two-col" }, this.events.el, this.checkpoints.el), this.chat.el, this.spec.el);

@@ -2,13 +2,22 @@
 // first, each with its training clients (base model, LoRA rank, status, the calls its worker
 // applied, the last saved state), from GET /v1/tinker/sessions. Sessions have no change stream:
 // the page polls every POLL_MS while it is open (api.js poller). Older sessions are a page
-// further (#/tinker?after=<the last session id seen>).
+// further (#/tinker?after=<the last session id seen>). Below them, a chat panel asks the
+// project's sampler weights saves (listed by GET /v1/models with their tinker:// path, served by
+// the inference tier under their `ft:` names).
 
 import { api, poller, qs } from "/dashboard/api.js";
+import { chatPart } from "/dashboard/chat.js";
 import { ageOf, badge, fmtDuration, fmtTime, h } from "/dashboard/dom.js";
 
 const PAGE = 50;
 const COLUMNS = ["Session", "Status", "Created", "Last heartbeat", "Training clients"];
+
+/** The sampler saves of a /v1/models page, as the chat panel offers them (newest first). */
+export function samplerModels(models) {
+  return models.filter((m) => m.grpo_service?.tinker_path)
+    .map((m) => ({ value: m.id, label: m.grpo_service.tinker_path }));
+}
 
 const ago = (iso) => h("span", { title: fmtTime(iso) }, `${fmtDuration(ageOf(iso))} ago`);
 
@@ -55,14 +64,23 @@ export function tinkerView(root, params) {
   const summary = h("span", { class: "muted", id: "tinker-summary" });
   const pager = h("span", { class: "pager", id: "tinker-pager" });
   const tbody = h("tbody");
+  let saves = [];
+  const chat = chatPart(() => saves,
+    "No sampler weights yet: save_weights_for_sampler in a training client makes one to ask here.");
   root.append(
     h("div", { class: "toolbar" }, h("h2", {}, "Tinker sessions"), summary, h("span", { class: "spacer" }), pager),
     h("section", { class: "card flush" },
       h("table", { class: "jobs tinker", id: "tinker-table" },
-        h("thead", {}, h("tr", {}, COLUMNS.map((t) => h("th", {}, t)))), tbody)));
+        h("thead", {}, h("tr", {}, COLUMNS.map((t) => h("th", {}, t)))), tbody)),
+    chat.el);
 
   async function load(signal) {
-    const body = await api(`/v1/tinker/sessions?${qs({ limit: PAGE, after })}`, { signal });
+    const [body, models] = await Promise.all([
+      api(`/v1/tinker/sessions?${qs({ limit: PAGE, after })}`, { signal }),
+      api("/v1/models", { signal }),
+    ]);
+    saves = samplerModels(models.data);
+    chat.refresh();
     tbody.replaceChildren(...body.data.map(row));
     if (!body.data.length) {
       tbody.append(h("tr", {}, h("td", { colSpan: COLUMNS.length, class: "muted empty" },
@@ -76,5 +94,6 @@ export function tinkerView(root, params) {
       body.next_after ? h("a", { href: `#/tinker?${qs({ after: body.next_after })}` }, "Older sessions") : null,
     ].filter(Boolean));
   }
-  return poller(load);
+  const polling = poller(load);
+  return { now: polling.now, stop() { chat.stop(); polling.stop(); } };
 }

@@ -1,6 +1,7 @@
-"""Where a checkpoint named by the gateway (a WeightsRef: job id and folder name) lies on this
-host: ``<checkpoint store>/<job_id>/<folder>``, the layout the workers write
-(jobspec.checkpoint_files.job_folder).
+"""Where a checkpoint named by the gateway lies on this host: a job's (a WeightsRef: job id and
+folder name) at ``<checkpoint store>/<job_id>/<folder>``, a Tinker sampler save's (a
+SamplerWeightsRef) at ``<checkpoint store>/tinker/<project>/<model>/sampler_weights/<name>``:
+the layouts the workers write (jobspec.checkpoint_files).
 
 Names only, never paths, cross the wire; still, a name is checked before it touches the disk,
 and the folder it reaches after every symlink is followed must stay inside the store (a symlink
@@ -12,9 +13,9 @@ import json
 import re
 from pathlib import Path
 
-from app.inference.protocol import WeightsRef
+from app.inference.protocol import SamplerWeightsRef, WeightsRef
 from app.inference.served_kinds import LORA, served_name
-from jobspec.checkpoint_files import checkpoint_step, job_folder
+from jobspec.checkpoint_files import checkpoint_step, job_folder, tinker_save_folder
 
 # Job ids are `job_<hex>` (app.core.ids); any id-like name is accepted, nothing path-like.
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -28,14 +29,28 @@ class CheckpointMissing(Exception):
     """No such checkpoint here, or not of the kind asked for (adapters, a full model)."""
 
 
-def checkpoint_folder(store: Path, ref: WeightsRef, *, marker: str) -> Path:
-    """The real folder of ``ref`` under ``store``, holding ``marker`` (its kind's,
-    app.inference.served_kinds). Raises CheckpointRefused or CheckpointMissing."""
+def _named_folder(root: Path, ref: WeightsRef | SamplerWeightsRef) -> Path:
+    """Where ``ref``'s name puts it under ``root`` (CheckpointRefused for a name that is not
+    one: checked again here, whatever the protocol's schema said)."""
+    if isinstance(ref, SamplerWeightsRef):
+        try:
+            return tinker_save_folder(
+                root, ref.project_id, ref.model_id, "sampler_weights", ref.name
+            )
+        except ValueError as exc:
+            raise CheckpointRefused(str(exc)) from None
     if not _JOB_ID.match(ref.job_id) or checkpoint_step(ref.folder) is None:
         raise CheckpointRefused(f"not a checkpoint name: {ref.job_id!r} {ref.folder!r}")
+    return job_folder(root, ref.job_id) / ref.folder
+
+
+def checkpoint_folder(store: Path, ref: WeightsRef | SamplerWeightsRef, *, marker: str) -> Path:
+    """The real folder of ``ref`` under ``store``, holding ``marker`` (its kind's,
+    app.inference.served_kinds). Raises CheckpointRefused or CheckpointMissing."""
     root = store.resolve()
+    named = _named_folder(root, ref)
     try:
-        real = (job_folder(root, ref.job_id) / ref.folder).resolve(strict=True)
+        real = named.resolve(strict=True)
     except (OSError, RuntimeError) as exc:  # missing, unreadable, a symlink loop
         raise CheckpointMissing(f"no checkpoint {served_name(ref)}") from exc
     if not real.is_relative_to(root) or real == root:

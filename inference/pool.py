@@ -34,7 +34,14 @@ from pathlib import Path
 
 from app.core.settings import Settings
 from app.inference.engine_identity import EngineEnsureRequest
-from app.inference.protocol import Busy, EngineState, EnsureResponse, ServerState, WeightsRef
+from app.inference.protocol import (
+    Busy,
+    EngineState,
+    EnsureResponse,
+    SamplerWeightsRef,
+    ServerState,
+    WeightsRef,
+)
 from app.inference.served_kinds import (
     FULL,
     LORA,
@@ -137,7 +144,7 @@ class EnginePool:
         base = self._base_folder(BaseAt(request.base_model, request.revision))
         return None if base is None else Target(key, base, dtype)
 
-    def _servable_adapter(self, adapter: WeightsRef) -> Path:
+    def _servable_adapter(self, adapter: WeightsRef | SamplerWeightsRef) -> Path:
         """The adapter's folder, when an engine here can ever load it (422 otherwise)."""
         folder = self._checkpoint(adapter, LORA)
         refusal = rank_refusal(folder, self.settings.max_lora_rank)
@@ -145,7 +152,7 @@ class EnginePool:
             raise EnsureError(422, refusal)
         return folder
 
-    def _checkpoint(self, ref: WeightsRef, kind: ServedKind) -> Path:
+    def _checkpoint(self, ref: WeightsRef | SamplerWeightsRef, kind: ServedKind) -> Path:
         try:
             return checkpoint_folder(self._store, ref, marker=kind.marker)
         except CheckpointRefused as exc:

@@ -4,7 +4,10 @@ torch-free, declared once for the trainer, the workers, the API and the inferenc
 
 A job's checkpoints are ``<checkpoint store>/<job id>/checkpoint-<step:06d>``
 (:func:`job_folder`, :func:`checkpoint_folder_name`); what users see of a stored checkpoint is
-its folder's name (:func:`folder_name`), never the server path.
+its folder's name (:func:`folder_name`), never the server path. A Tinker training client's saves
+are ``<checkpoint store>/tinker/<project>/<model id>/<kind>/<name>`` (:func:`tinker_save_folder`:
+the worker writes them there, the inference tier serves sampler weights from there; a job id
+starts with ``job_``, so no job's folder is ``tinker``).
 
 A checkpoint folder (``trainer.checkpoint.store``) holds a loadable model (or LoRA adapters) and
 tokenizer, plus these files, which only the trainer reads back. Everything that hands a
@@ -32,6 +35,8 @@ __all__ = [
     "OPTIMIZER_FILE",
     "RNG_FILE",
     "SHARDED_DIR",
+    "TINKER_MODEL_ID",
+    "TINKER_SAVE_NAME",
     "TRAINER_FILES",
     "TRASH_PREFIX",
     "checkpoint_folder",
@@ -42,6 +47,8 @@ __all__ = [
     "is_model_file",
     "job_folder",
     "remove_folder",
+    "tinker_project_folder",
+    "tinker_save_folder",
 ]
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -71,6 +78,33 @@ def checkpoint_step(name: str) -> int | None:
 def job_folder(store: Path, job_id: str) -> Path:
     """Where the job's checkpoints live in the checkpoint store (the worker's output folder)."""
     return Path(store) / job_id
+
+
+# A Tinker training client's id (``<session id>:train:<n>``, the form the SDK derives itself)
+# and a save's name (one path segment): declared here, where the folders they name are laid out.
+TINKER_MODEL_ID = re.compile(r"([A-Za-z0-9_-]{1,64}):train:(0|[1-9][0-9]{0,9})")
+TINKER_SAVE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+TINKER_DIR = "tinker"
+_PROJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def tinker_project_folder(store: Path, project_id: str) -> Path:
+    """Where a project's Tinker saves live in the checkpoint store (ValueError for an id that
+    is not one: nothing path-like reaches the disk)."""
+    if not _PROJECT_ID.fullmatch(project_id):
+        raise ValueError(f"not a project id: {project_id[:80]!r}")
+    return Path(store) / TINKER_DIR / project_id
+
+
+def tinker_save_folder(store: Path, project_id: str, model_id: str, kind: str, name: str) -> Path:
+    """The folder of a Tinker client's save: ``kind`` ``weights`` (the state) or
+    ``sampler_weights`` (the adapters). ValueError for a part that is not a valid one."""
+    if not TINKER_MODEL_ID.fullmatch(model_id) or not TINKER_SAVE_NAME.fullmatch(name):
+        raise ValueError(f"not a Tinker save: {model_id[:80]!r} {name[:80]!r}")
+    if kind not in ("weights", "sampler_weights"):
+        raise ValueError(f"not a Tinker save kind: {kind[:40]!r}")
+    # ':' is not a portable file-name character.
+    return tinker_project_folder(store, project_id) / model_id.replace(":", "_") / kind / name
 
 
 def checkpoint_folder(store: Path, job_id: str, step: int) -> Path:

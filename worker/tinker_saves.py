@@ -1,7 +1,8 @@
 """The saves of a held Tinker model (worker/tinker_requests.py): where they live, how one is
 written and recorded, and how a ``tinker://`` path is found again.
 
-A save goes under ``<checkpoint dir>/tinker/<project>/<model>/<kind>/<name>`` (``weights``:
+A save goes under ``<checkpoint dir>/tinker/<project>/<model>/<kind>/<name>``
+(jobspec.checkpoint_files.tinker_save_folder, where the inference tier finds sampler weights; ``weights``:
 the state with the optimizer; ``sampler_weights``: the adapter) and is recorded in
 ``tinker_checkpoints``; a path is only ever resolved through that table, within the model's
 own project, never by joining what the client wrote onto a folder.
@@ -18,13 +19,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.clock import as_utc, utcnow
+from app.core.clock import utcnow
 from app.core.db import session_scope
-from app.core.tinker_tables import TinkerCheckpoint
 from app.tinker import names
 from app.tinker import repository as repo
 from app.tinker import worker_repository as q
 from app.tinker.worker_repository import ModelRef
+from jobspec.checkpoint_files import tinker_project_folder, tinker_save_folder
 from worker.settings import WorkerSettings
 
 
@@ -34,15 +35,7 @@ class RequestRefused(ValueError):
 
 def checkpoint_root(settings: WorkerSettings, project_id: str) -> Path:
     """Where a project's Tinker saves live (each model's in a folder of its own)."""
-    return settings.resolved_checkpoint_dir / "tinker" / project_id
-
-
-def _live(row: TinkerCheckpoint | None) -> TinkerCheckpoint | None:
-    """The save, unless it expired (its folder may linger until the retention removes it)."""
-    if row is None:
-        return None
-    expires = as_utc(row.expires_at)
-    return row if expires is None or expires > utcnow() else None
+    return tinker_project_folder(settings.resolved_checkpoint_dir, project_id)
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -66,19 +59,19 @@ def write_save(
     ``overwrite``."""
     path = names.tinker_path(ref.id, kind, name)  # refuses a name that is not one
     with session_scope(sessions) as db:
-        existing = repo.get_checkpoint(
-            db, project_id=ref.project_id, model_id=ref.id, kind=kind, name=name
+        existing = repo.live_checkpoint(
+            db, project_id=ref.project_id, model_id=ref.id, kind=kind, name=name, now=utcnow()
         )
-        taken = _live(existing) is not None
+        taken = existing is not None
     if taken and not overwrite:
         raise RequestRefused(f"{path} exists; save under another name, or overwrite it")
-    parent = checkpoint_root(settings, ref.project_id) / ref.id.replace(":", "_") / kind
+    final = tinker_save_folder(settings.resolved_checkpoint_dir, ref.project_id, ref.id, kind, name)
+    parent = final.parent
     parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(4)
     # The primitives write a folder whole or not at all, and never over one: a save is written
     # beside its name and swapped in, so the old one stays whole until the new one is.
     staging, replaced = parent / f".{name}.new-{token}", parent / f".{name}.old-{token}"
-    final = parent / name
     try:
         write(staging)
         if final.exists():
@@ -113,10 +106,8 @@ def saved_folder(sessions: sessionmaker[Session], ref: ModelRef, path: str, kind
     if path_kind != kind:
         raise RequestRefused(f"{path} is not a {kind} save")
     with session_scope(sessions) as db:
-        row = _live(
-            repo.get_checkpoint(
-                db, project_id=ref.project_id, model_id=model_id, kind=kind, name=name
-            )
+        row = repo.live_checkpoint(
+            db, project_id=ref.project_id, model_id=model_id, kind=kind, name=name, now=utcnow()
         )
         base = q.base_model_of(db, project_id=ref.project_id, model_id=model_id)
     if row is None or not Path(row.folder).is_dir():

@@ -12,8 +12,9 @@ A request for a fine-tuned model reaches a vLLM OpenAI server in two hops of dif
 
 Each process registers itself in ``inference_servers`` (app.inference.servers_repository): its
 control URL, the base models it serves, and its :class:`ServerState` as JSON, rewritten every
-heartbeat. Nothing here is a host path: weights are named by job id and checkpoint folder name,
-which the inference process finds under its own checkpoint directory.
+heartbeat. Nothing here is a host path: weights are named by job id and checkpoint folder name
+(or, for a Tinker sampler save, by project, training client and save name), which the inference
+process finds under its own checkpoint directory (jobspec.checkpoint_files).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from jobspec.checkpoint_files import TINKER_MODEL_ID, TINKER_SAVE_NAME
 from jobspec.prompt_format import TemplateTraits
 
 ENSURE_PATH = "/engines/ensure"
@@ -40,6 +42,18 @@ class WeightsRef(BaseModel):
     folder: str = Field(max_length=64, pattern=r"^checkpoint-\d{6,}$")
 
 
+class SamplerWeightsRef(BaseModel):
+    """A Tinker training client's sampler weights save (LoRA adapters):
+    ``<checkpoint_dir>/tinker/<project_id>/<model_id>/sampler_weights/<name>`` on the inference
+    host (jobspec.checkpoint_files.tinker_save_folder). ``version`` (the save's time in
+    microseconds) tells an overwritten save from the one an engine loaded before."""
+
+    project_id: str = Field(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    model_id: str = Field(max_length=90, pattern=rf"^{TINKER_MODEL_ID.pattern}$")
+    name: str = Field(max_length=128, pattern=rf"^{TINKER_SAVE_NAME.pattern}$")
+    version: int = Field(ge=0)
+
+
 class EnsureRequest(BaseModel):
     """Make these weights answer requests. ``base_model`` is the job spec's ``model`` (a
     packaged name, a Hub id in the host's cache, or a model folder the operator allows).
@@ -50,7 +64,7 @@ class EnsureRequest(BaseModel):
     base_model: str = Field(max_length=1200)
     full: WeightsRef | None = None
     base_weights: WeightsRef | None = None
-    adapter: WeightsRef | None = None
+    adapter: WeightsRef | SamplerWeightsRef | None = None
 
 
 class EnsureResponse(BaseModel):

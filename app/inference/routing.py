@@ -101,6 +101,8 @@ def ensure_request(
     """What an inference process must load to serve `model`."""
     if model.kind == BASE.name:
         return EnsureRequest(base_model=model.base_model)
+    if model.sampler is not None:  # a Tinker sampler save: adapters over the base model
+        return EnsureRequest(base_model=model.base_model, adapter=model.sampler)
     assert model.job_id is not None and model.checkpoint_folder is not None
     weights = WeightsRef(job_id=model.job_id, folder=model.checkpoint_folder)
     if model.kind == FULL.name:

@@ -12,7 +12,8 @@ from app.inference.served_kinds import ModelKind
 
 # The longest model name accepted (path parameter, later the `model` of a chat request): above
 # the longest name a job's weights can have, `ft:` + a model of 1,000 characters + a suffix of
-# 64 + a job id + `:ckpt-step-<step>` (about 1,160 characters).
+# 64 + a job id + `:ckpt-step-<step>` (about 1,160 characters), and a Tinker sampler save's
+# (a base model of at most 300 + a name of 128 + a model id of at most 86).
 MAX_MODEL_NAME = 1200
 
 
@@ -26,11 +27,17 @@ class ModelInfo(BaseModel):
         description="base: a base model as packaged; full: a full fine-tune's weights; lora: "
         "LoRA adapters over `parent`."
     )
-    job_id: str | None = Field(default=None, description="The job that trained it.")
+    job_id: str | None = Field(
+        default=None, description="The job that trained it (null for a Tinker save)."
+    )
     step: int | None = Field(
         default=None,
         description="The step of the checkpoint it names (the job's last kept "
         "checkpoint for its `ft:` name).",
+    )
+    tinker_path: str | None = Field(
+        default=None,
+        description="A Tinker sampler weights save's `tinker://` path (its other name).",
     )
 
 

@@ -12,7 +12,8 @@ An engine's key (:func:`engine_name`) is also the name it serves its own weights
 checkpoint's engine (``full``, or the full checkpoint a LoRA job started from, ``base_weights``)
 is keyed by the checkpoint's served name and dtype, a base model's by its name, Hub revision and
 dtype (app.inference.engine_identity.engine_key). A checkpoint's served name is
-``<job_id>/<folder>`` (:func:`served_name`): the same in every process and after every reload,
+``<job_id>/<folder>`` (:func:`served_name`; a Tinker sampler save's,
+``tinker/<project>/<model id>/<name>@<version>``): the same in every process and after every reload,
 distinct for distinct checkpoints. The gateway finds warm weights in a process's state by
 comparing these names for equality, never by a part of them (``job_a`` is a part of
 ``job_ab``)."""
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.inference.engine_identity import engine_key
-from app.inference.protocol import EnsureRequest, WeightsRef
+from app.inference.protocol import EnsureRequest, SamplerWeightsRef, WeightsRef
 
 ModelKind = Literal["base", "full", "lora"]
 MODEL_MARKER = "config.json"  # a model folder (transformers' config)
@@ -49,8 +50,11 @@ def kind_of(ensure: EnsureRequest) -> ServedKind:
     return FULL if ensure.full is not None else BASE
 
 
-def served_name(ref: WeightsRef) -> str:
-    """The name a checkpoint's adapters, or its engine (in its default dtype), answer to."""
+def served_name(ref: WeightsRef | SamplerWeightsRef) -> str:
+    """The name a checkpoint's adapters, or its engine (in its default dtype), answer to; a
+    Tinker sampler save's carries its version, so an overwritten save is loaded anew."""
+    if isinstance(ref, SamplerWeightsRef):
+        return f"tinker/{ref.project_id}/{ref.model_id}/{ref.name}@{ref.version}"
     return f"{ref.job_id}/{ref.folder}"
 
 

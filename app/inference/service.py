@@ -9,15 +9,18 @@ Names (docs/openai-compat.md, "Models"):
 - `ft:<model>:<suffix>:<job id>:ckpt-step-<N>`: the kept checkpoint of step N, usable while the
   job still runs (and after it failed or was cancelled);
 - the native job id, `job_...` (its final weights, as the `ft:` name) or `job_...@N` (the
-  checkpoint of step N).
+  checkpoint of step N);
+- `ft:<model>:<save name>:<Tinker model id>` (app.tinker.names), or the save's own
+  `tinker://<model id>/sampler_weights/<name>` path: a Tinker training client's sampler weights
+  save (LoRA adapters over its base model), until the save expires.
 
 An `ft:` name must be exactly the job's own (the model and suffix parts included). Everything
 else is one 404, `model_not_found` (param `model`): an unknown name, another project's job, a
 deleted job, a job that has not succeeded (for its final weights), a checkpoint its retention
 pruned. The same answer whether or not the name exists elsewhere, so no name is an oracle.
 
-The catalogue lists the base models (the packaged ones, then the served ones), then the
-project's jobs holding kept checkpoints, newest first, `limit` jobs a page (cursor `after`, a
+The catalogue lists the base models (the packaged ones, then the served ones) and the project's
+newest `SAMPLER_SAVES_LISTED` Tinker sampler saves, then the project's jobs holding kept checkpoints, newest first, `limit` jobs a page (cursor `after`, a
 job id): each job's `ft:` name once it succeeded, then its newest `CHECKPOINTS_PER_JOB`
 checkpoints. Older checkpoints are not listed but still resolve (GET
 /v1/fine_tuning/jobs/{id}/checkpoints pages through all of them)."""
@@ -29,11 +32,12 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from app.core.clock import unix
+from app.core.clock import as_utc, unix, utcnow
 from app.core.errors import ModelNotFound
 from app.core.ids import MAX_STEP, parse_number
 from app.core.job_status import JobStatus
 from app.core.models import Checkpoint, Job
+from app.core.tinker_tables import TinkerCheckpoint
 from app.fine_tuning.names import (
     FINE_TUNED_PREFIX,
     NamedWeights,
@@ -45,12 +49,21 @@ from app.fine_tuning.names import (
 from app.inference import servers_repository as servers_repo
 from app.inference.chat_as_trained import TrainedPrompt
 from app.inference.engine_identity import DEFAULT_DTYPE, EngineDtype
+from app.inference.protocol import SamplerWeightsRef
 from app.inference.schemas import ModelInfo, ModelOut
 from app.inference.served_kinds import BASE, FULL, LORA, ModelKind
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import repository as jobs_repo
 from app.progress import repository as progress_repo
 from app.sessions import repository as projects_repo
+from app.tinker import repository as tinker_repo
+from app.tinker.names import (
+    SAMPLER_KIND,
+    SamplerModelName,
+    read_sampler_model_name,
+    sampler_model_name,
+    tinker_path,
+)
 from jobspec import PACKAGED_MODELS
 from jobspec.checkpoint_files import folder_name
 
@@ -59,6 +72,9 @@ NATIVE_PREFIX = "job_"
 STEP_SEPARATOR = "@"
 # How many checkpoints of each job the catalogue lists (the newest); the rest still resolve.
 CHECKPOINTS_PER_JOB = 10
+# How many of the project's Tinker sampler saves the catalogue lists (the newest); the rest
+# still resolve by name.
+SAMPLER_SAVES_LISTED = 20
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,9 @@ class ResolvedModel:
     dtype: EngineDtype = DEFAULT_DTYPE
     # What the job's rollouts put around a conversation (app.inference.chat_as_trained).
     prompt: TrainedPrompt | None = None
+    # A Tinker sampler save's adapters (then job_id is None), and its tinker:// path.
+    sampler: SamplerWeightsRef | None = None
+    tinker_path: str | None = None
 
 
 def not_found(name: str) -> ModelNotFound:
@@ -98,6 +117,9 @@ def resolve_model(session: Session, *, project_id: str, name: str) -> ResolvedMo
     """The model `name` names for `project_id`, or ModelNotFound (404 `model_not_found`)."""
     if name in PACKAGED_MODELS:
         return _base(session, project_id=project_id, name=name)
+    saved = read_sampler_model_name(name)
+    if saved is not None:
+        return _sampler_save(session, project_id=project_id, name=name, saved=saved)
     named = read_fine_tuned_name(name) or _read_native_name(name)
     job = None
     if named is not None:
@@ -174,6 +196,48 @@ def _fine_tuned(job: Job, checkpoint: Checkpoint, *, name: str, final: bool) -> 
     )
 
 
+def _sampler_save(
+    session: Session, *, project_id: str, name: str, saved: SamplerModelName
+) -> ResolvedModel:
+    """A Tinker sampler save of the project, not expired, named with its client's base model
+    (an `ft:` name) or by its path."""
+    model = tinker_repo.get_model(session, project_id=project_id, model_id=saved.model_id)
+    row = tinker_repo.live_checkpoint(
+        session,
+        project_id=project_id,
+        model_id=saved.model_id,
+        kind=SAMPLER_KIND,
+        name=saved.name,
+        now=utcnow(),
+    )
+    if model is None or row is None:
+        raise not_found(name)
+    if saved.base_model is not None and saved.base_model != model.base_model:
+        raise not_found(name)
+    return _sampler_model(row, model.base_model, name=name)
+
+
+def _sampler_model(row: TinkerCheckpoint, base: str, *, name: str) -> ResolvedModel:
+    created = as_utc(row.created_at)
+    assert created is not None
+    return ResolvedModel(
+        name=name,
+        kind=LORA.name,
+        base_model=base,
+        owned_by=row.project_id,
+        created=created,
+        parent=base,
+        sampler=SamplerWeightsRef(
+            project_id=row.project_id,
+            model_id=row.model_id,
+            name=row.name,
+            # An overwritten save is another version: engines load it anew.
+            version=int(created.timestamp() * 1_000_000),
+        ),
+        tinker_path=tinker_path(row.model_id, SAMPLER_KIND, row.name),
+    )
+
+
 @dataclass(frozen=True)
 class CataloguePage:
     models: list[ResolvedModel]
@@ -191,6 +255,17 @@ def catalogue(session: Session, *, project_id: str, after: str | None, limit: in
         served = [b for b in servers_repo.served_base_names(session) if b not in PACKAGED_MODELS]
         bases = [*PACKAGED_MODELS, *served]
         models = [_base(session, project_id=project_id, name=name) for name in bases]
+        saves = tinker_repo.newest_saves(
+            session,
+            project_id=project_id,
+            kind=SAMPLER_KIND,
+            now=utcnow(),
+            limit=SAMPLER_SAVES_LISTED,
+        )
+        models.extend(
+            _sampler_model(row, base, name=sampler_model_name(base, row.model_id, row.name))
+            for row, base in saves
+        )
     jobs, has_more = jobs_repo.list_page(
         session,
         project_id=project_id,
@@ -222,5 +297,7 @@ def model_object(model: ResolvedModel) -> ModelOut:
         created=unix(model.created) or 0,
         owned_by=model.owned_by,
         parent=model.parent,
-        grpo_service=ModelInfo(kind=model.kind, job_id=model.job_id, step=model.step),
+        grpo_service=ModelInfo(
+            kind=model.kind, job_id=model.job_id, step=model.step, tinker_path=model.tinker_path
+        ),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.tinker_tables import (
@@ -118,6 +118,26 @@ def get_checkpoint(
     return row if row is not None and row.project_id == project_id else None
 
 
+def _not_expired(now: datetime) -> ColumnElement[bool]:
+    """A save lives until its ``expires_at`` (its folder may linger until retention removes
+    it); one without lives on."""
+    return or_(TinkerCheckpoint.expires_at.is_(None), TinkerCheckpoint.expires_at > now)
+
+
+def live_checkpoint(
+    db: Session, *, project_id: str, model_id: str, kind: str, name: str, now: datetime
+) -> TinkerCheckpoint | None:
+    """The project's save of that name, unless it expired."""
+    query = select(TinkerCheckpoint).where(
+        TinkerCheckpoint.model_id == model_id,
+        TinkerCheckpoint.kind == kind,
+        TinkerCheckpoint.name == name,
+        TinkerCheckpoint.project_id == project_id,
+        _not_expired(now),
+    )
+    return db.scalars(query).first()
+
+
 def checkpoints_of_model(
     db: Session, *, project_id: str, model_id: str, now: datetime
 ) -> list[TinkerCheckpoint]:
@@ -125,10 +145,26 @@ def checkpoints_of_model(
     query = (
         select(TinkerCheckpoint)
         .where(TinkerCheckpoint.project_id == project_id, TinkerCheckpoint.model_id == model_id)
-        .where((TinkerCheckpoint.expires_at.is_(None)) | (TinkerCheckpoint.expires_at > now))
+        .where(_not_expired(now))
         .order_by(TinkerCheckpoint.created_at)
     )
     return list(db.scalars(query))
+
+
+def newest_saves(
+    db: Session, *, project_id: str, kind: str, now: datetime, limit: int
+) -> list[tuple[TinkerCheckpoint, str]]:
+    """The project's ``limit`` newest saves of ``kind`` not expired, each with the base model
+    of the training client that wrote it."""
+    query = (
+        select(TinkerCheckpoint, TinkerModel.base_model)
+        .join(TinkerModel, TinkerModel.id == TinkerCheckpoint.model_id)
+        .where(TinkerCheckpoint.project_id == project_id, TinkerCheckpoint.kind == kind)
+        .where(_not_expired(now))
+        .order_by(TinkerCheckpoint.created_at.desc(), TinkerCheckpoint.model_id)
+        .limit(limit)
+    )
+    return [(row, str(base)) for row, base in db.execute(query).tuples()]
 
 
 def stale_since(now: datetime, seconds: float) -> datetime:

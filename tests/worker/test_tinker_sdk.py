@@ -49,8 +49,12 @@ def live(
         yield server
 
 
-def run_client(server: Server, scenario: str, timeout: float = 420) -> dict[str, Any]:
-    key = "tml-" + new_project_key(server.settings)[0]
+def run_client(
+    server: Server, scenario: str, *args: str, key: str | None = None, timeout: float = 420
+) -> dict[str, Any]:
+    """The scenario's JSON, run by the SDK as the project of ``key`` (the project's own key;
+    default a new project's)."""
+    key = "tml-" + (key or new_project_key(server.settings)[0])
     env = {
         **os.environ,
         "TINKER_API_KEY": key,
@@ -59,7 +63,7 @@ def run_client(server: Server, scenario: str, timeout: float = 420) -> dict[str,
         "PYTHONPATH": "",
     }
     done = subprocess.run(
-        [str(SDK_PYTHON), str(CLIENT), server.url, scenario],
+        [str(SDK_PYTHON), str(CLIENT), server.url, scenario, *args],
         env=env, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]

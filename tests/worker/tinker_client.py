@@ -9,6 +9,9 @@ Scenarios:
 - ``rl``: sample groups from the training client's saved weights, reward completions that hold
   the token the reward likes, importance_sampling + optim_step: the mean reward per step.
 - ``errors``: the SDK error class and status of each bad call.
+- ``serve PROMPT TARGET`` (token ids as JSON lists): cross_entropy steps teach the client to
+  answer PROMPT with TARGET, then save_weights_for_sampler("served"): the model id, the path and
+  the sampler's greedy completion of PROMPT (for tests/inference/test_tinker_served.py).
 """
 
 from __future__ import annotations
@@ -114,9 +117,35 @@ def errors(service: Any) -> dict[str, Any]:
     return out
 
 
+def served(service: Any, prompt: list[int], target: list[int]) -> dict[str, Any]:
+    client = service.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
+    tokens = [*prompt, *target]
+    item = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(target),
+        },
+    )
+    for _ in range(8):
+        client.forward_backward([item], "cross_entropy").result()
+        client.optim_step(types.AdamParams(learning_rate=3e-2)).result()
+    path = client.save_weights_for_sampler("served").result().path
+    sampler = service.create_sampling_client(model_path=path).result()
+    greedy = sampler.sample(
+        types.ModelInput.from_ints(prompt),
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=len(target), temperature=0.0),
+    ).result()
+    return {"model_id": client.model_id, "path": path, "greedy": greedy.sequences[0].tokens}
+
+
 def main() -> None:
     base_url, scenario = sys.argv[1], sys.argv[2]
     service = tinker.ServiceClient(base_url=base_url)
+    if scenario == "serve":
+        print(json.dumps(served(service, json.loads(sys.argv[3]), json.loads(sys.argv[4]))))
+        return
     run = {"sl": supervised, "rl": reinforce, "errors": errors}[scenario]
     print(json.dumps(run(service)))
 

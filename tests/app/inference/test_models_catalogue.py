@@ -126,10 +126,15 @@ def test_the_list_holds_the_base_models_and_the_projects_own_names(api: Api) -> 
     assert base["parent"] is None and base["grpo_service"]["kind"] == "base"
     final = by_id[_ft(done)]
     assert final["owned_by"] == api.project_id and final["parent"] == "tiny-random-llama"
-    assert final["grpo_service"] == {"kind": "full", "job_id": done, "step": 4}
+    assert final["grpo_service"] == {"kind": "full", "job_id": done, "step": 4, "tinker_path": None}
     assert isinstance(final["created"], int) and final["created"] > 0
     adapter = by_id[f"{_ft(running)}:ckpt-step-1"]
-    assert adapter["grpo_service"] == {"kind": "lora", "job_id": running, "step": 1}
+    assert adapter["grpo_service"] == {
+        "kind": "lora",
+        "job_id": running,
+        "step": 1,
+        "tinker_path": None,
+    }
     assert adapter["parent"] == "tiny-random-llama"
     assert all(theirs not in m["id"] for m in listed["data"])
     assert f"{_ft(theirs)}:ckpt-step-3" in _ids(api, headers=other)
