@@ -63,6 +63,16 @@ class TinkerSettings(BaseSettings):
     tinker_max_sample_tokens: int = Field(
         default=1024, ge=1, le=131_072, description="max_tokens of one sample call."
     )
+    tinker_claim_timeout_s: float = Field(
+        default=900.0,
+        ge=30,
+        le=86_400,
+        description=(
+            "A training client no worker took for this long (every worker busy with jobs or "
+            "full of models) fails, with its queued calls, freeing the project's quota; until "
+            "then its calls answer try_again with queue_state paused_capacity."
+        ),
+    )
     tinker_poll_wait_s: float = Field(
         default=20.0,
         gt=0,

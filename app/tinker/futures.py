@@ -5,6 +5,11 @@
 A queued call whose model's worker stopped heartbeating (killed, its machine gone) fails here,
 with the others of that model, naming the model's last saved state: a dead worker's calls end
 with a clear error instead of waiting forever, and the client restores from that state.
+
+A call whose model no worker has taken yet answers ``try_again`` with ``queue_state``
+``paused_capacity`` (the SDK logs that it waits for capacity) once the model waited
+``UNCLAIMED_NOTICE_S``; after ``GRPO_TINKER_CLAIM_TIMEOUT_S`` the model and its calls fail,
+saying why, and the project's quota is free again.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.clock import utcnow
+from app.core.clock import as_utc, utcnow
 from app.core.db import session_scope
 from app.core.errors import NotFound
 from app.core.settings import Settings
@@ -24,15 +29,20 @@ from app.tinker import repository as repo
 
 # How often a held poll reads its request again.
 POLL_INTERVAL_S = 0.05
+# A model waiting this long for a worker is reported as waiting for capacity (an idle worker
+# takes one within a second or two; another session's worker adopts it after 5 s).
+UNCLAIMED_NOTICE_S = 15.0
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What retrieve_future answers: ``payload`` bytes in ``media`` (the call's result, or a
-    JSON error), or nothing yet (``payload`` None: try again)."""
+    JSON error), or nothing yet (``payload`` None: try again; ``waiting`` says why, when the
+    call waits for a worker to take its model)."""
 
     payload: bytes | None
     media: str = "application/json"
+    waiting: str | None = None
 
 
 PROTOBUF = "application/x-protobuf"
@@ -42,7 +52,9 @@ def _read(db: Session, settings: Settings, project_id: str, request_id: str) -> 
     row = repo.get_request(db, project_id=project_id, request_id=request_id)
     if row is None:
         raise NotFound(f"no Tinker request {request_id[:120]!r}", param="request_id")
+    waiting = None
     if row.status == "queued":
+        waiting = _unclaimed(db, settings, row.model_id)
         _fail_if_worker_lost(db, settings, row.model_id)
         db.refresh(row)
     if row.status == "done" and row.result is not None:
@@ -53,7 +65,33 @@ def _read(db: Session, settings: Settings, project_id: str, request_id: str) -> 
             "category": row.error_category or "server",
         }
         return Outcome(json.dumps(error).encode())
-    return Outcome(None)
+    return Outcome(None, waiting=waiting)
+
+
+def _unclaimed(db: Session, settings: Settings, model_id: str) -> str | None:
+    """Why the model's calls wait, when no worker has taken it for a while; a model left
+    unclaimed past the claim timeout is failed here (its calls with it, just after)."""
+    model = db.get(repo.TinkerModel, model_id)
+    if model is None or model.status != "starting" or model.heartbeat_at is not None:
+        return None
+    now = utcnow()
+    timeout = settings.tinker_claim_timeout_s
+    error = (
+        f"no worker took training client {model_id} within {timeout:.0f} s (every worker is "
+        "busy with jobs or holds as many models as it may); create it again later"
+    )
+    if repo.mark_model_unclaimed(
+        db, model_id=model_id, created_before=repo.stale_since(now, timeout), error=error
+    ):
+        db.refresh(model)  # failed: its calls fail next (_fail_if_worker_lost)
+        return None
+    created = as_utc(model.created_at) or now
+    if created >= repo.stale_since(now, UNCLAIMED_NOTICE_S):
+        return None
+    return (
+        f"no worker has taken training client {model_id} yet (every worker is busy); it waits "
+        f"up to {timeout:.0f} s"
+    )
 
 
 def _fail_if_worker_lost(db: Session, settings: Settings, model_id: str) -> None:

@@ -106,6 +106,25 @@ def mark_model_lost(db: Session, *, model_id: str, stale_before: datetime, error
     return bool(getattr(result, "rowcount", 0))
 
 
+def mark_model_unclaimed(
+    db: Session, *, model_id: str, created_before: datetime, error: str
+) -> bool:
+    """Mark a model failed when no worker ever claimed it and it was created before
+    ``created_before``; False otherwise (a worker took it meanwhile, or it is younger)."""
+    result = db.execute(
+        update(TinkerModel)
+        .where(
+            TinkerModel.id == model_id,
+            TinkerModel.status == "starting",
+            TinkerModel.heartbeat_at.is_(None),
+            TinkerModel.created_at < created_before,
+        )
+        .values(status="failed", error_message=error)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(getattr(result, "rowcount", 0))
+
+
 def get_sampler(db: Session, *, project_id: str, sampler_id: str) -> TinkerSampler | None:
     row = db.get(TinkerSampler, sampler_id)
     return row if row is not None and row.project_id == project_id else None

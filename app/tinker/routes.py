@@ -313,7 +313,11 @@ async def retrieve_future(
         state.sessions, state.settings, principal.project_id, body.request_id
     )
     if outcome.payload is None:
-        waiting = s.TryAgainResponse(request_id=body.request_id)
+        waiting = s.TryAgainResponse(
+            request_id=body.request_id,
+            queue_state="paused_capacity" if outcome.waiting else "active",
+            queue_state_reason=outcome.waiting,
+        )
         return Response(waiting.model_dump_json(exclude_none=True), media_type="application/json")
     return Response(outcome.payload, media_type=outcome.media)
 
