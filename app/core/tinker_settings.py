@@ -5,8 +5,10 @@ kept apart to keep that module readable."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from jobspec import PACKAGED_MODELS
 
 
 class TinkerSettings(BaseSettings):
@@ -73,6 +75,39 @@ class TinkerSettings(BaseSettings):
             "then its calls answer try_again with queue_state paused_capacity."
         ),
     )
+    tinker_model_aliases: str = Field(
+        default="",
+        max_length=10_000,
+        description=(
+            "Other names for the packaged models, as NAME=PACKAGED pairs separated by commas "
+            "(e.g. meta-llama/Llama-3.2-1B=tiny-random-llama): a training client may ask for "
+            "NAME and trains PACKAGED. For clients that take the model's name from a table of "
+            "their own, such as tinker-cookbook (docs/tinker-cookbook.md)."
+        ),
+    )
+
+    @property
+    def tinker_alias_map(self) -> dict[str, str]:
+        """The aliases, NAME -> packaged model (validated at startup). Read when a client is
+        created: its row records the packaged model (tinker_models.trained_model)."""
+        pairs = (p.strip() for p in self.tinker_model_aliases.split(",") if p.strip())
+        return dict(p.split("=", 1) for p in pairs)
+
+    @field_validator("tinker_model_aliases")
+    @classmethod
+    def _check_aliases(cls, value: str) -> str:
+        for pair in (p.strip() for p in value.split(",") if p.strip()):
+            name, sep, target = pair.partition("=")
+            if not sep or not name.strip() or target.strip() not in PACKAGED_MODELS:
+                raise ValueError(
+                    f"GRPO_TINKER_MODEL_ALIASES: {pair!r} is not NAME=PACKAGED with PACKAGED one "
+                    f"of {', '.join(PACKAGED_MODELS)}"
+                )
+        return ",".join(
+            f"{n.strip()}={t.strip()}"
+            for n, _, t in (p.strip().partition("=") for p in value.split(",") if p.strip())
+        )
+
     tinker_poll_wait_s: float = Field(
         default=20.0,
         gt=0,

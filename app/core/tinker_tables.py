@@ -60,10 +60,20 @@ class TinkerModel(Base):
         ForeignKey("tinker_sessions.id", ondelete="CASCADE"), index=True
     )
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
-    base_model: Mapped[str] = mapped_column(String(300))
+    base_model: Mapped[str] = mapped_column(String(300))  # as the client named it
+    # The packaged model trained when base_model is an alias (GRPO_TINKER_MODEL_ALIASES), fixed
+    # when the client is created so that its saves keep their model whatever the aliases
+    # become; None: base_model itself. What workers load and the inference tier serves.
+    trained_model: Mapped[str | None] = mapped_column(String(300))
     lora_rank: Mapped[int] = mapped_column(Integer)
     # train_attn / train_mlp / train_unembed / seed, as the request gave them.
     lora: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    @property
+    def model_trained(self) -> str:
+        """The model the worker loads: the alias's packaged model, or base_model."""
+        return self.trained_model or self.base_model
+
     # starting (queued for a worker) -> ready (resident) -> closed | failed
     status: Mapped[str] = mapped_column(String(16), default="starting")
     # A model created by load_weights starts from this saved state (a checkpoint folder).

@@ -37,7 +37,7 @@ from app.core.errors import ModelNotFound
 from app.core.ids import MAX_STEP, parse_number
 from app.core.job_status import JobStatus
 from app.core.models import Checkpoint, Job
-from app.core.tinker_tables import TinkerCheckpoint
+from app.core.tinker_tables import TinkerCheckpoint, TinkerModel
 from app.fine_tuning.names import (
     FINE_TUNED_PREFIX,
     NamedWeights,
@@ -214,19 +214,21 @@ def _sampler_save(
         raise not_found(name)
     if saved.base_model is not None and saved.base_model != model.base_model:
         raise not_found(name)
-    return _sampler_model(row, model.base_model, name=name)
+    return _sampler_model(row, model, name=name)
 
 
-def _sampler_model(row: TinkerCheckpoint, base: str, *, name: str) -> ResolvedModel:
+def _sampler_model(row: TinkerCheckpoint, model: TinkerModel, *, name: str) -> ResolvedModel:
+    """A sampler save served: the adapters over the model its client trained (an alias's
+    packaged model), named after the base model as the client named it."""
     created = as_utc(row.created_at)
     assert created is not None
     return ResolvedModel(
         name=name,
         kind=LORA.name,
-        base_model=base,
+        base_model=model.model_trained,
         owned_by=row.project_id,
         created=created,
-        parent=base,
+        parent=model.base_model,
         sampler=SamplerWeightsRef(
             project_id=row.project_id,
             model_id=row.model_id,
@@ -263,8 +265,8 @@ def catalogue(session: Session, *, project_id: str, after: str | None, limit: in
             limit=SAMPLER_SAVES_LISTED,
         )
         models.extend(
-            _sampler_model(row, base, name=sampler_model_name(base, row.model_id, row.name))
-            for row, base in saves
+            _sampler_model(row, m, name=sampler_model_name(m.base_model, row.model_id, row.name))
+            for row, m in saves
         )
     jobs, has_more = jobs_repo.list_page(
         session,

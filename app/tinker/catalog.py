@@ -20,11 +20,11 @@ from app.tinker.service import trainable_models, usable_model
 CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
 
 
-def capabilities() -> dict[str, Any]:
+def capabilities(settings: Settings) -> dict[str, Any]:
     return {
         "supported_models": [
             {"model_name": name, "trainable": True, "sampleable": True}
-            for name in trainable_models()
+            for name in trainable_models(settings)
         ]
     }
 

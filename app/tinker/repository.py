@@ -172,18 +172,18 @@ def checkpoints_of_model(
 
 def newest_saves(
     db: Session, *, project_id: str, kind: str, now: datetime, limit: int
-) -> list[tuple[TinkerCheckpoint, str]]:
-    """The project's ``limit`` newest saves of ``kind`` not expired, each with the base model
-    of the training client that wrote it."""
+) -> list[tuple[TinkerCheckpoint, TinkerModel]]:
+    """The project's ``limit`` newest saves of ``kind`` not expired, each with the training
+    client that wrote it."""
     query = (
-        select(TinkerCheckpoint, TinkerModel.base_model)
+        select(TinkerCheckpoint, TinkerModel)
         .join(TinkerModel, TinkerModel.id == TinkerCheckpoint.model_id)
         .where(TinkerCheckpoint.project_id == project_id, TinkerCheckpoint.kind == kind)
         .where(_not_expired(now))
         .order_by(TinkerCheckpoint.created_at.desc(), TinkerCheckpoint.model_id)
         .limit(limit)
     )
-    return [(row, str(base)) for row, base in db.execute(query).tuples()]
+    return [(row, model) for row, model in db.execute(query).tuples()]
 
 
 def stale_since(now: datetime, seconds: float) -> datetime:

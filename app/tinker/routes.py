@@ -4,49 +4,38 @@ Thin: a body parsed and bounded, the rule in app.tinker.service, catalog or futu
 Calls that return a future (create_model, forward_backward, forward, optim_step, save_weights,
 save_weights_for_sampler, load_weights, asample) answer at once with a ``request_id``; the
 model's worker applies them (worker/tinker_model.py) and ``retrieve_future`` returns the result.
+
+Every route that uses the database is a plain function (the threadpool runs it), its body read
+before by an async dependency (app.tinker.deps); only retrieve_future is async, and it reads the
+database in threads of its own.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel, ValidationError
 
 from app.core.deps import SessionDep, StateDep
-from app.core.errors import InvalidRequest, PayloadTooLarge
+from app.core.errors import InvalidRequest
 from app.tinker import catalog, service
 from app.tinker import schemas as s
-from app.tinker.deps import TinkerPrincipalDep
+from app.tinker.deps import ForwardBackwardBody, JsonBody, TinkerPrincipalDep
 from app.tinker.futures import await_outcome
 from app.tinker.wire import WireError, decode_forward_backward, fwdbwd_chunk_bytes
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
 
 M = TypeVar("M", bound=BaseModel)
-# A JSON body of the Tinker API (the largest: a sample's prompt of MAX_PROMPT_TOKENS ids).
-MAX_JSON_BYTES = 2_000_000
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the body is over {limit} bytes")
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise PayloadTooLarge(f"the body is over {limit} bytes")
-    return body
-
-
-async def parse_body(request: Request, model: type[M]) -> tuple[M, bytes]:
-    """The JSON body as ``model`` (a 422 naming the field otherwise), and its bytes."""
-    body = await _body(request, MAX_JSON_BYTES)
+def parse_json(body: bytes, model: type[M]) -> M:
+    """The JSON body as ``model`` (a 422 naming the field otherwise)."""
     if b"\\u0000" in body:  # Postgres stores no NUL in text
         raise InvalidRequest("the body holds a NUL character")
     try:
-        return model.model_validate_json(body or b"{}"), body
+        return model.model_validate_json(body or b"{}")
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -94,15 +83,15 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/get_server_capabilities")
-def capabilities(_principal: TinkerPrincipalDep) -> dict[str, Any]:
-    return catalog.capabilities()
+def capabilities(_principal: TinkerPrincipalDep, state: StateDep) -> dict[str, Any]:
+    return catalog.capabilities(state.settings)
 
 
 @router.post("/create_session")
-async def create_session(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def create_session(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await parse_body(request, s.CreateSessionRequest)
+    body = parse_json(raw, s.CreateSessionRequest)
     session_id = service.create_session(
         db,
         state.settings,
@@ -116,25 +105,24 @@ async def create_session(
 
 
 @router.post("/session_heartbeat")
-async def session_heartbeat(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def session_heartbeat(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await parse_body(request, s.SessionHeartbeatRequest)
+    body = parse_json(raw, s.SessionHeartbeatRequest)
     service.heartbeat(db, state.settings, principal.project_id, body.session_id)
     return {"type": "session_heartbeat"}
 
 
 @router.post("/telemetry")
-async def telemetry(request: Request, _principal: TinkerPrincipalDep) -> dict[str, str]:
-    await _body(request, MAX_JSON_BYTES)  # read and dropped: we keep no client telemetry
-    return {"status": "accepted"}
+def telemetry(_principal: TinkerPrincipalDep, _body: JsonBody) -> dict[str, str]:
+    return {"status": "accepted"}  # read and dropped: we keep no client telemetry
 
 
 @router.post("/sessions/{session_id}/finish")
-async def finish_session(
-    session_id: str, request: Request, principal: TinkerPrincipalDep, db: SessionDep
+def finish_session(
+    session_id: str, principal: TinkerPrincipalDep, raw: JsonBody, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await parse_body(request, s.SessionFinishRequest)
+    body = parse_json(raw, s.SessionFinishRequest)
     reason = body.reason.type if body.reason is not None else None
     service.finish_session(db, principal.project_id, session_id, reason)
     return {}
@@ -144,10 +132,10 @@ async def finish_session(
 
 
 @router.post("/create_model")
-async def create_model(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def create_model(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, raw = await parse_body(request, s.CreateModelRequest)
+    body = parse_json(raw, s.CreateModelRequest)
     if body.lora_config is None:
         raise InvalidRequest("lora_config is required: this server trains LoRA adapters")
     if body.optimizer_config.type != "adamw":
@@ -168,21 +156,18 @@ async def create_model(
 
 
 @router.post("/get_info")
-async def get_info(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def get_info(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await parse_body(request, s.GetInfoRequest)
+    body = parse_json(raw, s.GetInfoRequest)
     return catalog.model_info(db, state.settings, principal.project_id, body.model_id)
 
 
 @router.post("/forward_backward")
-async def forward_backward(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def forward_backward(
+    principal: TinkerPrincipalDep, raw: ForwardBackwardBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
     settings = state.settings
-    raw = await _body(request, settings.tinker_max_body_bytes)
-    if request.headers.get("content-encoding"):
-        raise InvalidRequest("compressed bodies are not accepted (proto_compress_fwdbwd: false)")
     try:
         call = decode_forward_backward(
             raw,
@@ -204,15 +189,15 @@ async def forward_backward(
     return future_answer(accepted)
 
 
-async def _training_call(
-    request: Request,
+def _training_call(
+    raw: bytes,
     principal: TinkerPrincipalDep,
     state: StateDep,
     db: SessionDep,
     model: type[s.OptimStepRequest] | type[s.SaveWeightsRequest],
     kind: str,
 ) -> dict[str, Any]:
-    body, raw = await parse_body(request, model)
+    body = parse_json(raw, model)
     if body.seq_id is None:
         raise InvalidRequest("seq_id is required", param="seq_id")
     accepted = service.submit(
@@ -228,24 +213,24 @@ async def _training_call(
 
 
 @router.post("/optim_step")
-async def optim_step(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def optim_step(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    return await _training_call(request, principal, state, db, s.OptimStepRequest, "optim_step")
+    return _training_call(raw, principal, state, db, s.OptimStepRequest, "optim_step")
 
 
 @router.post("/save_weights")
-async def save_weights(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def save_weights(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    return await _training_call(request, principal, state, db, s.SaveWeightsRequest, "save_weights")
+    return _training_call(raw, principal, state, db, s.SaveWeightsRequest, "save_weights")
 
 
 @router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def save_weights_for_sampler(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, raw = await parse_body(request, s.SaveWeightsForSamplerRequest)
+    body = parse_json(raw, s.SaveWeightsForSamplerRequest)
     if body.seq_id is None:
         raise InvalidRequest("seq_id is required", param="seq_id")
     if body.sampling_session_seq_id is not None:  # a new sampling session over these weights
@@ -275,10 +260,10 @@ async def save_weights_for_sampler(
 
 
 @router.post("/load_weights")
-async def load_weights(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def load_weights(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, raw = await parse_body(request, s.LoadWeightsRequest)
+    body = parse_json(raw, s.LoadWeightsRequest)
     if not body.creates_model or body.session_id is None or body.model_seq_id is None:
         raise InvalidRequest(
             "load_weights into a running client is not served: restore with "
@@ -306,9 +291,9 @@ async def load_weights(
 
 @router.post("/retrieve_future")
 async def retrieve_future(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep
 ) -> Response:
-    body, _ = await parse_body(request, s.RetrieveFutureRequest)
+    body = parse_json(raw, s.RetrieveFutureRequest)
     outcome = await await_outcome(
         state.sessions, state.settings, principal.project_id, body.request_id
     )
@@ -330,9 +315,7 @@ def list_checkpoints(
 
 
 @router.post("/weights_info")
-async def weights_info(
-    request: Request, principal: TinkerPrincipalDep, db: SessionDep
-) -> dict[str, Any]:
-    body, _ = await parse_body(request, s.WeightsInfoRequest)
+def weights_info(principal: TinkerPrincipalDep, raw: JsonBody, db: SessionDep) -> dict[str, Any]:
+    body = parse_json(raw, s.WeightsInfoRequest)
     model_id, kind, name = path_parts(body.tinker_path)
     return catalog.weights_info(db, principal.project_id, model_id, kind, name)

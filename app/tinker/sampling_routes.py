@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from app.core.deps import SessionDep, StateDep
 from app.core.errors import InvalidRequest
 from app.tinker import catalog, service
 from app.tinker import schemas as s
-from app.tinker.deps import TinkerPrincipalDep
-from app.tinker.routes import future_answer, parse_body, path_parts
+from app.tinker.deps import JsonBody, TinkerPrincipalDep
+from app.tinker.routes import future_answer, parse_json, path_parts
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
 
@@ -30,10 +30,10 @@ UNSERVED_SAMPLE_OPTIONS = (
 
 
 @router.post("/create_sampling_session")
-async def create_sampling_session(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def create_sampling_session(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
-    body, _ = await parse_body(request, s.CreateSamplingSessionRequest)
+    body = parse_json(raw, s.CreateSamplingSessionRequest)
     if body.model_path is None:
         raise InvalidRequest(
             "model_path is required: this server samples the saved weights of a training "
@@ -67,11 +67,11 @@ def get_sampler(sampler_id: str, principal: TinkerPrincipalDep, db: SessionDep) 
 
 
 @router.post("/asample")
-async def asample(
-    request: Request, principal: TinkerPrincipalDep, state: StateDep, db: SessionDep
+def asample(
+    principal: TinkerPrincipalDep, raw: JsonBody, state: StateDep, db: SessionDep
 ) -> dict[str, Any]:
     settings = state.settings
-    body, raw = await parse_body(request, s.SampleRequest)
+    body = parse_json(raw, s.SampleRequest)
     if body.sampling_session_id is None or body.seq_id is None:
         raise InvalidRequest("sampling_session_id and seq_id are required")
     unserved = [name for name in UNSERVED_SAMPLE_OPTIONS if getattr(body, name)]

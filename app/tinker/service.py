@@ -51,9 +51,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
-def trainable_models() -> tuple[str, ...]:
-    """The base models this deployment trains through the Tinker API: the packaged ones."""
-    return PACKAGED_MODELS
+def trainable_models(settings: Settings) -> tuple[str, ...]:
+    """The base models this deployment trains through the Tinker API: the packaged ones, and
+    their aliases (GRPO_TINKER_MODEL_ALIASES)."""
+    return (*PACKAGED_MODELS, *settings.tinker_alias_map)
 
 
 # ------------------------------------------------------------------ sessions
@@ -183,17 +184,23 @@ def create_model(
     lora: dict[str, Any],
     body: bytes,
 ) -> Accepted:
-    if base_model not in trainable_models():
+    if base_model not in trainable_models(settings):
         raise TinkerBadRequest(
             f"base_model {base_model[:200]!r} is not trained here; the models this server "
-            f"trains: {', '.join(trainable_models())} (GET /api/v1/get_server_capabilities)",
+            f"trains: {', '.join(trainable_models(settings))} "
+            "(GET /api/v1/get_server_capabilities)",
             param="base_model",
         )
     if not 1 <= lora_rank <= MAX_LORA_RANK:
         raise TinkerBadRequest(
             f"lora_config.rank must be 1..{MAX_LORA_RANK}, got {lora_rank}", param="lora_config"
         )
-    fields = {"base_model": base_model, "lora_rank": lora_rank, "lora": dict(lora)}
+    fields = {
+        "base_model": base_model,
+        "trained_model": settings.tinker_alias_map.get(base_model),
+        "lora_rank": lora_rank,
+        "lora": dict(lora),
+    }
     return _new_model(
         db,
         settings,
@@ -228,6 +235,7 @@ def load_model(
         raise NotFound(f"no saved state tinker://{source_model_id}/weights/{name}", param="path")
     fields = {
         "base_model": source.base_model,
+        "trained_model": source.trained_model,
         "lora_rank": source.lora_rank,
         "lora": dict(source.lora),
         "restore_from": saved.folder,

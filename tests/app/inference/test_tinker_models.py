@@ -2,7 +2,8 @@
 embedded SQLite): listed by GET /v1/models with their `tinker://` path, resolved by their `ft:`
 name or their path into LoRA adapters over the client's base model, and a 404
 `model_not_found` for anything the project cannot use: another project's save, a weights
-(state) save, a save that expired, an `ft:` name with the wrong base model. The answer through
+(state) save, a save that expired, an `ft:` name with the wrong base model. A client named by an
+alias (GRPO_TINKER_MODEL_ALIASES) is served on the alias's packaged model. The answer through
 a real inference process is tests/inference/test_tinker_served.py."""
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
 from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.settings import Settings
@@ -18,11 +23,12 @@ from app.inference import routing
 from app.inference.protocol import SamplerWeightsRef
 from app.inference.served_kinds import served_name
 from app.inference.service import resolve_model
+from app.main import create_app
 from app.tinker import worker_repository
 from app.tinker.names import read_sampler_model_name, sampler_model_name
 from jobspec import PACKAGED_MODELS
 from tests.app.tinker.test_tinker_api import Tinker
-from tests.conftest import Api
+from tests.conftest import Api, new_project_key
 
 TINY = "tiny-random-llama"
 
@@ -149,3 +155,41 @@ def test_the_gateway_asks_for_the_adapters_over_the_base_and_an_overwrite_is_new
     )  # fmt: skip
     again = ensure()
     assert served_name(again.adapter) != served_name(first.adapter)
+
+
+def test_a_client_named_by_an_alias_is_served_on_its_packaged_model(settings: Settings) -> None:
+    aliased = settings.model_copy(
+        update={"tinker_model_aliases": f"meta-llama/Llama-3.2-1B={TINY}"}
+    )
+    key, project_id = new_project_key(aliased)
+    with TestClient(create_app(aliased)) as client:
+        tinker = Tinker(client, aliased, "tml-" + key)
+        served = tinker.client.get(
+            "/api/v1/get_server_capabilities", headers={"X-API-Key": tinker.key}
+        )
+        assert "meta-llama/Llama-3.2-1B" in [
+            m["model_name"] for m in served.json()["supported_models"]
+        ]
+        made = tinker.post(
+            "create_model",
+            {"session_id": tinker.session(), "model_seq_id": 0,
+             "base_model": "meta-llama/Llama-3.2-1B", "lora_config": {"rank": 4}},
+        )  # fmt: skip
+        assert made.status_code == 200, made.text
+        model_id = made.json()["model_id"]
+        _save(aliased, project_id, model_id, "sampler_weights", "s")
+        name = sampler_model_name("meta-llama/Llama-3.2-1B", model_id, "s")
+        listed = client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).json()
+        shown = {m["id"]: m for m in listed["data"]}[name]
+        assert shown["parent"] == "meta-llama/Llama-3.2-1B"
+    engine = make_engine(aliased.resolved_database_url)
+    try:
+        with session_scope(make_session_factory(engine)) as db:
+            model = resolve_model(db, project_id=project_id, name=name)
+            ensure = routing.ensure_request(db, project_id=project_id, model=model)
+    finally:
+        engine.dispose()
+    assert ensure.base_model == TINY  # the engine of the packaged model, the adapters on it
+    # Unknown targets are refused when the settings are built.
+    with pytest.raises(ValidationError):
+        settings.model_validate({**settings.model_dump(), "tinker_model_aliases": "a=not-packaged"})
