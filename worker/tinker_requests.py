@@ -293,11 +293,13 @@ class HeldModel:
         while len(self.snapshots) > MAX_SNAPSHOTS:
             self.snapshots.popitem(last=False)
 
-    def _sampler_weights(self, sampler_id: str) -> WeightsSnapshot:
+    def _sampler_weights(self, sampler_id: str) -> WeightsSnapshot | None:
         with session_scope(self._sessions) as db:
             sampler = repo.get_sampler(db, project_id=self.ref.project_id, sampler_id=sampler_id)
         if sampler is None or sampler.model_id != self.ref.id:
             raise RequestRefused(f"no sampling session {sampler_id!r} on this model")
+        if names.is_base_sampler_model(self.ref.id):
+            return None  # the model's own weights: adapters never trained, the base model
         key = sampler.model_path or sampler.id
         snapshot = self.snapshots.get(key)
         if snapshot is None and sampler.model_path is not None:

@@ -62,6 +62,20 @@ def sampler_id(session_id: str, n: int) -> str:
     return f"{session_id}:sample:{n}"
 
 
+def base_sampler_model_id(session_id: str, n: int) -> str:
+    """The id of the model behind a session's n-th sampling session over a base model alone
+    (``create_sampling_client(base_model=...)``): a model of the server's own, which no SDK call
+    names (the SDK holds the sampler's id), so its form is apart from the SDK's training ids."""
+    _check_session_id(session_id)
+    return f"{session_id}:base:{n}"
+
+
+def is_base_sampler_model(model_id: str) -> bool:
+    """Whether ``model_id`` is the model of a base-model sampling session (no training calls,
+    no saves: it samples the base model's own weights)."""
+    return ":base:" in model_id
+
+
 def tinker_path(model_id: str, kind: str, name: str) -> str:
     """tinker://<model_id>/<kind>/<name>, the path of a saved checkpoint."""
     parse_training_model_id(model_id)

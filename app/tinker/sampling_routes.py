@@ -1,6 +1,7 @@
 """The Tinker API's sampling calls (``/api/v1``): sampling sessions over a training client's
-saved weights and ``asample`` (which ``compute_logprobs`` sends too), applied by the worker
-that holds the weights' model (worker/tinker_model.py). Thin, as app.tinker.routes."""
+saved weights or over a base model alone, and ``asample`` (which ``compute_logprobs`` sends
+too), applied by the worker that holds the weights' model (worker/tinker_model.py). Thin, as
+app.tinker.routes."""
 
 from __future__ import annotations
 
@@ -35,11 +36,16 @@ def create_sampling_session(
 ) -> dict[str, Any]:
     body = parse_json(raw, s.CreateSamplingSessionRequest)
     if body.model_path is None:
-        raise InvalidRequest(
-            "model_path is required: this server samples the saved weights of a training "
-            "client (tinker://<model>/sampler_weights/<name>), not a base model alone",
-            param="model_path",
+        assert body.base_model is not None  # the schema asks for one of the two
+        sampler_id = service.add_base_sampler(
+            db,
+            state.settings,
+            principal.project_id,
+            session_id=body.session_id,
+            sampling_seq_id=body.sampling_session_seq_id,
+            base_model=body.base_model,
         )
+        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
     model_id, kind, name = path_parts(body.model_path)
     if (
         kind != "sampler_weights"

@@ -21,6 +21,7 @@ from app.core.clock import utcnow
 from app.core.errors import ApiError, Gone, NotFound, TooManyRequests
 from app.core.settings import Settings
 from app.core.tinker_tables import TinkerModel, TinkerRequest, TinkerSampler, TinkerSession
+from app.tinker import names
 from app.tinker import repository as repo
 from app.tinker.dispatch import send_model
 from jobspec.job import PACKAGED_MODELS
@@ -153,11 +154,13 @@ def _new_model(
     kind: str,
     body: bytes,
     fields: dict[str, Any],
+    model_id: str | None = None,
 ) -> Accepted:
     """A training client's row and its first request (create_model or load_weights), sent to
-    a worker once committed. A retried creation finds its first request."""
+    a worker once committed (``model_id``: the SDK's own form unless given). A retried creation
+    finds its first request."""
     live_session(db, settings, project_id, session_id)
-    model_id = f"{session_id}:train:{model_seq_id}"
+    model_id = model_id or names.training_model_id(session_id, model_seq_id)
     existing = repo.get_model(db, project_id=project_id, model_id=model_id)
     if existing is not None:
         first = repo.find_request(db, model_id=model_id, seq_key="0")
@@ -172,6 +175,16 @@ def _new_model(
     return Accepted(request.request_id, model_id)
 
 
+def _check_base_model(settings: Settings, base_model: str) -> None:
+    if base_model not in trainable_models(settings):
+        raise TinkerBadRequest(
+            f"base_model {base_model[:200]!r} is not trained here; the models this server "
+            f"trains: {', '.join(trainable_models(settings))} "
+            "(GET /api/v1/get_server_capabilities)",
+            param="base_model",
+        )
+
+
 def create_model(
     db: Session,
     settings: Settings,
@@ -184,13 +197,7 @@ def create_model(
     lora: dict[str, Any],
     body: bytes,
 ) -> Accepted:
-    if base_model not in trainable_models(settings):
-        raise TinkerBadRequest(
-            f"base_model {base_model[:200]!r} is not trained here; the models this server "
-            f"trains: {', '.join(trainable_models(settings))} "
-            "(GET /api/v1/get_server_capabilities)",
-            param="base_model",
-        )
+    _check_base_model(settings, base_model)
     if not 1 <= lora_rank <= MAX_LORA_RANK:
         raise TinkerBadRequest(
             f"lora_config.rank must be 1..{MAX_LORA_RANK}, got {lora_rank}", param="lora_config"
@@ -281,6 +288,12 @@ def submit(
     """A training call (forward_backward, forward, optim_step, save_weights,
     save_weights_for_sampler): accepted once per ``seq_id``, in increasing order."""
     model = usable_model(db, settings, project_id, model_id)
+    if names.is_base_sampler_model(model.id):
+        raise TinkerBadRequest(
+            f"model {model.id} samples its base model for a sampling session; it takes no "
+            "training calls",
+            param="model_id",
+        )
     repeated = repo.find_request(db, model_id=model_id, seq_key=str(seq_id))
     if repeated is not None:  # the SDK re-sent a call it had no answer for
         return Accepted(repeated.request_id, model_id)
@@ -359,6 +372,62 @@ def add_sampler(
             base_model=model.base_model,
             model_id=model_id,
             model_path=model_path,
+            created_at=utcnow(),
+        )
+    )
+    db.flush()
+    return sampler_id
+
+
+def add_base_sampler(
+    db: Session,
+    settings: Settings,
+    project_id: str,
+    *,
+    session_id: str,
+    sampling_seq_id: int,
+    base_model: str,
+) -> str:
+    """A sampling session over a base model alone (``create_sampling_client(base_model=...)``).
+    Sampling runs where a model is resident, so the session gets a model of its own, which a
+    worker holds as it holds a training client (it counts against the project's training
+    clients): fresh adapters whose B is zero, never trained, so it samples exactly the base
+    model."""
+    _check_base_model(settings, base_model)
+    model_id = names.base_sampler_model_id(session_id, sampling_seq_id)
+    sampler_id = names.sampler_id(session_id, sampling_seq_id)
+    existing = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
+    if existing is not None:
+        if existing.model_id == model_id and existing.base_model == base_model:
+            return sampler_id  # a retried creation
+        raise TinkerBadRequest(
+            f"sampling_session_seq_id {sampling_seq_id} is taken", param="sampling_session_seq_id"
+        )
+    fields = {
+        "base_model": base_model,
+        "trained_model": settings.tinker_alias_map.get(base_model),
+        "lora_rank": 1,  # the smallest resident adapters; B = 0 leaves the base untouched
+        "lora": {"train_attn": True, "train_mlp": False, "train_unembed": False, "seed": 0},
+    }
+    _new_model(
+        db,
+        settings,
+        project_id,
+        session_id=session_id,
+        model_seq_id=sampling_seq_id,
+        kind="create_model",
+        body=b"{}",
+        fields=fields,
+        model_id=model_id,
+    )
+    db.add(
+        TinkerSampler(
+            id=sampler_id,
+            session_id=session_id,
+            project_id=project_id,
+            base_model=base_model,
+            model_id=model_id,
+            model_path=None,
             created_at=utcnow(),
         )
     )

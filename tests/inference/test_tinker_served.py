@@ -8,6 +8,8 @@ sampler weights; the unchanged `openai` SDK then asks for them by their `ft:` na
   prompt tokens, and it is not the base model's: the adapters, head included, are applied.
 - `models.list()` shows the save with its path; another project's key gets a 404 for both
   names.
+- A Tinker sampling client over the base model alone (`create_sampling_client(base_model=...)`)
+  answers greedily as the inference tier's base model does.
 """
 
 from __future__ import annotations
@@ -97,7 +99,10 @@ def test_a_sampler_save_answers_as_its_sampler_does(
     served = _answer(sdk, name, len(target))
     assert served == expected
     assert _answer(sdk, trained["path"], len(target)) == expected
-    assert _answer(sdk, "tiny-random-llama", len(target)) != expected  # the adapters count
+    base_answer = _answer(sdk, "tiny-random-llama", len(target))
+    assert base_answer != expected  # the adapters count
+    # A Tinker sampling client over the base model alone answers as the served base model.
+    assert tokenizer.decode(trained["base_greedy"], skip_special_tokens=True) == base_answer
 
     stranger = OpenAI(
         base_url=f"{server.url}/v1", api_key=new_project_key(server.settings)[0], max_retries=0

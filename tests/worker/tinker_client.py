@@ -10,8 +10,9 @@ Scenarios:
   the token the reward likes, importance_sampling + optim_step: the mean reward per step.
 - ``errors``: the SDK error class and status of each bad call.
 - ``serve PROMPT TARGET`` (token ids as JSON lists): cross_entropy steps teach the client to
-  answer PROMPT with TARGET, then save_weights_for_sampler("served"): the model id, the path and
-  the sampler's greedy completion of PROMPT (for tests/inference/test_tinker_served.py).
+  answer PROMPT with TARGET, then save_weights_for_sampler("served"): the model id, the path,
+  the sampler's greedy completion of PROMPT, and that of a sampling client over the base model
+  alone (for tests/inference/test_tinker_served.py).
 """
 
 from __future__ import annotations
@@ -137,7 +138,18 @@ def served(service: Any, prompt: list[int], target: list[int]) -> dict[str, Any]
         num_samples=1,
         sampling_params=types.SamplingParams(max_tokens=len(target), temperature=0.0),
     ).result()
-    return {"model_id": client.model_id, "path": path, "greedy": greedy.sequences[0].tokens}
+    base = service.create_sampling_client(base_model=BASE_MODEL).result()
+    untrained = base.sample(
+        types.ModelInput.from_ints(prompt),
+        num_samples=1,
+        sampling_params=types.SamplingParams(max_tokens=len(target), temperature=0.0),
+    ).result()
+    return {
+        "model_id": client.model_id,
+        "path": path,
+        "greedy": greedy.sequences[0].tokens,
+        "base_greedy": untrained.sequences[0].tokens,
+    }
 
 
 def main() -> None:

@@ -224,3 +224,45 @@ def test_a_client_no_worker_takes_waits_for_capacity_then_fails(tinker: Tinker) 
     session_id = tinker.session()
     tinker.model(session_id)
     tinker.model(session_id, 1)  # the quota is 2 (the fixture): both fit
+
+
+def test_a_sampling_session_over_a_base_model_alone(tinker: Tinker) -> None:
+    session_id = tinker.session()
+    made = tinker.post(
+        "create_sampling_session",
+        {"session_id": session_id, "sampling_session_seq_id": 0, "base_model": "tiny-random-llama"},
+    )
+    assert made.status_code == 200, made.text
+    sampler_id = made.json()["sampling_session_id"]
+    assert sampler_id == f"{session_id}:sample:0"
+    again = tinker.post(
+        "create_sampling_session",
+        {"session_id": session_id, "sampling_session_seq_id": 0, "base_model": "tiny-random-llama"},
+    )
+    assert again.json()["sampling_session_id"] == sampler_id  # a retried creation
+    info = tinker.client.get(f"/api/v1/samplers/{sampler_id}", headers={"X-API-Key": tinker.key})
+    assert info.json() == {"sampler_id": sampler_id, "base_model": "tiny-random-llama",
+                           "model_path": None}  # fmt: skip
+    sample = tinker.post(
+        "asample",
+        {"sampling_session_id": sampler_id, "seq_id": 0, "num_samples": 2,
+         "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 5, 6]}]},
+         "sampling_params": {"max_tokens": 4}},
+    )  # fmt: skip
+    assert sample.status_code == 200, sample.text
+    # The model behind it takes no training calls, and it counts as one of the project's two.
+    hidden = f"{session_id}:base:0"
+    refused = tinker.optim(hidden, 1)
+    assert refused.status_code == 400 and "no training calls" in refused.json()["error"]["message"]
+    tinker.model(session_id)
+    full = tinker.post(
+        "create_model",
+        {"session_id": session_id, "model_seq_id": 1, "base_model": "tiny-random-llama",
+         "lora_config": {"rank": 4}},
+    )  # fmt: skip
+    assert full.status_code == 429
+    unknown = tinker.post(
+        "create_sampling_session",
+        {"session_id": session_id, "sampling_session_seq_id": 1, "base_model": "nobody/nothing"},
+    )
+    assert unknown.status_code == 400 and "base_model" in unknown.json()["error"]["message"]
