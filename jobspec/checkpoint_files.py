@@ -35,6 +35,7 @@ __all__ = [
     "OPTIMIZER_FILE",
     "RNG_FILE",
     "SHARDED_DIR",
+    "TINKER_DIR",
     "TINKER_MODEL_ID",
     "TINKER_SAVE_NAME",
     "TRAINER_FILES",

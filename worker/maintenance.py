@@ -13,7 +13,9 @@
   API can tell a job that no worker of its size runs (app.jobs.size_classes);
 - the registry clean-up deletes the rows of inference processes gone for an hour (a process
   killed outright never removes its own row; the gateway reads only fresh rows, but the table
-  would grow with every restart).
+  would grow with every restart);
+- the Tinker clean-up removes the saves past their expiry (a TTL, or a delete through the
+  Tinker API): their folders and rows (worker.tinker_saves.remove_expired_saves).
 Every worker runs them; compare-and-set transitions make concurrent runs safe, and the purge's
 steps are idempotent.
 """
@@ -38,6 +40,7 @@ from app.jobs.dispatch import fill_slots, send_after_commit, send_job
 from app.jobs.transitions import JobStatus
 from worker.context import WorkerContext
 from worker.retention import remove_job_folder
+from worker.tinker_saves import remove_expired_saves
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +205,7 @@ def forget_gone_inference_servers(ctx: WorkerContext) -> int:
 
 
 class MaintenanceThread:
-    """Runs the reaper, the sweep, the purge and the registry clean-up every
+    """Runs the reaper, the sweep, the purges and the registry clean-up every
     `maintenance_seconds` until stopped."""
 
     def __init__(self, ctx: WorkerContext) -> None:
@@ -225,6 +228,7 @@ class MaintenanceThread:
                 redispatch_queued(self._ctx)
                 purge_deleted_jobs(self._ctx)
                 forget_gone_inference_servers(self._ctx)
+                remove_expired_saves(self._ctx.sessions, self._ctx.settings.resolved_checkpoint_dir)
             except SQLAlchemyError as exc:
                 log.warning("maintenance skipped: database unavailable (%s)", exc)
             except Exception:  # never let the thread die

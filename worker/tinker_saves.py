@@ -25,7 +25,13 @@ from app.tinker import names
 from app.tinker import repository as repo
 from app.tinker import worker_repository as q
 from app.tinker.worker_repository import ModelRef
-from jobspec.checkpoint_files import tinker_project_folder, tinker_save_folder
+from app.usage import service as storage
+from jobspec.checkpoint_files import (
+    TINKER_DIR,
+    remove_folder,
+    tinker_project_folder,
+    tinker_save_folder,
+)
 from worker.settings import WorkerSettings
 
 
@@ -74,6 +80,7 @@ def write_save(
     staging, replaced = parent / f".{name}.new-{token}", parent / f".{name}.old-{token}"
     try:
         write(staging)
+        _check_room(sessions, settings, ref, kind, name, adding=_folder_bytes(staging))
         if final.exists():
             final.rename(replaced)
         staging.rename(final)
@@ -97,6 +104,64 @@ def write_save(
         if kind == "weights":
             q.set_last_saved(db, model_id=ref.id, owner=ref.owner, path=path)
     return path
+
+
+def _check_room(
+    sessions: sessionmaker[Session],
+    settings: WorkerSettings,
+    ref: ModelRef,
+    kind: str,
+    name: str,
+    *,
+    adding: int,
+) -> None:
+    """RequestRefused when the save would take the project's storage (its jobs' checkpoints
+    and its Tinker saves) past GRPO_MAX_CHECKPOINT_BYTES_PER_PROJECT; the save it replaces, if
+    any, is freed. Checked before the save is put in place, so a refused one leaves nothing."""
+    limit = settings.max_checkpoint_bytes_per_project
+    with session_scope(sessions) as db:
+        replaced = repo.get_checkpoint(
+            db, project_id=ref.project_id, model_id=ref.id, kind=kind, name=name
+        )
+        over = storage.room_for(
+            db,
+            project_id=ref.project_id,
+            limit=limit,
+            adding=adding,
+            freeing=replaced.size_bytes if replaced is not None else 0,
+        )
+    if over is not None:
+        assert over.limit_bytes is not None
+        raise RequestRefused(
+            f"save not kept: with its {storage.human_bytes(adding)} the project's checkpoints "
+            f"and Tinker saves would take {storage.human_bytes(over.used_bytes)}, over its "
+            f"limit of {storage.human_bytes(over.limit_bytes)} ({storage.SETTING}); delete "
+            "saves you no longer need (RestClient.delete_checkpoint, or a ttl_seconds on "
+            "save) or jobs' checkpoints"
+        )
+
+
+def remove_expired_saves(sessions: sessionmaker[Session], store: Path, *, limit: int = 500) -> int:
+    """Remove the folders and rows of saves past their expiry (a TTL, or a delete); how many.
+    Each row is deleted first, only if still expired (a save written again under the name
+    has a new expiry), and its folder removed only then, and only inside the store's Tinker
+    folder. (A save being written again under an expired name at that very moment, between
+    putting its folder in place and recording it, loses its folder: it then fails to load,
+    saying so.)"""
+    now = utcnow()
+    root = (Path(store) / TINKER_DIR).resolve()
+    with session_scope(sessions) as db:
+        due = q.expired_saves(db, now=now, limit=limit)
+        expired = [(r.model_id, r.kind, r.name, r.folder) for r in due]
+    removed = 0
+    for model_id, kind, name, folder in expired:
+        with session_scope(sessions) as db:
+            if not q.forget_save(db, model_id=model_id, kind=kind, name=name, expired_by=now):
+                continue
+        if Path(folder).resolve().is_relative_to(root):
+            remove_folder(Path(folder))
+        removed += 1
+    return removed
 
 
 def saved_folder(sessions: sessionmaker[Session], ref: ModelRef, path: str, kind: str) -> Path:

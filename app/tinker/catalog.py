@@ -90,6 +90,19 @@ def checkpoints(db: Session, project_id: str, model_id: str) -> dict[str, Any]:
     return {"checkpoints": [checkpoint_entry(row) for row in rows], "cursor": None}
 
 
+def delete_checkpoint(db: Session, project_id: str, model_id: str, checkpoint_id: str) -> None:
+    """Expire the save ``<kind>/<name>`` of the project's training run now (404 when there is
+    none): invisible at once, its folder removed by a worker (worker.maintenance), its bytes
+    counted until then."""
+    kind, _, name = checkpoint_id.partition("/")
+    if kind not in CHECKPOINT_TYPES or not repo.expire_checkpoint(
+        db, project_id=project_id, model_id=model_id, kind=kind, name=name, now=utcnow()
+    ):
+        raise NotFound(
+            f"no save tinker://{model_id[:120]}/{checkpoint_id[:200]}", param="checkpoint_id"
+        )
+
+
 def weights_info(
     db: Session, project_id: str, model_id: str, kind: str, name: str
 ) -> dict[str, Any]:

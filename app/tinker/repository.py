@@ -186,6 +186,32 @@ def newest_saves(
     return [(row, model) for row, model in db.execute(query).tuples()]
 
 
+def saved_bytes(db: Session, *, project_id: str) -> int:
+    """The bytes of the project's Tinker saves on disk: every recorded save, expired or deleted
+    ones too until a worker removes them (worker.maintenance)."""
+    total = db.scalar(
+        select(func.coalesce(func.sum(TinkerCheckpoint.size_bytes), 0)).where(
+            TinkerCheckpoint.project_id == project_id
+        )
+    )
+    return int(total or 0)
+
+
+def expire_checkpoint(
+    db: Session, *, project_id: str, model_id: str, kind: str, name: str, now: datetime
+) -> bool:
+    """Mark the project's live save expired now (a delete: a worker removes its folder and
+    row); False when there is no such live save."""
+    row = live_checkpoint(
+        db, project_id=project_id, model_id=model_id, kind=kind, name=name, now=now
+    )
+    if row is None:
+        return False
+    row.expires_at = now
+    db.flush()
+    return True
+
+
 def stale_since(now: datetime, seconds: float) -> datetime:
     return now - timedelta(seconds=seconds)
 

@@ -314,6 +314,16 @@ def list_checkpoints(
     return catalog.checkpoints(db, principal.project_id, model_id)
 
 
+@router.delete("/training_runs/{model_id}/checkpoints/{checkpoint_id:path}")
+def delete_checkpoint(
+    model_id: str, checkpoint_id: str, principal: TinkerPrincipalDep, db: SessionDep
+) -> Response:
+    """``RestClient.delete_checkpoint``: the save (``weights/<name>`` or
+    ``sampler_weights/<name>``) is gone at once for every call; a worker removes its folder."""
+    catalog.delete_checkpoint(db, principal.project_id, model_id, checkpoint_id)
+    return Response(status_code=204)
+
+
 @router.post("/weights_info")
 def weights_info(principal: TinkerPrincipalDep, raw: JsonBody, db: SessionDep) -> dict[str, Any]:
     body = parse_json(raw, s.WeightsInfoRequest)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import exists, select, update
+from sqlalchemy import delete, exists, select, update
 from sqlalchemy.orm import Session
 
 from app.core.clock import as_utc
@@ -259,3 +259,29 @@ def set_last_saved(db: Session, *, model_id: str, owner: str, path: str) -> None
 def base_model_of(db: Session, *, project_id: str, model_id: str) -> str | None:
     model = repo.get_model(db, project_id=project_id, model_id=model_id)
     return model.base_model if model is not None else None
+
+
+def expired_saves(db: Session, *, now: datetime, limit: int) -> list[TinkerCheckpoint]:
+    """Saves past their expiry (a TTL, or a delete), oldest first: their folders to remove."""
+    query = (
+        select(TinkerCheckpoint)
+        .where(TinkerCheckpoint.expires_at.is_not(None), TinkerCheckpoint.expires_at <= now)
+        .order_by(TinkerCheckpoint.expires_at)
+        .limit(limit)
+    )
+    return list(db.scalars(query))
+
+
+def forget_save(db: Session, *, model_id: str, kind: str, name: str, expired_by: datetime) -> bool:
+    """Delete an expired save's row before its folder is removed; False (nothing deleted) when
+    it was written again meanwhile (an overwrite gives it a new expiry)."""
+    result = db.execute(
+        delete(TinkerCheckpoint).where(
+            TinkerCheckpoint.model_id == model_id,
+            TinkerCheckpoint.kind == kind,
+            TinkerCheckpoint.name == name,
+            TinkerCheckpoint.expires_at.is_not(None),
+            TinkerCheckpoint.expires_at <= expired_by,
+        )
+    )
+    return _matched(result) == 1

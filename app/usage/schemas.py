@@ -16,7 +16,7 @@ class JobUsage(BaseModel):
 class CheckpointQuotaOut(BaseModel):
     used_bytes: int = Field(
         description="Bytes counted against the limit: `checkpoint_bytes` plus "
-        "`pending_purge_bytes`."
+        "`pending_purge_bytes` plus the project's Tinker saves (docs/tinker.md)."
     )
     pending_purge_bytes: int = Field(
         description="Checkpoints of deleted jobs, still stored until the workers purge them "

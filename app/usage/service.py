@@ -4,7 +4,10 @@ What counts: every checkpoint the project stores, from the size recorded when it
 (`app.jobs.checkpoints_repository.stored_bytes`, one query): its jobs' kept checkpoints, and a
 deleted job's until the workers purge it (`GRPO_DELETE_GRACE_SECONDS`): its folder is on disk
 until then, so deleting jobs and starting new ones cannot grow the disk past the limit.
-Checkpoints the job's retention deleted do not count (their folders go right after).
+Checkpoints the job's retention deleted do not count (their folders go right after). The
+project's Tinker saves count too (`app.tinker.repository.saved_bytes`), expired and deleted ones
+until a worker removes them: a Tinker save that would go beyond the limit is refused before it
+is written in place (`room_for`, worker.tinker_saves).
 
 Where: as a worker records a checkpoint (`worker.progress.DatabaseCallbacks.on_checkpoint`),
 in the checkpoint's own transaction, after the job's retention marked the older checkpoints the
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from app.jobs import checkpoints_repository as checkpoints_repo
+from app.tinker import repository as tinker_repo
 
 SETTING = "GRPO_MAX_CHECKPOINT_BYTES_PER_PROJECT"
 ERROR_CODE = "checkpoint_quota_exceeded"
@@ -45,7 +49,22 @@ class StorageUse:
 def use_of(session: Session, *, project_id: str, limit: int) -> StorageUse:
     """The project's checkpoint storage against `limit` (0: no limit)."""
     used, pending = checkpoints_repo.stored_bytes(session, project_id=project_id)
+    used += tinker_repo.saved_bytes(session, project_id=project_id)
     return StorageUse(used, pending, limit if limit > 0 else None)
+
+
+def room_for(
+    session: Session, *, project_id: str, limit: int, adding: int, freeing: int
+) -> StorageUse | None:
+    """Before a Tinker save is put in place: the project's use with it (``adding`` bytes, the
+    save it replaces ``freeing``) when that is over ``limit``, else None. Holds the project's
+    storage lock until the transaction ends."""
+    if limit <= 0:
+        return None
+    checkpoints_repo.lock_storage(session, project_id=project_id)
+    now = use_of(session, project_id=project_id, limit=limit)
+    use = StorageUse(now.used_bytes + adding - freeing, now.pending_purge_bytes, now.limit_bytes)
+    return use if use.over else None
 
 
 def check_recorded(session: Session, *, project_id: str, limit: int) -> StorageUse | None:
