@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.core.deps import SessionDep, StateDep
 from app.core.errors import InvalidRequest
-from app.tinker import catalog, service
+from app.tinker import catalog, samplers, service
 from app.tinker import schemas as s
 from app.tinker.deps import ForwardBackwardBody, JsonBody, TinkerPrincipalDep
 from app.tinker.futures import await_outcome
@@ -238,7 +238,7 @@ def save_weights_for_sampler(
             session_id, _ = s.parse_training_model_id(body.model_id)
         except WireError as exc:
             raise service.TinkerBadRequest(str(exc), param="model_id") from None
-        service.add_sampler(
+        samplers.add_sampler(
             db,
             state.settings,
             principal.project_id,

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 
 from app.core.deps import SessionDep, StateDep
 from app.core.errors import InvalidRequest
-from app.tinker import catalog, service
+from app.tinker import catalog, samplers, service
 from app.tinker import schemas as s
 from app.tinker.deps import JsonBody, TinkerPrincipalDep
 from app.tinker.routes import future_answer, parse_json, path_parts
@@ -37,7 +37,7 @@ def create_sampling_session(
     body = parse_json(raw, s.CreateSamplingSessionRequest)
     if body.model_path is None:
         assert body.base_model is not None  # the schema asks for one of the two
-        sampler_id = service.add_base_sampler(
+        sampler_id = samplers.add_base_sampler(
             db,
             state.settings,
             principal.project_id,
@@ -55,7 +55,7 @@ def create_sampling_session(
         is None
     ):
         raise service.TinkerBadRequest(f"no sampler weights {body.model_path[:300]}")
-    sampler_id = service.add_sampler(
+    sampler_id = samplers.add_sampler(
         db,
         state.settings,
         principal.project_id,
@@ -98,7 +98,7 @@ def asample(
             f"sampling_params.max_tokens: at most {settings.tinker_max_sample_tokens}",
             param="sampling_params.max_tokens",
         )
-    accepted = service.submit_sample(
+    accepted = samplers.submit_sample(
         db,
         settings,
         principal.project_id,

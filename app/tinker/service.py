@@ -4,7 +4,8 @@ bounded number of sessions, models and queued calls, a model's training calls ar
 becomes a request row that the model's worker applies (worker/tinker_model.py).
 
 Ids follow Tinker's: a model is ``{session}:train:{n}`` (the SDK derives it itself when it
-restores from a saved state), a sampler ``{session}:sample:{n}``.
+restores from a saved state), a sampler ``{session}:sample:{n}``. Sampling sessions and their
+calls: app.tinker.samplers.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from app.core import db as db_boundary
 from app.core.clock import utcnow
 from app.core.errors import ApiError, Gone, NotFound, TooManyRequests
 from app.core.settings import Settings
-from app.core.tinker_tables import TinkerModel, TinkerRequest, TinkerSampler, TinkerSession
+from app.core.tinker_tables import TinkerModel, TinkerRequest, TinkerSession
 from app.tinker import names
 from app.tinker import repository as repo
 from app.tinker.dispatch import send_model
@@ -144,7 +145,7 @@ def _check_model_quota(db: Session, settings: Settings, project_id: str) -> None
         )
 
 
-def _new_model(
+def new_model(
     db: Session,
     settings: Settings,
     project_id: str,
@@ -169,13 +170,13 @@ def _new_model(
         raise TinkerBadRequest(f"model_seq_id {model_seq_id} is taken", param="model_seq_id")
     _check_model_quota(db, settings, project_id)
     db.add(TinkerModel(id=model_id, session_id=session_id, project_id=project_id, **fields))
-    request = _add_request(db, project_id, model_id, "0", kind, body)
+    request = add_request(db, project_id, model_id, "0", kind, body)
     db.flush()
     db_boundary.after_commit(db, lambda _: send_model(settings, model_id))
     return Accepted(request.request_id, model_id)
 
 
-def _check_base_model(settings: Settings, base_model: str) -> None:
+def check_base_model(settings: Settings, base_model: str) -> None:
     if base_model not in trainable_models(settings):
         raise TinkerBadRequest(
             f"base_model {base_model[:200]!r} is not trained here; the models this server "
@@ -197,7 +198,7 @@ def create_model(
     lora: dict[str, Any],
     body: bytes,
 ) -> Accepted:
-    _check_base_model(settings, base_model)
+    check_base_model(settings, base_model)
     if not 1 <= lora_rank <= MAX_LORA_RANK:
         raise TinkerBadRequest(
             f"lora_config.rank must be 1..{MAX_LORA_RANK}, got {lora_rank}", param="lora_config"
@@ -208,7 +209,7 @@ def create_model(
         "lora_rank": lora_rank,
         "lora": dict(lora),
     }
-    return _new_model(
+    return new_model(
         db,
         settings,
         project_id,
@@ -248,7 +249,7 @@ def load_model(
         "restore_from": saved.folder,
         "restore_optimizer": optimizer,
     }
-    return _new_model(
+    return new_model(
         db,
         settings,
         project_id,
@@ -314,7 +315,7 @@ def submit(
     # a rejected seq_id again, it moves on to the next.
     locked.last_seq = seq_id
     locked.last_request_at = utcnow()
-    request = _add_request(db, project_id, model_id, str(seq_id), kind, body)
+    request = add_request(db, project_id, model_id, str(seq_id), kind, body)
     try:
         db.flush()
     except IntegrityError:  # a concurrent retry of the same seq_id won the insert
@@ -323,7 +324,7 @@ def submit(
     return Accepted(request.request_id, model_id)
 
 
-def _add_request(
+def add_request(
     db: Session, project_id: str, model_id: str, seq_key: str, kind: str, body: bytes
 ) -> TinkerRequest:
     row = TinkerRequest(
@@ -338,130 +339,3 @@ def _add_request(
     )
     db.add(row)
     return row
-
-
-# ------------------------------------------------------------------ sampling
-
-
-def add_sampler(
-    db: Session,
-    settings: Settings,
-    project_id: str,
-    *,
-    session_id: str,
-    sampling_seq_id: int,
-    model_id: str,
-    model_path: str | None,
-) -> str:
-    """A sampling session over a training model's saved weights (``{session}:sample:{n}``)."""
-    live_session(db, settings, project_id, session_id)
-    model = usable_model(db, settings, project_id, model_id)
-    sampler_id = f"{session_id}:sample:{sampling_seq_id}"
-    existing = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
-    if existing is not None:
-        if existing.model_id == model_id and existing.model_path == model_path:
-            return sampler_id  # a retried creation
-        raise TinkerBadRequest(
-            f"sampling_session_seq_id {sampling_seq_id} is taken", param="sampling_session_seq_id"
-        )
-    db.add(
-        TinkerSampler(
-            id=sampler_id,
-            session_id=session_id,
-            project_id=project_id,
-            base_model=model.base_model,
-            model_id=model_id,
-            model_path=model_path,
-            created_at=utcnow(),
-        )
-    )
-    db.flush()
-    return sampler_id
-
-
-def add_base_sampler(
-    db: Session,
-    settings: Settings,
-    project_id: str,
-    *,
-    session_id: str,
-    sampling_seq_id: int,
-    base_model: str,
-) -> str:
-    """A sampling session over a base model alone (``create_sampling_client(base_model=...)``).
-    Sampling runs where a model is resident, so the session gets a model of its own, which a
-    worker holds as it holds a training client (it counts against the project's training
-    clients): fresh adapters whose B is zero, never trained, so it samples exactly the base
-    model."""
-    _check_base_model(settings, base_model)
-    model_id = names.base_sampler_model_id(session_id, sampling_seq_id)
-    sampler_id = names.sampler_id(session_id, sampling_seq_id)
-    existing = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
-    if existing is not None:
-        if existing.model_id == model_id and existing.base_model == base_model:
-            return sampler_id  # a retried creation
-        raise TinkerBadRequest(
-            f"sampling_session_seq_id {sampling_seq_id} is taken", param="sampling_session_seq_id"
-        )
-    fields = {
-        "base_model": base_model,
-        "trained_model": settings.tinker_alias_map.get(base_model),
-        "lora_rank": 1,  # the smallest resident adapters; B = 0 leaves the base untouched
-        "lora": {"train_attn": True, "train_mlp": False, "train_unembed": False, "seed": 0},
-    }
-    _new_model(
-        db,
-        settings,
-        project_id,
-        session_id=session_id,
-        model_seq_id=sampling_seq_id,
-        kind="create_model",
-        body=b"{}",
-        fields=fields,
-        model_id=model_id,
-    )
-    db.add(
-        TinkerSampler(
-            id=sampler_id,
-            session_id=session_id,
-            project_id=project_id,
-            base_model=base_model,
-            model_id=model_id,
-            model_path=None,
-            created_at=utcnow(),
-        )
-    )
-    db.flush()
-    return sampler_id
-
-
-def submit_sample(
-    db: Session,
-    settings: Settings,
-    project_id: str,
-    *,
-    sampler_id: str,
-    seq_id: int,
-    num_samples: int,
-    body: bytes,
-) -> Accepted:
-    """A sample call, applied by the worker holding the sampler's model; a re-sent call (same
-    sampler and seq_id) finds its first request."""
-    sampler = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
-    if sampler is None or sampler.model_id is None:
-        raise NotFound(f"no sampling session {sampler_id[:120]!r}", param="sampling_session_id")
-    model_id = sampler.model_id
-    usable_model(db, settings, project_id, model_id)
-    key = f"sample:{sampler_id}:{seq_id}"
-    repeated = repo.find_request(db, model_id=model_id, seq_key=key)
-    if repeated is None:
-        if repo.queued_requests(db, model_id=model_id) >= settings.tinker_max_queued_per_model:
-            raise TooManyRequests(
-                f"the model behind {sampler_id} has {settings.tinker_max_queued_per_model} "
-                "calls waiting",
-                retry_after=QUEUE_RETRY_S,
-            )
-        repeated = _add_request(db, project_id, model_id, key, "sample", body)
-        db.flush()
-    ids = [f"{repeated.request_id}:{i}" for i in range(num_samples)]
-    return Accepted(repeated.request_id, model_id, sample_sequence_ids=ids)
