@@ -24,6 +24,45 @@ from app.tinker.service import (
 )
 
 
+def _new_sampler(
+    db: Session,
+    project_id: str,
+    *,
+    session_id: str,
+    sampling_seq_id: int,
+    model_id: str,
+    base_model: str,
+    model_path: str | None,
+) -> str:
+    """The sampling session's row (``{session}:sample:{n}``); a retried creation (the same
+    source) finds it, another source under a taken ``sampling_seq_id`` is a 400."""
+    sampler_id = names.sampler_id(session_id, sampling_seq_id)
+    existing = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
+    if existing is not None:
+        if (existing.model_id, existing.model_path, existing.base_model) == (
+            model_id,
+            model_path,
+            base_model,
+        ):
+            return sampler_id  # a retried creation
+        raise TinkerBadRequest(
+            f"sampling_session_seq_id {sampling_seq_id} is taken", param="sampling_session_seq_id"
+        )
+    db.add(
+        TinkerSampler(
+            id=sampler_id,
+            session_id=session_id,
+            project_id=project_id,
+            base_model=base_model,
+            model_id=model_id,
+            model_path=model_path,
+            created_at=utcnow(),
+        )
+    )
+    db.flush()
+    return sampler_id
+
+
 def add_sampler(
     db: Session,
     settings: Settings,
@@ -34,30 +73,19 @@ def add_sampler(
     model_id: str,
     model_path: str | None,
 ) -> str:
-    """A sampling session over a training model's saved weights (``{session}:sample:{n}``)."""
+    """A sampling session over a training model's saved weights: a save (``model_path``), or
+    a snapshot of its current weights (None: save_weights_and_get_sampling_client)."""
     live_session(db, settings, project_id, session_id)
     model = usable_model(db, settings, project_id, model_id)
-    sampler_id = f"{session_id}:sample:{sampling_seq_id}"
-    existing = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
-    if existing is not None:
-        if existing.model_id == model_id and existing.model_path == model_path:
-            return sampler_id  # a retried creation
-        raise TinkerBadRequest(
-            f"sampling_session_seq_id {sampling_seq_id} is taken", param="sampling_session_seq_id"
-        )
-    db.add(
-        TinkerSampler(
-            id=sampler_id,
-            session_id=session_id,
-            project_id=project_id,
-            base_model=model.base_model,
-            model_id=model_id,
-            model_path=model_path,
-            created_at=utcnow(),
-        )
+    return _new_sampler(
+        db,
+        project_id,
+        session_id=session_id,
+        sampling_seq_id=sampling_seq_id,
+        model_id=model_id,
+        base_model=model.base_model,
+        model_path=model_path,
     )
-    db.flush()
-    return sampler_id
 
 
 def add_base_sampler(
@@ -73,17 +101,9 @@ def add_base_sampler(
     Sampling runs where a model is resident, so the session gets a model of its own, which a
     worker holds as it holds a training client (it counts against the project's training
     clients): fresh adapters whose B is zero, never trained, so it samples exactly the base
-    model."""
+    model. A retried creation finds both."""
     check_base_model(settings, base_model)
     model_id = names.base_sampler_model_id(session_id, sampling_seq_id)
-    sampler_id = names.sampler_id(session_id, sampling_seq_id)
-    existing = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
-    if existing is not None:
-        if existing.model_id == model_id and existing.base_model == base_model:
-            return sampler_id  # a retried creation
-        raise TinkerBadRequest(
-            f"sampling_session_seq_id {sampling_seq_id} is taken", param="sampling_session_seq_id"
-        )
     fields = {
         "base_model": base_model,
         "trained_model": settings.tinker_alias_map.get(base_model),
@@ -101,19 +121,15 @@ def add_base_sampler(
         fields=fields,
         model_id=model_id,
     )
-    db.add(
-        TinkerSampler(
-            id=sampler_id,
-            session_id=session_id,
-            project_id=project_id,
-            base_model=base_model,
-            model_id=model_id,
-            model_path=None,
-            created_at=utcnow(),
-        )
+    return _new_sampler(
+        db,
+        project_id,
+        session_id=session_id,
+        sampling_seq_id=sampling_seq_id,
+        model_id=model_id,
+        base_model=base_model,
+        model_path=None,
     )
-    db.flush()
-    return sampler_id
 
 
 def submit_sample(

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,11 @@ import httpx
 import pytest
 
 from app.core.db import make_engine, make_session_factory, session_scope
+from app.core.settings import Settings
 from app.inference import servers_repository
 from app.inference.protocol import ENSURE_PATH, TOKEN_HEADER, Busy, EnsureResponse
 from tests.conftest import free_port, wait_until
+from tests.live_server import Server, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "tiny-random-llama"
@@ -196,3 +199,24 @@ def inference(
     )
     yield process
     process.stop()
+
+
+@contextmanager
+def api_with_inference(
+    settings: Settings, tmp: Path, database_url: str
+) -> Iterator[tuple[Server, InferenceProcess]]:
+    """The API (uvicorn, ``settings``, whose inference_token must be TOKEN) and a
+    `grpo inference` on the same database and checkpoint store, with room for a few tiny
+    engines; the process is stopped afterwards."""
+    inference = start_inference(
+        tmp,
+        database_url,
+        settings.resolved_checkpoint_dir,
+        memory_budget_bytes=str(8 * 1024**3),
+        kv_cache_bytes=str(16 * 1024**2),
+    )
+    try:
+        with serve(settings) as server:
+            yield server, inference
+    finally:
+        inference.stop()

@@ -34,8 +34,8 @@ from grpo_cli.client import Client
 from tests.cli.helpers import cli
 from tests.conftest import REDIS_URL, new_project_key, tiny_spec, wait_until
 from tests.dashboard.conftest import browser_page  # noqa: F401  (fixture used below)
-from tests.inference.conftest import TOKEN, InferenceProcess, start_inference
-from tests.live_server import Server, serve
+from tests.inference.conftest import TOKEN, InferenceProcess, api_with_inference
+from tests.live_server import Server
 from tests.worker.conftest import WorkerProcess, start_worker  # noqa: F401
 from trainer.models.loading import resolve_model
 
@@ -44,7 +44,6 @@ pytestmark = [pytest.mark.process, pytest.mark.model, pytest.mark.browser]
 QUESTION: list[Any] = [{"role": "user", "content": "what is 3+4?"}]
 MAX_TOKENS = 8
 JOB_S = 600  # a tiny job on a loaded 2-core machine, queue wait included
-GIB = 1024**3
 
 
 @pytest.fixture
@@ -63,18 +62,8 @@ def stack(
     )
     key, _ = new_project_key(settings)
     start_worker(settings)
-    inference = start_inference(
-        tmp_path,
-        pg_url,
-        settings.resolved_checkpoint_dir,
-        memory_budget_bytes=str(8 * GIB),
-        kv_cache_bytes=str(16 * 1024**2),
-    )
-    try:
-        with serve(settings) as server:
-            yield server, inference, key
-    finally:
-        inference.stop()
+    with api_with_inference(settings, tmp_path, pg_url) as (server, inference):
+        yield server, inference, key
 
 
 def _sdk(server: Server, key: str) -> OpenAI:

@@ -26,8 +26,8 @@ from openai import OpenAI
 from transformers import AutoTokenizer
 
 from tests.conftest import new_project_key, settings_for
-from tests.inference.conftest import TOKEN, InferenceProcess, start_inference
-from tests.live_server import Server, serve
+from tests.inference.conftest import TOKEN, InferenceProcess, api_with_inference
+from tests.live_server import Server
 from tests.worker.conftest import WorkerProcess, start_worker  # noqa: F401
 from tests.worker.test_tinker_sdk import SDK_PYTHON, run_client
 from trainer.models.loading import resolve_model
@@ -38,7 +38,6 @@ if not SDK_PYTHON.exists():  # made by `make setup` (scripts/setup.sh)
     pytest.skip(".venv-tinker is missing: run make setup", allow_module_level=True)
 
 QUESTION: list[Any] = [{"role": "user", "content": "what is 3+4?"}]
-GIB = 1024**3
 
 
 @pytest.fixture
@@ -52,19 +51,9 @@ def stack(
         "postgres", pg_url, sqlite_dir, f"grpo-tinker-{secrets.token_hex(4)}",
         tinker_session_ttl_s=30, inference_token=TOKEN,
     )  # fmt: skip
-    inference = start_inference(
-        tmp_path,
-        pg_url,
-        settings.resolved_checkpoint_dir,
-        memory_budget_bytes=str(8 * GIB),
-        kv_cache_bytes=str(16 * 1024**2),
-    )
-    try:
-        with serve(settings) as server:
-            start_worker(settings)
-            yield server, inference
-    finally:
-        inference.stop()
+    start_worker(settings)
+    with api_with_inference(settings, tmp_path, pg_url) as (server, inference):
+        yield server, inference
 
 
 def _answer(sdk: OpenAI, model: str, max_tokens: int) -> str:
