@@ -77,7 +77,9 @@ export function tinkerView(root, params) {
   async function load(signal) {
     const [body, models] = await Promise.all([
       api(`/v1/tinker/sessions?${qs({ limit: PAGE, after })}`, { signal }),
-      api("/v1/models", { signal }),
+      // The sampler saves come on the catalogue's first page whatever its job count: one job
+      // (the least the API takes) keeps this poll from reading jobs' checkpoints it drops.
+      api("/v1/models?limit=1", { signal }),
     ]);
     saves = samplerModels(models.data);
     chat.refresh();

@@ -33,6 +33,7 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "MANIFEST",
     "OPTIMIZER_FILE",
+    "PROJECT_ID",
     "RNG_FILE",
     "SHARDED_DIR",
     "TINKER_DIR",
@@ -86,13 +87,14 @@ def job_folder(store: Path, job_id: str) -> Path:
 TINKER_MODEL_ID = re.compile(r"([A-Za-z0-9_-]{1,64}):train:(0|[1-9][0-9]{0,9})")
 TINKER_SAVE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 TINKER_DIR = "tinker"
-_PROJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+# A project id as it may name a folder (app.core.ids makes them `proj_<hex>`).
+PROJECT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 def tinker_project_folder(store: Path, project_id: str) -> Path:
     """Where a project's Tinker saves live in the checkpoint store (ValueError for an id that
     is not one: nothing path-like reaches the disk)."""
-    if not _PROJECT_ID.fullmatch(project_id):
+    if not PROJECT_ID.fullmatch(project_id):
         raise ValueError(f"not a project id: {project_id[:80]!r}")
     return Path(store) / TINKER_DIR / project_id
 

@@ -2,8 +2,8 @@
 written and recorded, and how a ``tinker://`` path is found again.
 
 A save goes under ``<checkpoint dir>/tinker/<project>/<model>/<kind>/<name>``
-(jobspec.checkpoint_files.tinker_save_folder, where the inference tier finds sampler weights; ``weights``:
-the state with the optimizer; ``sampler_weights``: the adapter) and is recorded in
+(jobspec.checkpoint_files.tinker_save_folder, where the inference tier finds sampler weights;
+``weights``: the state with the optimizer; ``sampler_weights``: the adapter) and is recorded in
 ``tinker_checkpoints``; a path is only ever resolved through that table, within the model's
 own project, never by joining what the client wrote onto a folder.
 """
@@ -28,6 +28,7 @@ from app.tinker.worker_repository import ModelRef
 from app.usage import service as storage
 from jobspec.checkpoint_files import (
     TINKER_DIR,
+    folder_bytes,
     remove_folder,
     tinker_project_folder,
     tinker_save_folder,
@@ -42,10 +43,6 @@ class RequestRefused(ValueError):
 def checkpoint_root(settings: WorkerSettings, project_id: str) -> Path:
     """Where a project's Tinker saves live (each model's in a folder of its own)."""
     return tinker_project_folder(settings.resolved_checkpoint_dir, project_id)
-
-
-def _folder_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def write_save(
@@ -65,10 +62,12 @@ def write_save(
     ``overwrite``."""
     path = names.tinker_path(ref.id, kind, name)  # refuses a name that is not one
     with session_scope(sessions) as db:
-        existing = repo.live_checkpoint(
-            db, project_id=ref.project_id, model_id=ref.id, kind=kind, name=name, now=utcnow()
+        taken = (
+            repo.live_checkpoint(
+                db, project_id=ref.project_id, model_id=ref.id, kind=kind, name=name, now=utcnow()
+            )
+            is not None
         )
-        taken = existing is not None
     if taken and not overwrite:
         raise RequestRefused(f"{path} exists; save under another name, or overwrite it")
     final = tinker_save_folder(settings.resolved_checkpoint_dir, ref.project_id, ref.id, kind, name)
@@ -80,7 +79,8 @@ def write_save(
     staging, replaced = parent / f".{name}.new-{token}", parent / f".{name}.old-{token}"
     try:
         write(staging)
-        _check_room(sessions, settings, ref, kind, name, adding=_folder_bytes(staging))
+        size = folder_bytes(staging)
+        _check_room(sessions, settings, ref, kind, name, adding=size)
         if final.exists():
             final.rename(replaced)
         staging.rename(final)
@@ -96,7 +96,7 @@ def write_save(
             kind=kind,
             name=name,
             folder=str(final),
-            size_bytes=_folder_bytes(final),
+            size_bytes=size,
             user_metadata=user_metadata,
             now=now,
             expires_at=now + timedelta(seconds=ttl_seconds) if ttl_seconds else None,

@@ -90,23 +90,19 @@ class TinkerSettings(BaseSettings):
     def tinker_alias_map(self) -> dict[str, str]:
         """The aliases, NAME -> packaged model (validated at startup). Read when a client is
         created: its row records the packaged model (tinker_models.trained_model)."""
-        pairs = (p.strip() for p in self.tinker_model_aliases.split(",") if p.strip())
-        return dict(p.split("=", 1) for p in pairs)
+        return dict(_alias_pairs(self.tinker_model_aliases))
 
     @field_validator("tinker_model_aliases")
     @classmethod
     def _check_aliases(cls, value: str) -> str:
-        for pair in (p.strip() for p in value.split(",") if p.strip()):
-            name, sep, target = pair.partition("=")
-            if not sep or not name.strip() or target.strip() not in PACKAGED_MODELS:
+        pairs = _alias_pairs(value)
+        for name, target in pairs:
+            if not name or target not in PACKAGED_MODELS:
                 raise ValueError(
-                    f"GRPO_TINKER_MODEL_ALIASES: {pair!r} is not NAME=PACKAGED with PACKAGED one "
-                    f"of {', '.join(PACKAGED_MODELS)}"
+                    f"GRPO_TINKER_MODEL_ALIASES: {name}={target!r} is not NAME=PACKAGED with "
+                    f"PACKAGED one of {', '.join(PACKAGED_MODELS)}"
                 )
-        return ",".join(
-            f"{n.strip()}={t.strip()}"
-            for n, _, t in (p.strip().partition("=") for p in value.split(",") if p.strip())
-        )
+        return ",".join(f"{name}={target}" for name, target in pairs)
 
     tinker_poll_wait_s: float = Field(
         default=20.0,
@@ -114,3 +110,14 @@ class TinkerSettings(BaseSettings):
         le=40,
         description="How long retrieve_future holds a poll open (the SDK gives up at 45 s).",
     )
+
+
+def _alias_pairs(value: str) -> list[tuple[str, str]]:
+    """``NAME=PACKAGED`` pairs separated by commas, each part stripped (a pair without ``=``
+    has an empty target, which the validator refuses)."""
+    pairs = []
+    for pair in value.split(","):
+        if pair.strip():
+            name, _, target = pair.partition("=")
+            pairs.append((name.strip(), target.strip()))
+    return pairs

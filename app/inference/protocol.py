@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from jobspec.checkpoint_files import TINKER_MODEL_ID, TINKER_SAVE_NAME
+from jobspec.checkpoint_files import PROJECT_ID, TINKER_MODEL_ID, TINKER_SAVE_NAME
 from jobspec.prompt_format import TemplateTraits
 
 ENSURE_PATH = "/engines/ensure"
@@ -48,7 +48,7 @@ class SamplerWeightsRef(BaseModel):
     host (jobspec.checkpoint_files.tinker_save_folder). ``version`` (the save's time in
     microseconds) tells an overwritten save from the one an engine loaded before."""
 
-    project_id: str = Field(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    project_id: str = Field(max_length=64, pattern=rf"^{PROJECT_ID.pattern}$")
     model_id: str = Field(max_length=90, pattern=rf"^{TINKER_MODEL_ID.pattern}$")
     name: str = Field(max_length=128, pattern=rf"^{TINKER_SAVE_NAME.pattern}$")
     version: int = Field(ge=0)

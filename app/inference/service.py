@@ -20,10 +20,11 @@ deleted job, a job that has not succeeded (for its final weights), a checkpoint 
 pruned. The same answer whether or not the name exists elsewhere, so no name is an oracle.
 
 The catalogue lists the base models (the packaged ones, then the served ones) and the project's
-newest `SAMPLER_SAVES_LISTED` Tinker sampler saves, then the project's jobs holding kept checkpoints, newest first, `limit` jobs a page (cursor `after`, a
-job id): each job's `ft:` name once it succeeded, then its newest `CHECKPOINTS_PER_JOB`
-checkpoints. Older checkpoints are not listed but still resolve (GET
-/v1/fine_tuning/jobs/{id}/checkpoints pages through all of them)."""
+newest `SAMPLER_SAVES_LISTED` Tinker sampler saves, then the project's jobs holding kept
+checkpoints, newest first, `limit` jobs a page (cursor `after`, a job id): each job's `ft:`
+name once it succeeded, then its newest `CHECKPOINTS_PER_JOB` checkpoints. Older checkpoints
+are not listed but still resolve (GET /v1/fine_tuning/jobs/{id}/checkpoints pages through all
+of them)."""
 
 from __future__ import annotations
 

@@ -14,10 +14,8 @@ from app.core.errors import NotFound
 from app.core.settings import Settings
 from app.core.tinker_tables import TinkerCheckpoint
 from app.tinker import repository as repo
+from app.tinker.names import CHECKPOINT_KINDS
 from app.tinker.service import trainable_models, usable_model
-
-# Checkpoint kinds: the saved state (weights and optimizer) and the sampler weights.
-CHECKPOINT_TYPES = {"weights": "training", "sampler_weights": "sampler"}
 
 
 def capabilities(settings: Settings) -> dict[str, Any]:
@@ -73,7 +71,7 @@ def _iso(moment: datetime | None) -> str | None:
 def checkpoint_entry(row: TinkerCheckpoint) -> dict[str, Any]:
     return {
         "checkpoint_id": f"{row.kind}/{row.name}",
-        "checkpoint_type": CHECKPOINT_TYPES.get(row.kind, "training"),
+        "checkpoint_type": CHECKPOINT_KINDS.get(row.kind, "training"),
         "time": _iso(row.created_at),
         "tinker_path": f"tinker://{row.model_id}/{row.kind}/{row.name}",
         "size_bytes": row.size_bytes,
@@ -95,7 +93,7 @@ def delete_checkpoint(db: Session, project_id: str, model_id: str, checkpoint_id
     none): invisible at once, its folder removed by a worker (worker.maintenance), its bytes
     counted until then."""
     kind, _, name = checkpoint_id.partition("/")
-    if kind not in CHECKPOINT_TYPES or not repo.expire_checkpoint(
+    if kind not in CHECKPOINT_KINDS or not repo.expire_checkpoint(
         db, project_id=project_id, model_id=model_id, kind=kind, name=name, now=utcnow()
     ):
         raise NotFound(

@@ -75,18 +75,23 @@ def _unclaimed(db: Session, settings: Settings, model_id: str) -> str | None:
     if model is None or model.status != "starting" or model.heartbeat_at is not None:
         return None
     now = utcnow()
-    timeout = settings.tinker_claim_timeout_s
-    error = (
-        f"no worker took training client {model_id} within {timeout:.0f} s (every worker is "
-        "busy with jobs or holds as many models as it may); create it again later"
-    )
-    if repo.mark_model_unclaimed(
-        db, model_id=model_id, created_before=repo.stale_since(now, timeout), error=error
-    ):
-        db.refresh(model)  # failed: its calls fail next (_fail_if_worker_lost)
-        return None
     created = as_utc(model.created_at) or now
     if created >= repo.stale_since(now, UNCLAIMED_NOTICE_S):
+        return None
+    timeout = settings.tinker_claim_timeout_s
+    cutoff = repo.stale_since(now, timeout)
+    # The row as read decides whether to write at all (a poll reads every 50 ms: no write
+    # while the model is young); the fenced update decides against a worker's claim.
+    if created < cutoff and repo.mark_model_unclaimed(
+        db,
+        model_id=model_id,
+        created_before=cutoff,
+        error=(
+            f"no worker took training client {model_id} within {timeout:.0f} s (every worker "
+            "is busy with jobs or holds as many models as it may); create it again later"
+        ),
+    ):
+        db.refresh(model)  # failed: its calls fail next (_fail_if_worker_lost)
         return None
     return (
         f"no worker has taken training client {model_id} yet (every worker is busy); it waits "
@@ -106,6 +111,11 @@ def _fail_if_worker_lost(db: Session, settings: Settings, model_id: str) -> None
         if model.last_saved_path:
             lost += f"; restore it from {model.last_saved_path}"
         stale = repo.stale_since(now, settings.lease_seconds)
+        beat = as_utc(model.heartbeat_at)
+        # No write while the heartbeat read is fresh (or the model unclaimed): the fenced
+        # update decides only when the row as read says the worker is gone.
+        if beat is None or beat >= stale:
+            return
         if not repo.mark_model_lost(db, model_id=model_id, stale_before=stale, error=lost):
             return
         db.refresh(model)
