@@ -93,6 +93,9 @@ def test_a_deleted_or_expired_save_is_gone_then_removed(api: Api) -> None:
         f"{base}/sampler_weights/doomed", headers={"X-API-Key": other.key}
     )
     assert refused.status_code == 404
+    for hostile in ("weights/../../doomed", "sampler_weights/../kept", "nope/kept", "kept", ""):
+        answer = api.client.delete(f"{base}/{hostile}", headers=headers)
+        assert answer.status_code in (404, 405), (hostile, answer.status_code)
     assert api.client.delete(f"{base}/sampler_weights/doomed", headers=headers).status_code == 204
     assert api.client.delete(f"{base}/sampler_weights/doomed", headers=headers).status_code == 404
     listed = api.client.get(base, headers=headers).json()["checkpoints"]
