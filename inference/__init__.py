@@ -8,14 +8,16 @@ It owns:
   from), started on demand within a memory budget and stopped least recently used first
   (inference.pool, inference.budget), checkpoints confined to the store (inference.checkpoints),
   the engines' devices kept off the training workers' (inference.devices);
-- LoRA adapters loaded into a running engine on demand, least recently used unloaded past a
-  bound and loaded again on the next request (inference.adapters, inference.records);
+- LoRA adapters loaded into a running engine on demand, each project holding at most its
+  share of the engine's slots, kept loaded while requests use them (the gateway releases each
+  ensure's hold), unloaded from the project holding the most when room is needed, and loaded
+  again on the next request (inference.adapters, inference.records);
 - each engine's chat-template traits (how it takes tools) and context, told to the gateway in
   every ensure answer (inference.records; the traits probed by the trainer's own rule in the
   inference.resolve subprocess);
-- the control API the gateway calls (inference.control: ``POST /engines/ensure``, ``GET
-  /engines``, ``GET /health``) and this process's row in ``inference_servers``, rewritten every
-  heartbeat (inference.registry).
+- the control API the gateway calls (inference.control: ``POST /engines/ensure``, ``POST
+  /engines/release``, ``GET /engines``, ``GET /health``) and this process's row in
+  ``inference_servers``, rewritten every heartbeat (inference.registry).
 
 It touches the rest of the project only through the gateway protocol
 (``app.inference.protocol``, ``app.inference.engine_identity``, and

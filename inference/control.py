@@ -1,13 +1,18 @@
 """The control API of a `grpo inference` process, called by the gateway (app.inference):
 
 - ``POST /engines/ensure`` (app.inference.protocol.ENSURE_PATH): an EnsureRequest (with the
-  revision and dtype of app.inference.engine_identity.EngineEnsureRequest); 200 with an
-  EnsureResponse, or 503 with a Busy body and ``Retry-After``; 403 for a checkpoint name that
+  revision, dtype and project of app.inference.engine_identity.EngineEnsureRequest); 200 with
+  an EnsureResponse, or a Busy body with ``Retry-After``: 503, or 429 when the project already
+  holds its share of the engine's adapter slots and its requests use every one
+  (app.inference.protocol.busy_status); 403 for a checkpoint name that
   leads outside the checkpoint store, 404 for weights that are not here (or a base model not
   served here), 422 for weights that can never be served here (a base model that does not
   resolve, an engine larger than the budget, adapters of a rank past ``max_lora_rank`` or that
   vLLM refuses), 502 when the engine failed to start (said once; the next ensure starts it
   again) or to load an adapter. Error bodies: ``{"detail"}``, naming no server path.
+- ``POST /engines/release`` (RELEASE_PATH): a HoldRelease, the request that got the hold in
+  an ensure answer ended; 200 ``{"released": bool}`` (False: unknown, lapsed or released
+  already; releasing twice is harmless).
 - ``GET /engines``: the ServerState (what the registry row holds, fresh).
 - ``GET /health``: 200 while the process runs.
 
@@ -29,10 +34,13 @@ from fastapi.responses import JSONResponse
 from app.inference.engine_identity import EngineEnsureRequest
 from app.inference.protocol import (
     ENSURE_PATH,
+    RELEASE_PATH,
     TOKEN_HEADER,
     Busy,
     EnsureResponse,
+    HoldRelease,
     ServerState,
+    busy_status,
 )
 from inference.pool import EnginePool
 from inference.records import EnsureError
@@ -64,10 +72,14 @@ def create_control_app(pool: EnginePool, *, lifespan: Lifespan | None = None) ->
         if isinstance(result, Busy):
             return JSONResponse(
                 result.model_dump(),
-                status_code=503,
+                status_code=busy_status(result),
                 headers={"Retry-After": str(result.retry_after_s)},
             )
         return result
+
+    @app.post(RELEASE_PATH, dependencies=guarded)
+    async def release(body: HoldRelease) -> dict[str, bool]:
+        return {"released": pool.release(body.hold)}
 
     @app.get("/engines", response_model=ServerState, dependencies=guarded)
     async def engines() -> ServerState:

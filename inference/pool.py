@@ -16,8 +16,13 @@ base; adapters of a rank past ``max_lora_rank`` are refused (422) before anythin
 - An engine is ready once its server answers, its context is read from it and its chat
   template's traits are probed (inference.resolve, in a subprocess, while the engine starts):
   every answer for it carries both, for the gateway to write a chat as training did.
-- Whatever an ensure made ready is kept from eviction for ``keep_after_ensure_s``: the gateway's
-  request follows the ensure and must find it (eviction never causes a 404).
+- An engine an ensure made ready is kept from eviction for ``keep_after_ensure_s``: the
+  gateway's request follows the ensure and must find it (eviction never causes a 404).
+- An adapter is held by each ensure until the gateway releases the hold (:meth:`release`: its
+  request ended), ``keep_after_ensure_s`` at most; it counts against its project's share of
+  the engine's adapter slots (``max_adapters_per_project``; the project is the request's,
+  a Tinker save's own): inference.adapters says which adapter makes room, and when none may
+  (Busy ``adapter_share``, a 429; ``adapter_capacity``, a 503).
 
 Everything runs on the event loop of the control API; process starts and stops, and base
 resolution, in threads.
@@ -79,6 +84,15 @@ class Target:
     dtype: str
 
 
+def adapter_owner(request: EngineEnsureRequest, adapter: WeightsRef | SamplerWeightsRef) -> str:
+    """The project whose share of adapter slots ``adapter`` counts against: a Tinker save's
+    own project, else the project asking (a project serves only its own jobs' checkpoints);
+    a request naming none (an older gateway) counts against its job alone."""
+    if isinstance(adapter, SamplerWeightsRef):
+        return adapter.project_id
+    return request.project_id or f"job {adapter.job_id}"
+
+
 class EnginePool:
     def __init__(
         self,
@@ -126,9 +140,16 @@ class EnginePool:
             record,
             served_name(adapter),
             adapter_folder,
+            owner=adapter_owner(request, adapter),
             clock=self._clock,
-            keep_s=self.settings.keep_after_ensure_s,
+            hold_s=self.settings.keep_after_ensure_s,
         )
+
+    def release(self, hold: str) -> bool:
+        """The request that ensured ``hold`` ended: its adapter is no longer held for it. False
+        when no engine knows the hold (released already, lapsed, or its adapter unloaded)."""
+        now = self._clock()
+        return any(record.adapters.release(hold, now) for record in self._records.values())
 
     async def _engine_target(self, request: EngineEnsureRequest) -> Target | None:
         """What engine serves the request (None: its base model is still being resolved)."""
@@ -249,7 +270,7 @@ class EnginePool:
         record = Record(
             engine=Engine(spec, self.settings, self._launcher),
             cost=cost,
-            adapters=AdapterSlots(self.settings.max_adapters),
+            adapters=AdapterSlots(self.settings.max_adapters, self.settings.adapter_share),
             last_used=now,
             kept_until=now + self.settings.keep_after_ensure_s,
         )
@@ -341,6 +362,8 @@ class EnginePool:
             memory_budget_bytes=self.settings.memory_budget_bytes,
             memory_used_bytes=sum(e.memory_bytes for e in engines),
             max_adapters_per_engine=self.settings.max_adapters,
+            max_adapters_per_project=self.settings.adapter_share,
+            max_lora_rank=self.settings.max_lora_rank,
             dtype=self.settings.dtype,
         )
 

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from app.core.gateway_settings import MIN_TOKEN_CHARS
 from app.inference import engine_identity
 from app.inference.protocol import ANY_BASE
+from inference.adapters import default_share
 from inference.devices import DeviceSet, parse_devices, worker_devices_from_env
 from jobspec import PACKAGED_MODELS
 
@@ -87,6 +88,16 @@ class InferenceSettings(BaseSettings):
     max_adapters: int = Field(
         default=8, ge=1, le=256, description="LoRA adapters loaded in one engine at most."
     )
+    max_adapters_per_project: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="Adapter slots of one engine a project may hold at most (its sampler "
+        "saves and its LoRA jobs' checkpoints together), so one busy project never holds "
+        "every slot: past it, the project's new adapter replaces one of its own, or waits "
+        "(429) while its requests use all of them. At most `max_adapters`. Default: half of "
+        "`max_adapters`, rounded up (inference.adapters).",
+    )
     max_lora_rank: int = Field(default=64, description="Largest LoRA rank an engine serves.")
     max_model_len: int | None = Field(
         default=None, ge=16, description="Context length of every engine; default: the model's."
@@ -110,7 +121,10 @@ class InferenceSettings(BaseSettings):
         default=30.0,
         ge=0,
         description="How long weights just ensured are never evicted: the gateway's request "
-        "follows the ensure, and eviction must never make it a 404.",
+        "follows the ensure, and eviction must never make it a 404. An engine is kept this "
+        "long after each ensure; an adapter is held by each ensure until the gateway says its "
+        "request ended, and this long at most when it never says (a request the engine is "
+        "still running keeps its adapter anyway).",
     )
     devices: str = Field(default="cpu", description="The engines' devices (inference.devices).")
     worker_devices: str = Field(
@@ -136,6 +150,16 @@ class InferenceSettings(BaseSettings):
         return value
 
     @model_validator(mode="after")
+    def _share_within_engine(self) -> InferenceSettings:
+        share = self.max_adapters_per_project
+        if share is not None and share > self.max_adapters:
+            raise ValueError(
+                f"max_adapters_per_project ({share}) must be at most max_adapters "
+                f"({self.max_adapters}): a project's share of an engine's adapter slots"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _preload_served(self) -> InferenceSettings:
         strangers = [b for b in self.preload_list if not self.serves_base(b)]
         if strangers:
@@ -152,6 +176,14 @@ class InferenceSettings(BaseSettings):
 
     def serves_base(self, model: str) -> bool:
         return ANY_BASE in self.base_list or model in self.base_list
+
+    @property
+    def adapter_share(self) -> int:
+        """Adapter slots of one engine a project may hold (``max_adapters_per_project``, or
+        its default)."""
+        if self.max_adapters_per_project is not None:
+            return self.max_adapters_per_project
+        return default_share(self.max_adapters)
 
     @property
     def engine_devices(self) -> DeviceSet:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from app.inference.protocol import EnsureRequest
 from jobspec import CPU_ROLLOUT_DTYPE
+from jobspec.checkpoint_files import PROJECT_ID
 from jobspec.model_source import MAX_REVISION_CHARS
 
 EngineDtype = Literal["float32", "bfloat16"]
@@ -46,7 +47,17 @@ class EngineOptions(BaseModel):
 
 
 class EngineEnsureRequest(EnsureRequest, EngineOptions):
-    """The ensure body (app.inference.protocol.ENSURE_PATH): the weights, and how to run them."""
+    """The ensure body (app.inference.protocol.ENSURE_PATH): the weights, how to run them, and
+    the project asking (whose share of an engine's adapter slots LoRA adapters count against:
+    inference.adapters)."""
+
+    project_id: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=rf"^{PROJECT_ID.pattern}$",
+        description="The project of the request (the gateway's; a project serves only its "
+        "own fine-tuned weights). None: an older gateway, or a caller with no project.",
+    )
 
     def options(self) -> EngineOptions:
         return EngineOptions(revision=self.revision, dtype=self.dtype)

@@ -6,9 +6,15 @@ A request for a fine-tuned model reaches a vLLM OpenAI server in two hops of dif
    ``POST {control_url}/engines/ensure`` with an :class:`EnsureRequest`, and gets back an
    :class:`EnsureResponse` (the vLLM server's base URL and the name to send as ``model``), or a
    503 whose body is a :class:`Busy` and whose ``Retry-After`` header says when to ask again
-   (an engine is starting, or the memory budget is held by engines serving requests);
+   (an engine is starting, or the memory budget is held by engines serving requests, or
+   requests use every adapter slot of the engine), or a 429 with the same body when the
+   request's project already holds its share of the engine's adapter slots and uses every one
+   (:func:`busy_status`);
 2. the gateway sends the client's request, its ``model`` replaced, to that vLLM server and passes
-   the answer through (streamed chunk by chunk).
+   the answer through (streamed chunk by chunk);
+3. when the request ends, however it ends, the gateway releases the ensure's ``hold`` on LoRA
+   adapters, ``POST {control_url}/engines/release`` with a :class:`HoldRelease`: an adapter is
+   kept loaded for the requests using it, and only for them (inference.adapters).
 
 Each process registers itself in ``inference_servers`` (app.inference.servers_repository): its
 control URL, the base models it serves, and its :class:`ServerState` as JSON, rewritten every
@@ -27,6 +33,7 @@ from jobspec.checkpoint_files import PROJECT_ID, TINKER_MODEL_ID, TINKER_SAVE_NA
 from jobspec.prompt_format import TemplateTraits
 
 ENSURE_PATH = "/engines/ensure"
+RELEASE_PATH = "/engines/release"
 ANY_BASE = "*"  # a server whose bases hold this serves any base model its host can load
 HEARTBEAT_S = 5.0  # how often a process rewrites its row
 # The header carrying the shared secret (GRPO_INFERENCE_TOKEN) on every control API call
@@ -79,14 +86,40 @@ class EnsureResponse(BaseModel):
     # The engine's context in tokens (vLLM's max_model_len): a chat that sets no max_tokens is
     # sent at most this many (app.inference.proxy). None: not known.
     max_model_len: int | None = Field(default=None, ge=1)
+    # LoRA adapters: the ensure's hold on them, which keeps them loaded until the gateway
+    # releases it (RELEASE_PATH) when its request ends. None: nothing to release.
+    hold: str | None = Field(default=None, max_length=64)
+
+
+class HoldRelease(BaseModel):
+    """The body of ``POST /engines/release``: the request that ensured ``hold`` ended."""
+
+    hold: str = Field(max_length=64)
+
+
+BusyReason = Literal[
+    "engine_starting",
+    "memory_budget",
+    "adapter_capacity",  # requests use every adapter slot of the engine (503)
+    "adapter_share",  # the project holds its share of the slots, all in use (429)
+    "adapter_loading",  # what a process older than adapter_capacity says for it
+    "draining",
+]
 
 
 class Busy(BaseModel):
-    """The 503 body: why the weights are not ready yet; ``Retry-After`` carries the wait."""
+    """The body of a 503 (429 for ``adapter_share``: :func:`busy_status`): why the weights
+    are not ready yet; ``Retry-After`` carries the wait."""
 
-    reason: Literal["engine_starting", "memory_budget", "adapter_loading", "draining"]
+    reason: BusyReason
     detail: str
     retry_after_s: int
+
+
+def busy_status(busy: Busy) -> int:
+    """The HTTP status of a Busy answer: 429 when the request's own project is past its share
+    (a fair-use limit: the project waits for its own requests), else 503 (the tier's)."""
+    return 429 if busy.reason == "adapter_share" else 503
 
 
 class EngineState(BaseModel):
@@ -103,6 +136,12 @@ class ServerState(BaseModel):
     memory_budget_bytes: int
     memory_used_bytes: int
     max_adapters_per_engine: int
+    # Adapter slots of one engine a project may hold (GRPO_INFERENCE_MAX_ADAPTERS_PER_PROJECT);
+    # None: a process older than the share.
+    max_adapters_per_project: int | None = None
+    # The largest LoRA rank its engines serve (GRPO_INFERENCE_MAX_LORA_RANK): /v1/jobs/validate
+    # warns about a job whose checkpoints no process could serve. None: an older process.
+    max_lora_rank: int | None = None
     # The dtype every engine of the process runs in when its operator set one
     # (GRPO_INFERENCE_DTYPE), which its engines' keys then carry; None: each its job's.
     dtype: str | None = None

@@ -12,13 +12,19 @@
    first those whose state shows the weights warm (the adapter loaded, the full checkpoint's
    engine up; then, for an adapter, its engine up), then the least loaded (running requests);
    none: 503 `no_inference_server` with Retry-After;
-3. `ensure_ready` asks them in that order, `POST {control_url}/engines/ensure`: the first
-   answer wins; a 503 Busy is passed to the client (503 with the process's Retry-After, which
-   the openai SDK honours) unless the process is draining; a process that cannot be reached or
-   fails is skipped; when none is left, 422 `model_not_servable` (400 on these OpenAI paths)
-   with the reason if one said it can never serve the weights (a LoRA rank past its
-   GRPO_INFERENCE_MAX_LORA_RANK, an engine larger than its memory budget), else 503
-   `inference_unavailable`. No message names an inference host or process.
+3. `ensure_ready` asks them in that order, `POST {control_url}/engines/ensure` (naming the
+   request's project, whose share of an engine's adapter slots LoRA adapters count against):
+   the first answer wins; a 503 Busy is passed to the client (503 with the process's
+   Retry-After, which the openai SDK honours) unless the process is draining, and so is a 429
+   Busy (`adapter_share`: the project holds its share of the engine's adapter slots and uses
+   every one; 429 with Retry-After, which the SDK honours too); a process that cannot be
+   reached or fails is skipped; when none is left, 422 `model_not_servable` (400 on these
+   OpenAI paths) with the reason if one said it can never serve the weights (a LoRA rank past
+   its GRPO_INFERENCE_MAX_LORA_RANK, an engine larger than its memory budget), else 503
+   `inference_unavailable`. No message names an inference host or process;
+4. `release` gives the ensure's hold on LoRA adapters back when the request ends (the stream
+   calls it however the request ends): the adapter stays loaded for the requests using it,
+   not for a while after them. A release that fails is only logged: the hold lapses by itself.
 
 A process's state names its engines and adapters as app.inference.served_kinds says (the
 process reads the same module); the gateway compares those names for equality, in the dtype
@@ -35,7 +41,13 @@ import httpx
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.core.errors import InferenceUnavailable, InvalidRequest, ModelNotFound
+from app.core.errors import (
+    ApiError,
+    InferenceUnavailable,
+    InvalidRequest,
+    ModelNotFound,
+    TooManyRequests,
+)
 from app.core.models import InferenceServer
 from app.inference import servers_repository as servers_repo
 from app.inference import service as models
@@ -44,10 +56,12 @@ from app.inference.engine_identity import EngineOptions, engine_dtype
 from app.inference.protocol import (
     ANY_BASE,
     ENSURE_PATH,
+    RELEASE_PATH,
     TOKEN_HEADER,
     Busy,
     EnsureRequest,
     EnsureResponse,
+    HoldRelease,
     ServerState,
     WeightsRef,
 )
@@ -61,6 +75,15 @@ log = logging.getLogger(__name__)
 WEIGHTS_WARM = 2  # the adapter is loaded, or the engine of these exact weights is up
 ENGINE_WARM = 1  # an adapter's engine is up (loading the adapter takes a moment)
 COLD = 0
+RELEASE_TIMEOUT_S = 5.0  # giving an adapter hold back (an instant on the process)
+
+
+class AdapterShareExceeded(TooManyRequests):
+    """The project already holds its share of the engine's adapter slots
+    (GRPO_INFERENCE_MAX_ADAPTERS_PER_PROJECT) and its requests use every one: 429 with the
+    process's Retry-After, until one of them ends."""
+
+    code = "adapter_share"
 
 
 class ModelNotServable(InvalidRequest):
@@ -87,6 +110,16 @@ class Plan:
     # A fine-tuned model's prompt settings, which a chat request is written with
     # (app.inference.chat_as_trained); None for a base model.
     prompt: TrainedPrompt | None = None
+    # The project asking: its LoRA adapters count against its share of an engine's slots.
+    project_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    """An ensure's answer, and the process that gave it (where its hold is released)."""
+
+    target: EnsureResponse
+    control_url: str
 
 
 def engine_options(model: models.ResolvedModel) -> EngineOptions:
@@ -187,7 +220,12 @@ def plan(session: Session, *, project_id: str, name: str, no_server_retry_after:
             code="no_inference_server",
         )
     return Plan(
-        model=name, ensure=ensure, options=options, candidates=candidates, prompt=model.prompt
+        model=name,
+        ensure=ensure,
+        options=options,
+        candidates=candidates,
+        prompt=model.prompt,
+        project_id=project_id,
     )
 
 
@@ -228,12 +266,31 @@ def _refusal(response: httpx.Response) -> str | None:
     return str(detail)[:500] if detail else "the inference tier cannot serve these weights"
 
 
+def _busy_error(response: httpx.Response, busy: Busy | None, default_retry: int) -> ApiError:
+    """A process's Busy answer as the client's: 429 `adapter_share` for its project's share of
+    adapter slots, else 503 with the reason as code; the process's Retry-After either way."""
+    retry_after = _retry_after(response, busy, default_retry)
+    reason = busy.reason if busy is not None else "busy"
+    detail = busy.detail[:500] if busy is not None else "the inference process is busy"
+    if response.status_code == 429:
+        return AdapterShareExceeded(f"{detail}; retry after the wait", retry_after=retry_after)
+    return InferenceUnavailable(
+        f"the model is not ready yet ({reason}): {detail}; retry after the wait",
+        retry_after=retry_after,
+        code=reason,
+    )
+
+
 async def ensure_ready(
     client: httpx.AsyncClient, plan: Plan, *, token: str | None, timeout_s: float, retry_after: int
-) -> EnsureResponse:
+) -> Ready:
     """Ask the candidates in order until one has the weights ready (see the module doc). The
     processes are named in this log only, never to the client."""
-    payload = {**plan.ensure.model_dump(mode="json"), **plan.options.model_dump(mode="json")}
+    payload = {
+        **plan.ensure.model_dump(mode="json"),
+        **plan.options.model_dump(mode="json"),
+        "project_id": plan.project_id,
+    }
     failures: list[str] = []
     refusal: str | None = None
     for candidate in plan.candidates:
@@ -248,20 +305,15 @@ async def ensure_ready(
             continue
         if response.status_code == 200:
             try:
-                return EnsureResponse.model_validate_json(response.content)
+                target = EnsureResponse.model_validate_json(response.content)
             except ValidationError:
                 failures.append("an unreadable answer")
                 continue
-        if response.status_code == 503:
+            return Ready(target, candidate.control_url)
+        if response.status_code in (429, 503):
             busy = _busy(response)
             if busy is None or busy.reason != "draining":
-                reason = busy.reason if busy is not None else "busy"
-                detail = busy.detail if busy is not None else "the inference process is busy"
-                raise InferenceUnavailable(
-                    f"the model is not ready yet ({reason}): {detail[:500]}; retry after the wait",
-                    retry_after=_retry_after(response, busy, retry_after),
-                    code=reason,
-                )
+                raise _busy_error(response, busy, retry_after)
         log.warning(
             "inference server %s answered ensure with %s: %s",
             candidate.server_id,
@@ -280,3 +332,29 @@ async def ensure_ready(
         retry_after=retry_after,
         code="inference_unavailable",
     )
+
+
+async def release(client: httpx.AsyncClient, ready: Ready, *, token: str | None) -> None:
+    """Give back the ensure's hold on LoRA adapters (none: nothing to do). Never raises: the
+    answer is given by now, and a hold the process does not hear of lapses by itself."""
+    hold = ready.target.hold
+    if hold is None:
+        return
+    url = ready.control_url.rstrip("/") + RELEASE_PATH
+    try:
+        response = await client.post(
+            url,
+            json=HoldRelease(hold=hold).model_dump(),
+            headers=control_headers(token),
+            timeout=RELEASE_TIMEOUT_S,
+        )
+    except httpx.HTTPError as exc:
+        log.warning("releasing an adapter hold at %s failed: %r", ready.control_url, exc)
+        return
+    if response.status_code != 200:
+        log.warning(
+            "releasing an adapter hold at %s: %s %s",
+            ready.control_url,
+            response.status_code,
+            response.text[:200],
+        )

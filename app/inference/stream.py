@@ -8,8 +8,10 @@ When the response runs, it:
    choices x max_tokens plus the prompt), in Redis when configured (429 beyond), renewed while
    it runs and released however it ends;
 2. has an inference process make the weights ready (app.inference.routing.ensure_ready; 503
-   with Retry-After while an engine starts); a `response_format` request for a model that
-   cannot write JSON is a 400 (app.inference.capabilities);
+   with Retry-After while an engine starts, 429 with Retry-After while the project's requests
+   use its whole share of the engine's adapter slots); a `response_format` request for a model
+   that cannot write JSON is a 400 (app.inference.capabilities); the ensure's hold on LoRA
+   adapters is released when the request ends, however it ends (routing.release);
 3. forwards the request (app.inference.proxy: a chat written as the model was trained) and
    answers:
    - not streamed: the engine's bytes, `model` rewritten in place and nothing else parsed, up
@@ -162,13 +164,27 @@ class GatewayResponse(Response):
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = UPSTREAM.get()
-        target = await routing.ensure_ready(
+        ready = await routing.ensure_ready(
             client,
             self.plan,
             token=self.settings.inference_token,
             timeout_s=self.settings.inference_ensure_timeout_s,
             retry_after=self.settings.inference_no_server_retry_after_s,
         )
+        try:
+            await self._answer(client, ready.target, scope, receive, send)
+        finally:  # however it ended (an error, the client gone, a cancel): the hold goes back
+            with anyio.CancelScope(shield=True):
+                await routing.release(client, ready, token=self.settings.inference_token)
+
+    async def _answer(
+        self,
+        client: httpx.AsyncClient,
+        target: EnsureResponse,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
         if self.request.wants_json:
             await capabilities.require_json(
                 client, target.base_url, target.served_model, self._auth()

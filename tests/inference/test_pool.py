@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -42,6 +43,7 @@ class StandInEngine:
 
     fail_start: ClassVar[bool] = False
     running: ClassVar[dict[str, int]] = {}
+    adapters_in_use: ClassVar[frozenset[str]] = frozenset()  # what /metrics says requests use
     instances: ClassVar[list[StandInEngine]] = []
 
     def __init__(self, spec: EngineSpec, settings: Any, launcher: Any) -> None:
@@ -63,7 +65,9 @@ class StandInEngine:
             raise EngineFailed("exited with 1")
 
     async def load(self) -> EngineLoad:
-        return EngineLoad(StandInEngine.running.get(self.spec.key, 0), 0, frozenset())
+        return EngineLoad(
+            StandInEngine.running.get(self.spec.key, 0), 0, StandInEngine.adapters_in_use
+        )
 
     async def context_length(self) -> int | None:
         return CONTEXT
@@ -81,6 +85,7 @@ class StandInEngine:
 @pytest.fixture
 def make_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., EnginePool]:
     StandInEngine.fail_start, StandInEngine.running, StandInEngine.instances = False, {}, []
+    StandInEngine.adapters_in_use = frozenset()
     monkeypatch.setattr(pool_module, "Engine", StandInEngine)
     base = tmp_path / "base"
     base.mkdir()
@@ -103,7 +108,7 @@ def make_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
         folder.mkdir(parents=True)
         (folder / "adapter_config.json").write_text("{}")
 
-    def make(**overrides: Any) -> EnginePool:
+    def make(clock: Callable[[], float] = time.monotonic, **overrides: Any) -> EnginePool:
         given: dict[str, Any] = {
             "bases": "tiny",
             "kv_cache_bytes": 100,
@@ -113,7 +118,7 @@ def make_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
             "keep_after_ensure_s": 0,
         }
         settings = build_inference_settings(**{**given, **overrides})
-        return EnginePool(settings, build_settings(data_dir=tmp_path / "data"))
+        return EnginePool(settings, build_settings(data_dir=tmp_path / "data"), clock=clock)
 
     return make
 
