@@ -113,7 +113,7 @@ def deleted_paths(session: Session, *, job_id: str) -> list[str]:
     )
 
 
-def _kept_of_project(project_id: str) -> Select[tuple[str, int | None, int]]:
+def _kept_of_project(project_id: str) -> Select[tuple[str, int, int]]:
     """Per job of the project not deleted: (job_id, bytes, count) of its kept checkpoints."""
     return (
         select(

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core import db
 from app.core import projects_repository as projects_repo
-from app.core.queue import Dispatcher
+from app.core.queue import Dispatcher, withdraw
 from app.jobs import repository as jobs_repo
 from app.jobs.transitions import ON_JOB_ENDED, JobStatus
 
@@ -120,6 +120,17 @@ def send_after_commit(
         send_job(after, dispatcher, job_id=job_id, queue=queue)
 
     db.after_commit(session, send)
+
+
+def withdraw_after_commit(session: Session, *, job_id: str, queue: str) -> None:
+    """Once this unit of work's commit took the job out of `queued` (cancelled, or paused while
+    queued), remove its waiting messages from the broker of the installed dispatcher
+    (app.core.queue.withdraw): else each waits until a worker takes it only to drop it, and in
+    a queue no worker consumes, for good. Best effort: a message left is still harmless."""
+    policy = session.info.get(_POLICY)
+    if isinstance(policy, FairDispatch):
+        dispatcher = policy.dispatcher
+        db.after_commit(session, lambda _: withdraw(dispatcher, job_id=job_id, queue=queue))
 
 
 @dataclass(frozen=True)

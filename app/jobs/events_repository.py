@@ -30,3 +30,11 @@ def list_after(
         query = query.where(JobEvent.id > after)
     rows = list(session.scalars(query.order_by(JobEvent.id).limit(limit + 1)))
     return rows[:limit], len(rows) > limit
+
+
+def has_event(session: Session, *, job_id: str, event: str, attempt: int) -> bool:
+    """Whether the job has an `event` event of `attempt`."""
+    query = select(JobEvent.id).where(
+        JobEvent.job_id == job_id, JobEvent.type == event, JobEvent.attempt == attempt
+    )
+    return session.scalar(query.limit(1)) is not None

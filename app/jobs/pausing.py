@@ -19,7 +19,7 @@ from app.core.models import Job
 from app.core.queue import Dispatcher
 from app.jobs import repository as jobs_repo
 from app.jobs import transitions
-from app.jobs.dispatch import send_after_commit
+from app.jobs.dispatch import send_after_commit, withdraw_after_commit
 from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.transitions import JobStatus
 
@@ -57,6 +57,8 @@ def pause_job(session: Session, *, job: Job) -> Job:
     def act(status: JobStatus) -> None:
         if status == JobStatus.QUEUED:
             transitions.transition(session, job.id, JobStatus.PAUSED, message="paused while queued")
+            if job.dispatched_at is not None:  # its message leaves the broker (a resume sends anew)
+                withdraw_after_commit(session, job_id=job.id, queue=job.queue)
         elif status == JobStatus.RUNNING:
             transitions.transition(session, job.id, JobStatus.PAUSING, message="pause requested")
         elif status not in (JobStatus.PAUSING, JobStatus.PAUSED):

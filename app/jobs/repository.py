@@ -8,7 +8,7 @@ creation under load")."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, aliased
 from app.core import db
 from app.core.clock import utcnow
 from app.core.job_status import LEASE_HOLDING_STATES, JobStatus
-from app.core.models import Checkpoint, Job, is_active
+from app.core.models import Checkpoint, Job, JobEvent, is_active
 from app.core.new_rows_repository import insert_row
 
 # The project's active jobs, as the partial index ix_jobs_active_project holds them (app.core.models
@@ -189,21 +189,48 @@ def stale_running(session: Session, *, older_than: datetime) -> list[Job]:
     )
 
 
-def lost_messages(session: Session, *, older_than: datetime, limit: int) -> list[Job]:
+def _queued_and_sent_before(cutoff: datetime) -> ColumnElement[bool]:
+    """Queued (and its message sent) before `cutoff`, and still not claimed."""
+    return and_(Job.status == "queued", Job.dispatched_at < cutoff, Job.updated_at < cutoff)
+
+
+def lost_messages(
+    session: Session, *, older_than: datetime, limit: int, skip_queues: Collection[str] = ()
+) -> list[Job]:
     """Queued jobs sent to the broker before `older_than` and still not claimed: the broker may
-    have lost their message. (They hold a dispatch slot already, so a re-send adds none.)"""
-    return list(
-        session.scalars(
-            select(Job)
-            .where(
-                Job.status == "queued",
-                Job.dispatched_at < older_than,
-                Job.updated_at < older_than,
-            )
-            .order_by(Job.dispatched_at)
-            .limit(limit)
-        )
+    have lost their message. (They hold a dispatch slot already, so a re-send adds none.) Not
+    those of `skip_queues` (no worker takes them: a re-send would only pile messages up)."""
+    query = select(Job).where(_queued_and_sent_before(older_than))
+    if skip_queues:
+        query = query.where(Job.queue.not_in(list(skip_queues)))
+    return list(session.scalars(query.order_by(Job.dispatched_at).limit(limit)))
+
+
+def waiting_without_event(
+    session: Session, *, queues: Collection[str], queued_before: datetime, event: str, limit: int
+) -> list[Row[tuple[str, int, str]]]:
+    """(id, attempt, queue) of the jobs of `queues` queued and sent before `queued_before` with
+    no `event` event of their current attempt, the oldest message first."""
+    said = select(JobEvent.id).where(
+        JobEvent.job_id == Job.id, JobEvent.type == event, JobEvent.attempt == Job.attempt
     )
+    query = select(Job.id, Job.attempt, Job.queue).where(
+        _queued_and_sent_before(queued_before), Job.queue.in_(list(queues)), ~said.exists()
+    )
+    return list(session.execute(query.order_by(Job.dispatched_at).limit(limit)))
+
+
+def hold_queued(session: Session, *, job_id: str, attempt: int) -> bool:
+    """Hold the job's row until this unit of work ends, while it is queued at `attempt` (a
+    no-op write: Postgres's row lock, SQLite's write lock), so that concurrent sweeps decide
+    about it one at a time; False when it is no longer so."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED, Job.attempt == attempt)
+        .values(attempt=Job.attempt)
+        .execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
 # ---- fair dispatch: a job "holds a slot" from its send to the broker until it ends.

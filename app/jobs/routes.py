@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from app.core.deps import SessionDep, StateDep
 from app.core.errors import InvalidRequest
 from app.core.responses import CONFLICT, ERRORS
-from app.jobs import admission, deletion, pausing
+from app.jobs import admission, capabilities, deletion, pausing
 from app.jobs import events_repository as events_repo
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs_service
@@ -113,13 +113,18 @@ def validate_job(
     )
     # The same checks, in the same order, as creating the job.
     admission.admit(spec, settings=state.settings, project_id=principal.project_id, session=session)
-    waits = creation.size_classes.warning(session, devices=spec.resources.devices)
+    devices = spec.resources.devices
+    waits = [
+        creation.size_classes.warning(session, devices=devices),
+        creation.size_classes.tinker_warning(session, devices=devices),
+        capabilities.lora_rank_warning(session, spec),
+    ]
     # Answered whether or not it fits: creating the job is what refuses one that does not.
     plan, unavailable = jobs_service.memory_plan(spec, state.settings)
     misfit = [refusal(plan)[0]] if plan is not None and not plan.fits else []
     return ValidationResult(
         spec=spec.model_dump(mode="json"),
-        warnings=[*spec.warnings(), *([waits] if waits else []), *misfit],
+        warnings=[*spec.warnings(), *[w for w in waits if w], *misfit],
         dataset_rows=rows,
         plan=MemoryPlanOut.model_validate(plan.as_dict()) if plan is not None else None,
         plan_unavailable=unavailable,

@@ -35,7 +35,7 @@ from app.datasets import service as datasets_service
 from app.jobs import admission, transitions
 from app.jobs import idempotency_repository as idem_repo
 from app.jobs import repository as jobs_repo
-from app.jobs.dispatch import send_after_commit
+from app.jobs.dispatch import send_after_commit, withdraw_after_commit
 from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.size_classes import SizeClassWatch, record_warning
 from app.jobs.transitions import JobStatus
@@ -377,9 +377,9 @@ def get_job(session: Session, *, project_id: str, job_id: str) -> Job:
 
 
 def cancel_job(session: Session, *, job: Job) -> Job:
-    """Idempotent: a queued or paused job is cancelled at once, a running (or pausing) one is
-    asked to stop (cancelling, the worker ends it within a step), a finished one is returned as
-    is."""
+    """Idempotent: a queued or paused job is cancelled at once (a queued job's message leaves
+    the broker after the commit), a running (or pausing) one is asked to stop (cancelling, the
+    worker ends it within a step), a finished one is returned as is."""
     for _ in range(3):  # the worker may change the status under us; re-read and decide again
         status = JobStatus(job.status)
         try:
@@ -387,6 +387,8 @@ def cancel_job(session: Session, *, job: Job) -> Job:
                 transitions.transition(
                     session, job.id, JobStatus.CANCELLED, message=f"cancelled while {status}"
                 )
+                if status == JobStatus.QUEUED and job.dispatched_at is not None:
+                    withdraw_after_commit(session, job_id=job.id, queue=job.queue)
             elif status in (JobStatus.RUNNING, JobStatus.PAUSING):
                 transitions.transition(
                     session, job.id, JobStatus.CANCELLING, message="cancel requested"

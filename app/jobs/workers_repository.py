@@ -1,28 +1,44 @@
 """Worker sightings (table ``workers``): each worker process rewrites its row every maintenance
-pass (worker.maintenance.announce_worker); the API reads which size classes were seen lately
-(app.jobs.size_classes)."""
+pass (worker.maintenance.announce_worker); the API and the sweep read which size classes were
+seen lately, and whether their workers hold Tinker training clients (app.jobs.size_classes)."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import NamedTuple
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.core.models import WorkerSighting
 
 
-def announce(session: Session, *, name: str, queue_name: str, devices: int, now: datetime) -> None:
-    """Write (or rewrite) the worker's row, seen `now`."""
+def announce(
+    session: Session,
+    *,
+    name: str,
+    queue_name: str,
+    devices: int,
+    now: datetime,
+    tinker_models: int = 0,
+) -> None:
+    """Write (or rewrite) the worker's row, seen `now`: its size class (`devices`; 0 for a
+    worker that takes no jobs) and the Tinker training clients it holds."""
     row = session.get(WorkerSighting, name)
     if row is None:
         session.add(
             WorkerSighting(
-                name=name, queue_name=queue_name, devices=devices, started_at=now, last_seen_at=now
+                name=name,
+                queue_name=queue_name,
+                devices=devices,
+                started_at=now,
+                last_seen_at=now,
+                tinker_models=tinker_models,
             )
         )
         return
     row.queue_name, row.devices, row.last_seen_at = queue_name, devices, now
+    row.tinker_models = tinker_models
 
 
 def forget_before(session: Session, *, queue_name: str, before: datetime) -> None:
@@ -34,11 +50,26 @@ def forget_before(session: Session, *, queue_name: str, before: datetime) -> Non
     )
 
 
-def device_classes_seen(session: Session, *, queue_name: str, since: datetime) -> frozenset[int]:
-    """The device counts of the deployment's workers seen at or after `since`."""
-    rows = session.scalars(
-        select(WorkerSighting.devices)
-        .where(WorkerSighting.queue_name == queue_name, WorkerSighting.last_seen_at >= since)
-        .distinct()
+class SizeClassSeen(NamedTuple):
+    """The workers of one size class of one deployment seen lately."""
+
+    queue_name: str  # the deployment's GRPO_QUEUE_NAME
+    devices: int
+    workers: int
+    holding_tinker: int  # of them, those that held Tinker training clients
+
+
+def size_classes_seen(
+    session: Session, *, since: datetime, queue_name: str | None = None
+) -> list[SizeClassSeen]:
+    """The size classes of the workers that take jobs (a Tinker-only worker announces 0
+    devices, no class) seen at or after `since`: of the deployment `queue_name`, or of all."""
+    holding = func.count().filter(WorkerSighting.tinker_models > 0)
+    query = (
+        select(WorkerSighting.queue_name, WorkerSighting.devices, func.count(), holding)
+        .where(WorkerSighting.last_seen_at >= since, WorkerSighting.devices > 0)
+        .group_by(WorkerSighting.queue_name, WorkerSighting.devices)
     )
-    return frozenset(int(devices) for devices in rows)
+    if queue_name is not None:
+        query = query.where(WorkerSighting.queue_name == queue_name)
+    return [SizeClassSeen(str(q), int(d), int(n), int(h)) for q, d, n, h in session.execute(query)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,8 +13,10 @@ from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.ids import new_id
 from app.core.models import Job, JobMetric
+from app.core.queue import queue_for
 from app.core.settings import Settings
 from app.jobs import transitions
+from app.jobs import workers_repository as workers_repo
 from app.jobs.transitions import JobStatus
 from tests.conftest import RecordingDispatcher, new_project_key
 from trainer.run.callbacks import RunInfo
@@ -145,6 +148,58 @@ def test_sweep_resends_queued_jobs_whose_message_may_be_lost(
     # back to the queue it was created for, not the queue this worker consumes
     assert ctx.dispatcher.queues[job_id] == "gpu-jobs"  # type: ignore[attr-defined]
     assert job_id not in redispatch_queued(ctx)  # dispatched_at refreshed by the send
+
+
+def announce(ctx: WorkerContext, *, queue_name: str, devices: int, tinker_models: int = 0) -> None:
+    """A worker of the deployment `queue_name` announces its size class, as each does every
+    maintenance pass (worker.maintenance.announce_worker)."""
+    with session_scope(ctx.sessions) as session:
+        workers_repo.announce(
+            session,
+            name=f"worker-{secrets.token_hex(4)}",
+            queue_name=queue_name,
+            devices=devices,
+            now=utcnow(),
+            tinker_models=tinker_models,
+        )
+
+
+def test_sweep_sends_nothing_more_to_a_size_class_no_worker_runs(
+    ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44: a job of a size no worker of its deployment announced got a new message every
+    sweep, which piled up in a queue nobody consumes. It stays queued, with its one message,
+    until a worker of its size announces itself; then the next sweep sends it."""
+    monkeypatch.setattr(maintenance, "SWEEP_BATCH", 100_000)
+    deployment = f"dep-{secrets.token_hex(3)}"
+    announce(ctx, queue_name=deployment, devices=1)
+    announce(ctx, queue_name=deployment, devices=0, tinker_models=2)  # Tinker only: no class
+    job_id = make_job(ctx, queue=queue_for(deployment, 2))
+    assert job_id in redispatch_queued(ctx)  # its first message, into its project's free slot
+    for _ in range(2):
+        age(ctx, job_id, 120)
+        assert job_id not in redispatch_queued(ctx)
+    assert ctx.dispatcher.sent.count(job_id) == 1  # type: ignore[attr-defined]
+    assert job(ctx, job_id).status == "queued"
+
+    announce(ctx, queue_name=deployment, devices=2)
+    assert job_id in redispatch_queued(ctx)
+    assert ctx.dispatcher.queues[job_id] == queue_for(deployment, 2)  # type: ignore[attr-defined]
+
+
+def test_maintenance_tells_a_job_its_workers_hold_tinker_clients_once(
+    ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44 (tests/app/jobs/test_tinker_held_workers.py has what the job's owner reads)."""
+    monkeypatch.setattr(maintenance, "SWEEP_BATCH", 100_000)
+    deployment = f"dep-{secrets.token_hex(3)}"
+    announce(ctx, queue_name=deployment, devices=1, tinker_models=1)
+    job_id = make_job(ctx, queue=deployment)
+    assert job_id in redispatch_queued(ctx)
+    assert job_id not in maintenance.note_jobs_waiting_for_tinker(ctx)  # not waited yet
+    age(ctx, job_id, 60)
+    assert job_id in maintenance.note_jobs_waiting_for_tinker(ctx)
+    assert job_id not in maintenance.note_jobs_waiting_for_tinker(ctx)
 
 
 def test_worker_that_lost_its_lease_writes_nothing(ctx: WorkerContext, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.models import Job
 from app.core.settings import Settings
 from app.jobs import size_classes, transitions
+from app.jobs import workers_repository as workers_repo
 from app.main import create_app
 from tests.conftest import Api, RecordingDispatcher, new_project_key, tiny_spec
 from tests.worker.conftest import ROOT, WorkerProcess, wait_for
@@ -138,7 +139,16 @@ def test_a_two_device_jobs_hand_over_requeue_and_resend_all_go_to_its_queue(
     assert job_id in reap_stale_jobs(ctx)
     assert sent_again(2) == queue
 
-    # The sweep re-sends it when its message may be lost.
+    # The sweep re-sends it when its message may be lost (while a two-device worker runs: the
+    # sweep sends nothing to a size class no worker announced).
+    with session_scope(ctx.sessions) as session:
+        workers_repo.announce(
+            session,
+            name=f"two-devices-{secrets.token_hex(3)}",
+            queue_name=settings.queue_name,
+            devices=2,
+            now=utcnow(),
+        )
     _age(ctx, job_id)
     assert job_id in redispatch_queued(ctx)
     assert sent_again(3) == queue
