@@ -49,6 +49,7 @@ __all__ = [
     "is_model_file",
     "job_folder",
     "remove_folder",
+    "tinker_idle_folder",
     "tinker_project_folder",
     "tinker_save_folder",
 ]
@@ -108,6 +109,14 @@ def tinker_save_folder(store: Path, project_id: str, model_id: str, kind: str, n
         raise ValueError(f"not a Tinker save kind: {kind[:40]!r}")
     # ':' is not a portable file-name character.
     return tinker_project_folder(store, project_id) / model_id.replace(":", "_") / kind / name
+
+
+def tinker_idle_folder(store: Path, project_id: str, model_id: str, version: str) -> Path:
+    """The folder an idle Tinker client is written to when its worker is released (a version
+    per release, hex): the client's own folder's ``idle/`` part, beside its saves' kinds."""
+    if not TINKER_MODEL_ID.fullmatch(model_id) or not re.fullmatch(r"[0-9a-f]{1,64}", version):
+        raise ValueError(f"not an idle state: {model_id[:80]!r} {version[:80]!r}")
+    return tinker_project_folder(store, project_id) / model_id.replace(":", "_") / "idle" / version
 
 
 def checkpoint_folder(store: Path, job_id: str, step: int) -> Path:

@@ -22,6 +22,9 @@ class WorkerContext:
     dispatcher: Dispatcher
     tail: TailPublisher = field(default_factory=lambda: TailPublisher(None))
     shutdown: threading.Event = field(default_factory=threading.Event)
+    # The Tinker training clients this process holds now (worker.tinker_model), announced
+    # with the worker's row so that a job waiting for its size class can say why.
+    held_tinker_models: set[str] = field(default_factory=set)
 
 
 def build_context(settings: WorkerSettings) -> WorkerContext:

@@ -20,10 +20,13 @@ def run_worker(settings: WorkerSettings | None = None, loglevel: str = "INFO") -
     # The size class, found once (it may ask torch for the CUDA devices) and kept in the
     # settings every part of this worker reads.
     settings = settings.model_copy(update={"worker_devices": settings.devices()})
-    queue, devices = settings.consumed_queue, settings.devices()
+    queues, devices = settings.consumed_queues, settings.devices()
     log.info(
-        "worker %s: %d device(s) (%s), consuming queue %r: jobs of %d device(s) only",
-        *(settings.worker_name, devices, settings.device, queue, devices),
+        "worker %s: %d device(s) (%s), consuming %s, in that order (jobs of %d device(s) "
+        "only; GRPO_WORKER_SERVES=%s)",
+        *(settings.worker_name, devices, settings.device),
+        " then ".join(f"queue {queue!r}" for queue in queues),
+        *(devices, settings.worker_serves),
     )
     ctx = build_context(settings)
     celery = create_celery(ctx)
@@ -39,7 +42,7 @@ def run_worker(settings: WorkerSettings | None = None, loglevel: str = "INFO") -
                 "worker",
                 "--pool=solo",
                 "--concurrency=1",
-                f"--queues={queue}",
+                f"--queues={','.join(queues)}",
                 f"--hostname={settings.worker_name}@%h",
                 "--without-gossip",
                 "--without-mingle",

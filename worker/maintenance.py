@@ -15,7 +15,11 @@
   killed outright never removes its own row; the gateway reads only fresh rows, but the table
   would grow with every restart);
 - the Tinker clean-up removes the saves past their expiry (a TTL, or a delete through the
-  Tinker API): their folders and rows (worker.tinker_saves.remove_expired_saves).
+  Tinker API): their folders and rows (worker.tinker_saves.remove_expired_saves);
+- a job that waits because every worker of its size holds Tinker training clients is told
+  so in its events, once (app.jobs.size_classes.note_jobs_waiting_for_tinker);
+- the Tinker upkeep sends waiting training clients again, closes released clients of ended
+  sessions and bounds the stored calls (worker.tinker_upkeep).
 Every worker runs them; compare-and-set transitions make concurrent runs safe, and the purge's
 steps are idempotent.
 """
@@ -34,13 +38,14 @@ from app.core.errors import IllegalTransition
 from app.inference import servers_repository
 from app.jobs import deletion_repository as deletion_repo
 from app.jobs import repository as jobs_repo
-from app.jobs import transitions
+from app.jobs import size_classes, transitions
 from app.jobs import workers_repository as workers_repo
 from app.jobs.dispatch import fill_slots, send_after_commit, send_job
 from app.jobs.transitions import JobStatus
 from worker.context import WorkerContext
 from worker.retention import remove_job_folder
 from worker.tinker_saves import remove_expired_saves
+from worker.tinker_upkeep import tinker_upkeep
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +66,10 @@ def announce_worker(ctx: WorkerContext) -> None:
             session,
             name=settings.worker_name,
             queue_name=settings.queue_name,
-            devices=settings.devices(),
+            # A worker that takes no jobs (GRPO_WORKER_SERVES=tinker) is no size class's.
+            devices=settings.devices() if settings.serves_jobs else 0,
             now=now,
+            tinker_models=len(ctx.held_tinker_models),
         )
         workers_repo.forget_before(
             session, queue_name=settings.queue_name, before=now - FORGET_WORKERS_AFTER
@@ -138,12 +145,18 @@ def reap_stale_jobs(ctx: WorkerContext) -> list[str]:
 
 def redispatch_queued(ctx: WorkerContext) -> list[str]:
     """Send again every queued job whose last message is older than the threshold, then fill
-    the projects' free dispatch slots with their waiting jobs; returns the ids sent."""
+    the projects' free dispatch slots with their waiting jobs; returns the ids sent. A job of a
+    size class that no worker of its deployment announced lately is not sent again: its message
+    would wait in the broker with the others, each sweep adding one; once such a worker
+    announces itself, the next sweep sends it (app.jobs.size_classes)."""
     cutoff = utcnow() - timedelta(seconds=ctx.settings.redispatch_seconds)
     with session_scope(ctx.sessions) as session:
+        nobody_takes = size_classes.workers_seen(session, ctx.settings).queues_nobody_takes()
         lost = [
             (j.id, j.queue)
-            for j in jobs_repo.lost_messages(session, older_than=cutoff, limit=SWEEP_BATCH)
+            for j in jobs_repo.lost_messages(
+                session, older_than=cutoff, limit=SWEEP_BATCH, skip_queues=nobody_takes
+            )
         ]
     sent: list[str] = []
     for job_id, queue in lost:
@@ -178,6 +191,12 @@ def fill_round_robin(ctx: WorkerContext) -> list[str]:
             if not filled.sent:
                 projects.remove(project_id)  # full, or nothing left waiting
     return sent
+
+
+def note_jobs_waiting_for_tinker(ctx: WorkerContext) -> list[str]:
+    """Tell each job waiting for a size class whose every worker holds Tinker training clients
+    why it waits, once (app.jobs.size_classes); returns the ids told."""
+    return size_classes.note_jobs_waiting_for_tinker(ctx.sessions, ctx.settings)
 
 
 def purge_deleted_jobs(ctx: WorkerContext) -> list[str]:
@@ -226,9 +245,11 @@ class MaintenanceThread:
             try:
                 reap_stale_jobs(self._ctx)
                 redispatch_queued(self._ctx)
+                note_jobs_waiting_for_tinker(self._ctx)
                 purge_deleted_jobs(self._ctx)
                 forget_gone_inference_servers(self._ctx)
                 remove_expired_saves(self._ctx.sessions, self._ctx.settings.resolved_checkpoint_dir)
+                tinker_upkeep(self._ctx)
             except SQLAlchemyError as exc:
                 log.warning("maintenance skipped: database unavailable (%s)", exc)
             except Exception:  # never let the thread die

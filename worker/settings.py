@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from app.core.queue import queue_for
+from app.core.queue import queue_for, tinker_queue
 from app.core.settings import Settings
 from jobspec.resources import MAX_DEVICES
 
@@ -31,6 +32,14 @@ class WorkerSettings(Settings):
             "Devices this worker trains on, its size class: it consumes only the queue of "
             "jobs of exactly that many (app.core.queue.queue_for). Unset: the CUDA devices it "
             "sees when `device` is cuda (and CUDA is available), else 1; see `devices()`."
+        ),
+    )
+    worker_serves: Literal["both", "jobs", "tinker"] = Field(
+        default="both",
+        description=(
+            "What this worker takes: `jobs` (its size class's queue), `tinker` (the Tinker "
+            "queue, GRPO_TINKER_QUEUE) or `both`, jobs first (a waiting job of its size class "
+            "goes before a training client; the embedded default's worker)."
         ),
     )
     maintenance_seconds: float = Field(
@@ -138,6 +147,20 @@ class WorkerSettings(Settings):
     def consumed_queue(self) -> str:
         """The one queue this worker takes jobs from: its size class's."""
         return queue_for(self.queue_name, self.devices())
+
+    @property
+    def consumed_queues(self) -> list[str]:
+        """The queues this worker consumes, jobs' first (GRPO_WORKER_SERVES)."""
+        queues = []
+        if self.worker_serves in ("both", "jobs"):
+            queues.append(self.consumed_queue)
+        if self.worker_serves in ("both", "tinker"):
+            queues.append(tinker_queue(self))
+        return queues
+
+    @property
+    def serves_jobs(self) -> bool:
+        return self.worker_serves in ("both", "jobs")
 
 
 def detected_devices(device: str) -> int:

@@ -14,18 +14,22 @@ its session does. The API stores each call as a request row; this worker:
    state: the weights in memory are gone with the process) or the lease is lost (the API
    ended the model: nothing more is written).
 
-A worker holds a whole session: while it serves a model, it also takes the session's other
-models that no worker holds yet (a second training client, one restored from a saved state),
-each served by a thread of its own in this process until its session ends; and another
-session's model that no idle worker took within a few seconds (up to
+A worker holds a whole session: while it serves a model, it also takes the session's and the
+project's other models that no worker holds yet (a second training client, one restored from a
+saved state), each served by a thread of its own in this process until its session ends; and
+another project's model that no idle worker took within a few seconds (up to
 ``GRPO_TINKER_MODELS_PER_WORKER`` models in all). A solo-pool worker (one task at a time) could
 otherwise never load a second model while it holds the first, and the client would wait on it
 until the first session ends.
 
-A heartbeat thread renews the lease every ``heartbeat_seconds`` and watches the session. A
-thread, not the job runner's heartbeat process: a call runs for seconds in torch, which
-releases the GIL, and nothing here runs user code (graders, tools) that could hold it; the API
-marks the model lost only after ``lease_seconds`` without a beat.
+Sharing with jobs and other tenants: training clients come on a queue of their own
+(GRPO_TINKER_QUEUE); a worker that serves jobs too takes a waiting job first (its queues are
+read in order: app.core.queue, app.core.broker_order); a project's clients are
+held by at most ``GRPO_TINKER_MAX_WORKERS_PER_PROJECT`` workers; and a model without a call
+for ``GRPO_TINKER_IDLE_RELEASE_S`` is written to disk and its worker freed
+(worker.tinker_idle), to be loaded again, where it was, on its next call.
+
+The lease on the row is renewed by a thread (worker.tinker_lease).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from app.core.clock import utcnow
 from app.core.db import session_scope
@@ -53,10 +57,12 @@ from worker.context import WorkerContext
 from worker.retry import with_db_retry
 from worker.runner import confined_model
 from worker.settings import WorkerSettings
+from worker.tinker_idle import release_idle, remove_idle_state
+from worker.tinker_lease import ModelLease
 from worker.tinker_saves import checkpoint_root
 
 if TYPE_CHECKING:
-    from trainer.primitives import TrainingSession
+    from trainer.primitives import TrainingSession, WeightsSnapshot
     from worker.tinker_requests import HeldModel
 
 log = logging.getLogger(__name__)
@@ -69,61 +75,6 @@ IDLE_POLL_S = 0.05
 # session's model waits for an idle worker before a busy one takes it.
 ADOPT_EVERY_S = 1.0
 ADOPT_OTHERS_AFTER_S = 5.0
-
-
-class ModelLease:
-    """The lease on a model's row, renewed by a thread every ``interval_s`` while entered. The
-    thread also watches the client's session: ``lost`` is set once a renewal matched no row,
-    ``session_over`` (with ``end_reason``) once the session is finished or silent."""
-
-    def __init__(
-        self, sessions: sessionmaker[Session], ref: ModelRef, settings: WorkerSettings
-    ) -> None:
-        self._sessions = sessions
-        self._ref = ref
-        self._interval = settings.heartbeat_seconds
-        self._session_ttl = settings.tinker_session_ttl_s
-        self.lost = threading.Event()
-        self.session_over = threading.Event()
-        self.end_reason = ""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"tinker-lease-{ref.id}", daemon=True
-        )
-
-    def __enter__(self) -> ModelLease:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval) and not self.lost.is_set():
-            self.beat()
-
-    def beat(self) -> None:
-        """One fenced renewal and a look at the session."""
-        now = utcnow()
-        try:
-            with session_scope(self._sessions) as db:
-                held = q.renew(db, model_id=self._ref.id, owner=self._ref.owner, now=now)
-                ended = q.session_end(
-                    db,
-                    session_id=self._ref.session_id,
-                    stale_before=repo.stale_since(now, self._session_ttl),
-                )
-        except Exception as exc:  # the database is down: keep trying, the lease decides
-            log.warning("tinker model %s: heartbeat failed: %s", self._ref.id, exc)
-            return
-        if not held:
-            if not self.lost.is_set():
-                log.warning("tinker model %s: lease lost", self._ref.id)
-            self.lost.set()
-        if ended is not None and not self.session_over.is_set():
-            self.end_reason = ended
-            self.session_over.set()
 
 
 def hold_tinker_model(ctx: WorkerContext, model_id: str) -> str:
@@ -159,6 +110,7 @@ def _adopt_waiting(ctx: WorkerContext, ref: ModelRef, adopted: list[threading.Th
         lambda db: q.waiting_models(
             db,
             session_id=ref.session_id,
+            project_id=ref.project_id,
             stale_before=stale,
             unclaimed_before=unclaimed,
             limit=room,
@@ -190,6 +142,7 @@ def _hold(ctx: WorkerContext, ref: ModelRef, adopted: list[threading.Thread]) ->
             category, message = _load_failure(ref, exc)
             _end(ctx, ref, "failed", message, category=category)
             return "failed"
+        ctx.held_tinker_models.add(ref.id)
         try:
             with session_scope(ctx.sessions) as db:
                 ready = q.mark_ready(
@@ -199,18 +152,28 @@ def _hold(ctx: WorkerContext, ref: ModelRef, adopted: list[threading.Thread]) ->
                 return "lease_lost"
             return _serve(ctx, ref, held, lease, adopted)
         finally:
+            ctx.held_tinker_models.discard(ref.id)
             held.close()
 
 
 def _claim(ctx: WorkerContext, model_id: str) -> ModelRef | None:
     now = utcnow()
-    owner = ctx.settings.worker_name
+    settings = ctx.settings
+    owner = settings.worker_name
     with session_scope(ctx.sessions) as db:
-        stale = repo.stale_since(now, ctx.settings.lease_seconds)
+        stale = repo.stale_since(now, settings.lease_seconds)
+        row = db.get(TinkerModel, model_id)
+        if row is None or not q.project_may_use(
+            db,
+            project_id=row.project_id,
+            owner=owner,
+            stale_before=stale,
+            max_workers=settings.tinker_max_workers_per_project,
+        ):
+            return None  # the project's workers take it (or the sweep sends it again)
         if not q.claim(db, model_id=model_id, owner=owner, now=now, stale_before=stale):
             return None
-        row = db.get(TinkerModel, model_id)
-        assert row is not None  # just updated, in this transaction
+        db.refresh(row)
         return ModelRef(row.id, row.session_id, row.project_id, row.base_model, owner)
 
 
@@ -237,17 +200,28 @@ def _load(ctx: WorkerContext, ref: ModelRef) -> HeldModel:
         assert row is not None
         lora, rank = dict(row.lora or {}), row.lora_rank
         restore_from, restore_optimizer = row.restore_from, row.restore_optimizer
-        last_saved = row.last_saved_path
+        last_saved, idle_state = row.last_saved_path, row.idle_state
         trained = row.model_trained  # an alias's packaged model (GRPO_TINKER_MODEL_ALIASES)
     folder = model_folder(trained, settings)
     session: TrainingSession
-    if restore_from is not None:
+    snapshots: dict[str, WeightsSnapshot] = {}
+    if idle_state is not None:  # released when idle: it continues where it was
+        _check_own(settings, ref, Path(idle_state))
+        session, snapshots = TrainingSession.resume(
+            Path(idle_state),
+            folder,
+            device=settings.device,
+            max_tokens_per_call=settings.tinker_max_tokens_per_call,
+        )
+    elif restore_from is not None:
         saved = Path(restore_from)
-        # The API names a folder of the project's own saves; refuse anything else all the same.
-        if not saved.resolve().is_relative_to(checkpoint_root(settings, ref.project_id)):
-            raise TrainerError(f"the saved state of model {ref.id} is not one of its project's")
+        _check_own(settings, ref, saved)
         session = TrainingSession.load_state(
-            saved, folder, optimizer=restore_optimizer, device=settings.device
+            saved,
+            folder,
+            optimizer=restore_optimizer,
+            device=settings.device,
+            max_tokens_per_call=settings.tinker_max_tokens_per_call,
         )
     else:
         session = TrainingSession(
@@ -263,7 +237,15 @@ def _load(ctx: WorkerContext, ref: ModelRef) -> HeldModel:
         )
     held = HeldModel(ctx.sessions, settings, ref, session, folder)
     held.last_saved_path = last_saved
+    held.restore_snapshots(snapshots)
     return held
+
+
+def _check_own(settings: WorkerSettings, ref: ModelRef, saved: Path) -> None:
+    """The API and this worker name folders of the project's own; refuse anything else all
+    the same."""
+    if not saved.resolve().is_relative_to(checkpoint_root(settings, ref.project_id)):
+        raise TrainerError(f"the saved state of model {ref.id} is not one of its project's")
 
 
 def _load_failure(ref: ModelRef, exc: Exception) -> tuple[str, str]:
@@ -292,6 +274,7 @@ def _serve(
     """Apply the model's calls in order until the session ends, the worker stops or the lease
     is lost; when idle, take the session's waiting models too."""
     adopt_at = 0.0
+    idle_since = time.monotonic()
     while True:
         if lease.lost.is_set():
             return "lease_lost"
@@ -306,12 +289,18 @@ def _serve(
             return _closed(ctx, ref, lease)
         request = _db(ctx, ref, lambda db: q.next_request(db, model_id=ref.id))
         if request is None:
+            if time.monotonic() - idle_since >= ctx.settings.tinker_idle_release_s:
+                if _release(ctx, ref, held):
+                    return "released"
+                idle_since = time.monotonic()  # a call came meanwhile: serve it
+                continue
             if time.monotonic() >= adopt_at:
                 _adopt_waiting(ctx, ref, adopted)
                 adopt_at = time.monotonic() + ADOPT_EVERY_S
             ctx.shutdown.wait(IDLE_POLL_S)
             continue
         outcome = held.apply(request)
+        idle_since = time.monotonic()
         written = _db(
             ctx,
             ref,
@@ -331,6 +320,18 @@ def _serve(
             lease.beat()  # not ours any more? then stop now, not at the next beat
             if not lease.lost.is_set():
                 log.warning("tinker request %s was ended elsewhere", request.request_id)
+
+
+def _release(ctx: WorkerContext, ref: ModelRef, held: HeldModel) -> bool:
+    """Write the idle model to disk and give up this worker (worker.tinker_idle); False when
+    it stays (a call arrived, or the write failed: logged, tried again after another idle
+    period)."""
+    previous = _db(ctx, ref, lambda db: q.idle_state_of(db, model_id=ref.id))
+    try:
+        return release_idle(ctx, held, previous)
+    except Exception:  # a full disk must not end the model: it stays resident
+        log.exception("tinker model %s: idle release failed; it stays resident", ref.id)
+        return False
 
 
 def _db(ctx: WorkerContext, ref: ModelRef, work: Callable[[Session], T]) -> T:
@@ -371,5 +372,6 @@ def _end(
     )
     if not ended:
         return "lease_lost"
+    remove_idle_state(_db(ctx, ref, lambda db: q.idle_state_of(db, model_id=ref.id)))
     log.info("tinker model %s: %s (%s)", ref.id, status, message)
     return status

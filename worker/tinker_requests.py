@@ -119,6 +119,15 @@ class HeldModel:
 
             torch.cuda.empty_cache()
 
+    def suspend(self, folder: Path) -> None:
+        """The whole model, with the sampler weights it keeps, into ``folder`` (an idle
+        release: worker.tinker_idle); :meth:`restore_snapshots` puts them back."""
+        self._model.suspend(folder, self.snapshots)
+
+    def restore_snapshots(self, snapshots: Mapping[str, WeightsSnapshot]) -> None:
+        for key, snapshot in snapshots.items():
+            self._keep(key, snapshot)
+
     def apply(self, request: QueuedRequest) -> Outcome:
         """Apply one call; never raises."""
         handlers = {

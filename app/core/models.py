@@ -331,5 +331,7 @@ class WorkerSighting(Base):
     devices: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Tinker training clients it held when last seen (a waiting job's event names them).
+    tinker_models: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     __table_args__ = (Index("ix_workers_queue_name_last_seen_at", "queue_name", "last_seen_at"),)

@@ -9,6 +9,15 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jobspec import PACKAGED_MODELS
+from jobspec.model_shape import PRESET_SHAPES
+
+# What one sample call's KV cache may hold by default: 2 GiB on the larger packaged model,
+# SmolLM2-135M, whose float32 cache (the Tinker workers' dtype) keeps a key and a value for 30
+# layers x 3 KV heads x 64 dims, 46,080 bytes, a token: 2 GiB / 46,080 B = 46,603 tokens.
+SAMPLE_CACHE_BYTES = 2 * 2**30
+DEFAULT_SAMPLE_BATCH_TOKENS = SAMPLE_CACHE_BYTES // PRESET_SHAPES[
+    "smollm2-135m-instruct"
+].kv_bytes_per_token(4)
 
 
 class TinkerSettings(BaseSettings):
@@ -65,6 +74,16 @@ class TinkerSettings(BaseSettings):
     tinker_max_sample_tokens: int = Field(
         default=1024, ge=1, le=131_072, description="max_tokens of one sample call."
     )
+    tinker_max_sample_batch_tokens: int = Field(
+        default=DEFAULT_SAMPLE_BATCH_TOKENS,
+        ge=1,
+        le=100_000_000,
+        description=(
+            "Tokens one sample call may hold at once, num_samples x (prompt tokens + max_tokens): "
+            "what the sampler's KV cache keeps. The default, 46,603, is 2 GiB of SmolLM2-135M's "
+            "float32 cache (46,080 bytes a token)."
+        ),
+    )
     tinker_claim_timeout_s: float = Field(
         default=900.0,
         ge=30,
@@ -95,14 +114,94 @@ class TinkerSettings(BaseSettings):
     @field_validator("tinker_model_aliases")
     @classmethod
     def _check_aliases(cls, value: str) -> str:
+        """Each pair NAME=PACKAGED with PACKAGED a packaged model, and NAME a name of its own:
+        not a packaged model's (it would change what that name trains), not given twice, and
+        without ':' (``ft:...`` names and ``tinker://`` paths are saved weights' names, and the
+        SDK cuts a model name at its first ':')."""
         pairs = _alias_pairs(value)
+        packaged = {model.casefold(): model for model in PACKAGED_MODELS}
+        seen: dict[str, str] = {}
         for name, target in pairs:
+            pair = f"{name}={target}"
             if not name or target not in PACKAGED_MODELS:
                 raise ValueError(
-                    f"GRPO_TINKER_MODEL_ALIASES: {name}={target!r} is not NAME=PACKAGED with "
+                    f"GRPO_TINKER_MODEL_ALIASES: {pair!r} is not NAME=PACKAGED with "
                     f"PACKAGED one of {', '.join(PACKAGED_MODELS)}"
                 )
+            if name.casefold() in packaged:
+                raise ValueError(
+                    f"GRPO_TINKER_MODEL_ALIASES: {pair!r} shadows the packaged model "
+                    f"{packaged[name.casefold()]}; an alias is another name for one"
+                )
+            if ":" in name:
+                raise ValueError(
+                    f"GRPO_TINKER_MODEL_ALIASES: {pair!r}: an alias holds no ':' (ft:... names "
+                    "and tinker:// paths name saved weights, and the SDK cuts a model name at "
+                    "its first ':')"
+                )
+            if name in seen:
+                raise ValueError(
+                    f"GRPO_TINKER_MODEL_ALIASES: {name!r} is given twice ({seen[name]!r} and "
+                    f"{pair!r})"
+                )
+            seen[name] = pair
         return ",".join(f"{name}={target}" for name, target in pairs)
+
+    tinker_queue: str = Field(
+        default="",
+        max_length=200,
+        description=(
+            "The Celery queue Tinker training clients are sent on (empty: `<GRPO_QUEUE_NAME>-"
+            "tinker`). Workers with GRPO_WORKER_SERVES=tinker or both consume it; an operator "
+            "gives Tinker workers of its own with `tinker` on some and `jobs` on the others."
+        ),
+    )
+    tinker_idle_release_s: float = Field(
+        default=180.0,
+        ge=5,
+        le=86_400,
+        description=(
+            "A training client without a call for this long is written to disk and its worker "
+            "freed, even while its session heartbeats; its next call loads it back where it "
+            "was (weights, Adam state, gradients, sampler weights): a short wait, not an error."
+        ),
+    )
+    tinker_max_workers_per_project: int = Field(
+        default=2,
+        ge=1,
+        le=1_000,
+        description=(
+            "Workers one project's training clients may hold at once; its other clients wait "
+            "for those workers (which hold up to GRPO_TINKER_MODELS_PER_WORKER each)."
+        ),
+    )
+    tinker_max_stored_bytes_per_project: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1_000_000,
+        le=1_000_000_000_000,
+        description=(
+            "Bytes of a project's Tinker calls and results stored at once (a call's body until "
+            "its worker applies it, a result until it is retrieved); past it a call is 429."
+        ),
+    )
+    tinker_result_retention_s: float = Field(
+        default=3600.0,
+        ge=60,
+        le=30 * 86_400,
+        description=(
+            "A result nobody retrieved is dropped after this long, and the call rows of an "
+            "ended session are deleted this long after it ended."
+        ),
+    )
+    tinker_max_polls_per_project: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description=(
+            "retrieve_future polls one project may hold open at once in one API process; more "
+            "are 429 (the SDK retries)."
+        ),
+    )
 
     tinker_poll_wait_s: float = Field(
         default=20.0,

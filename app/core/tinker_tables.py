@@ -74,8 +74,17 @@ class TinkerModel(Base):
         """The model the worker loads: the alias's packaged model, or base_model."""
         return self.trained_model or self.base_model
 
-    # starting (queued for a worker) -> ready (resident) -> closed | failed
+    # starting (queued for a worker) -> ready (resident) -> closed | failed; ready ->
+    # released (idle: written to ``idle_state``, no worker) -> starting (its next call).
     status: Mapped[str] = mapped_column(String(16), default="starting")
+    # When the model last went to the queue (created, or called again once released): the
+    # claim timeout counts from here. None: created_at (rows older than the release).
+    queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Its last message to the workers' queue (the maintenance sweep sends a waiting one again).
+    dispatched_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The folder a released model was written to (weights, Adam state, gradients, sampler
+    # weights): what the next worker loads.
+    idle_state: Mapped[str | None] = mapped_column(String(1000))
     # A model created by load_weights starts from this saved state (a checkpoint folder).
     restore_from: Mapped[str | None] = mapped_column(String(1000))
     restore_optimizer: Mapped[bool] = mapped_column(default=True)
@@ -104,7 +113,8 @@ class TinkerRequest(Base):
     # Training calls: the model's seq_id; samples: "sample:<sampler>:<seq>" dedupe key below.
     seq_key: Mapped[str] = mapped_column(String(200))
     kind: Mapped[str] = mapped_column(String(32))
-    body: Mapped[bytes] = mapped_column(LargeBinary)
+    # Dropped (None) once the call is applied or refused.
+    body: Mapped[bytes | None] = mapped_column(LargeBinary)
     status: Mapped[str] = mapped_column(String(16), default="queued")  # queued|done|failed
     result: Mapped[bytes | None] = mapped_column(LargeBinary)
     result_format: Mapped[str | None] = mapped_column(String(8))  # json | proto
@@ -112,6 +122,10 @@ class TinkerRequest(Base):
     error_category: Mapped[str | None] = mapped_column(String(16))  # user | server
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The bytes of body and result still held: counted against the project's stored bytes.
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # When the client first read the result (it is dropped a little later).
+    retrieved_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (
         # A retried call (same seq_id) finds its first request instead of making a second.

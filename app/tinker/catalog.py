@@ -1,5 +1,5 @@
 """What the Tinker API tells about models and saves: the server's capabilities, a training
-client's info (with the tokenizer folder the SDK loads on the same host, offline), a sampler,
+client's info (with a tokenizer name the SDK resolves, never a path of this server), a sampler,
 the saves of a training run and a save's weights info."""
 
 from __future__ import annotations
@@ -12,36 +12,53 @@ from sqlalchemy.orm import Session
 from app.core.clock import utcnow
 from app.core.errors import NotFound
 from app.core.settings import Settings
-from app.core.tinker_tables import TinkerCheckpoint
+from app.core.tinker_tables import TinkerCheckpoint, TinkerModel
 from app.tinker import repository as repo
+from app.tinker.admission import packaged_shape
 from app.tinker.names import CHECKPOINT_KINDS
 from app.tinker.service import trainable_models, usable_model
+from jobspec.model_shape import preset_shape
+
+# The Hugging Face Hub tokenizer of a packaged model, where one has its vocabulary (SmolLM2's
+# GGUF, which the packaged model is converted from, holds that tokenizer). tiny-random-llama's
+# tokenizer is built here and exists nowhere else.
+HUB_TOKENIZERS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
 def capabilities(settings: Settings) -> dict[str, Any]:
-    return {
-        "supported_models": [
-            {"model_name": name, "trainable": True, "sampleable": True}
-            for name in trainable_models(settings)
-        ]
-    }
+    supported = []
+    for name in trainable_models(settings):
+        shape = preset_shape(settings.tinker_alias_map.get(name, name))
+        context = shape.max_position_embeddings if shape is not None else 0
+        supported.append(
+            {
+                "model_name": name,
+                "max_context_length": context or None,
+                "trainable": True,
+                "sampleable": True,
+            }
+        )
+    return {"supported_models": supported}
+
+
+def tokenizer_name(model: TinkerModel) -> str:
+    """What ``TrainingClient.get_tokenizer`` loads (``AutoTokenizer.from_pretrained``): the
+    packaged model's Hub tokenizer, else the model's name as the client gave it (an alias is
+    the client's own name; tinker-cookbook's setup keeps a tokenizer folder of that name,
+    docs/tinker-cookbook.md). Never a path of this server."""
+    return HUB_TOKENIZERS.get(model.model_trained, model.base_model)
 
 
 def model_info(db: Session, settings: Settings, project_id: str, model_id: str) -> dict[str, Any]:
     model = usable_model(db, settings, project_id, model_id)
-    if model.model_folder is None:
-        raise NotFound(
-            f"model {model_id} is not loaded yet; wait for create_model's result",
-            param="model_id",
-        )
+    shape = packaged_shape(model)
     return {
         "type": "get_info",
         "model_id": model.id,
         "model_data": {
-            "arch": "llama",
+            "arch": shape.model_type if shape is not None else None,
             "model_name": model.base_model,
-            # A local folder: the SDK loads its tokenizer from it (same host, no hub).
-            "tokenizer_id": model.model_folder,
+            "tokenizer_id": tokenizer_name(model),
         },
         "optimizer_config": {"type": "adamw"},
         "is_lora": True,

@@ -1,7 +1,8 @@
 """Sending a Tinker training model to a worker: the task ``worker.tinker_model`` with the model's
-id, on the deployment's base queue (one device). The API knows the task only by name and never
-imports the worker; a failed send leaves the model ``starting``, and its first call's future
-fails once the model is marked lost (app.tinker.futures)."""
+id, on the Tinker queue (app.core.queue.tinker_queue: apart from the jobs' queues). The API
+knows the task only by name and never imports the worker; a failed send leaves the model
+``starting``, and the workers' maintenance sends it again (worker.tinker_upkeep) until a worker
+claims it or the claim timeout fails it (app.tinker.futures)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from functools import lru_cache
 
 from celery import Celery
 
-from app.core.queue import TINKER_MODEL_TASK, celery_config
+from app.core.queue import TINKER_MODEL_TASK, celery_config, tinker_queue
 from app.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def send_model(settings: Settings, model_id: str) -> bool:
         producer.send_task(
             TINKER_MODEL_TASK,
             args=[model_id],
-            queue=settings.queue_name,
+            queue=tinker_queue(settings),
             retry=True,
             retry_policy={"max_retries": 1, "interval_start": 0.2, "interval_step": 0.5},
         )

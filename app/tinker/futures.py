@@ -10,28 +10,43 @@ A call whose model no worker has taken yet answers ``try_again`` with ``queue_st
 ``paused_capacity`` (the SDK logs that it waits for capacity) once the model waited
 ``UNCLAIMED_NOTICE_S``; after ``GRPO_TINKER_CLAIM_TIMEOUT_S`` the model and its calls fail,
 saying why, and the project's quota is free again.
+
+Held polls are shared fairly: one project holds at most ``GRPO_TINKER_MAX_POLLS_PER_PROJECT``
+open in an API process (429 beyond; the SDK retries), and their database reads run on an
+executor of their own, so that one tenant's polls never take the threads the other routes
+run on. A queued call's re-read fetches its status alone, never its body or result bytes.
+A result read is marked retrieved (app.tinker.storage drops it a minute later).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.clock import as_utc, utcnow
 from app.core.db import session_scope
-from app.core.errors import NotFound
+from app.core.errors import NotFound, TooManyRequests
 from app.core.settings import Settings
 from app.tinker import repository as repo
+from app.tinker import upkeep_repository as up
 
 # How often a held poll reads its request again.
 POLL_INTERVAL_S = 0.05
 # A model waiting this long for a worker is reported as waiting for capacity (an idle worker
 # takes one within a second or two; another session's worker adopts it after 5 s).
 UNCLAIMED_NOTICE_S = 15.0
+# Threads the held polls' reads run on (per API process), apart from the routes' threadpool.
+POLL_THREADS = 4
+_POLL_EXECUTOR = ThreadPoolExecutor(max_workers=POLL_THREADS, thread_name_prefix="tinker-poll")
 
 
 @dataclass(frozen=True)
@@ -48,24 +63,67 @@ class Outcome:
 PROTOBUF = "application/x-protobuf"
 
 
-def _read(db: Session, settings: Settings, project_id: str, request_id: str) -> Outcome:
-    row = repo.get_request(db, project_id=project_id, request_id=request_id)
-    if row is None:
+class PollSlots:
+    """The polls each project holds open in this process, bounded per project."""
+
+    def __init__(self) -> None:
+        self._held: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self, project_id: str, limit: int) -> Iterator[None]:
+        with self._lock:
+            if self._held[project_id] >= limit:
+                raise TooManyRequests(
+                    f"this project holds {limit} retrieve_future polls open "
+                    "(GRPO_TINKER_MAX_POLLS_PER_PROJECT); poll again when one returns",
+                    retry_after=1,
+                    param="GRPO_TINKER_MAX_POLLS_PER_PROJECT",
+                )
+            self._held[project_id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held[project_id] -= 1
+                if self._held[project_id] <= 0:
+                    del self._held[project_id]
+
+
+POLLS = PollSlots()
+
+
+def _request_status(db: Session, project_id: str, request_id: str) -> tuple[str, str]:
+    """(status, model id) of the project's request (404 when it is not the project's)."""
+    found = repo.request_status(db, project_id=project_id, request_id=request_id)
+    if found is None:
         raise NotFound(f"no Tinker request {request_id[:120]!r}", param="request_id")
+    return found
+
+
+def _read(db: Session, settings: Settings, project_id: str, request_id: str) -> Outcome:
+    status, model_id = _request_status(db, project_id, request_id)
     waiting = None
-    if row.status == "queued":
-        waiting = _unclaimed(db, settings, row.model_id)
-        _fail_if_worker_lost(db, settings, row.model_id)
-        db.refresh(row)
-    if row.status == "done" and row.result is not None:
+    if status == "queued":
+        waiting = _unclaimed(db, settings, model_id)
+        _fail_if_worker_lost(db, settings, model_id)
+        status, _ = _request_status(db, project_id, request_id)
+    if status == "queued":
+        return Outcome(None, waiting=waiting)
+    row = repo.get_request(db, project_id=project_id, request_id=request_id)
+    assert row is not None  # read just above; rows of a live session are not deleted
+    if row.status == "done":
+        if row.result is None:  # read before, and dropped after its grace period
+            error = {
+                "error": f"the result of {request_id} was already retrieved and is no longer "
+                "kept (results are dropped a minute after they are read)",
+                "category": "user",
+            }
+            return Outcome(json.dumps(error).encode())
+        up.mark_retrieved(db, request_id=request_id, now=utcnow())
         return Outcome(row.result, PROTOBUF if row.result_format == "proto" else "application/json")
-    if row.status == "failed":
-        error = {
-            "error": row.error or "the call failed",
-            "category": row.error_category or "server",
-        }
-        return Outcome(json.dumps(error).encode())
-    return Outcome(None, waiting=waiting)
+    error = {"error": row.error or "the call failed", "category": row.error_category or "server"}
+    return Outcome(json.dumps(error).encode())
 
 
 def _unclaimed(db: Session, settings: Settings, model_id: str) -> str | None:
@@ -75,7 +133,7 @@ def _unclaimed(db: Session, settings: Settings, model_id: str) -> str | None:
     if model is None or model.status != "starting" or model.heartbeat_at is not None:
         return None
     now = utcnow()
-    created = as_utc(model.created_at) or now
+    created = as_utc(model.queued_at or model.created_at) or now
     if created >= repo.stale_since(now, UNCLAIMED_NOTICE_S):
         return None
     timeout = settings.tinker_claim_timeout_s
@@ -103,10 +161,10 @@ def _fail_if_worker_lost(db: Session, settings: Settings, model_id: str) -> None
     """Fail the model's queued calls when its model ended or its worker's heartbeat is older
     than the lease (``GRPO_LEASE_SECONDS``)."""
     model = db.get(repo.TinkerModel, model_id)
-    if model is None:
+    if model is None or model.status == "released":  # its calls send it to the queue again
         return
     now = utcnow()
-    if model.status in ("starting", "ready"):
+    if model.status in repo.LIVE_MODEL_STATUSES:
         lost = f"the worker holding model {model_id} stopped"
         if model.last_saved_path:
             lost += f"; restore it from {model.last_saved_path}"
@@ -129,13 +187,15 @@ async def await_outcome(
     """The request's outcome, waiting up to the poll window for a queued one (each read in a
     short unit of work of its own, in a thread: the event loop never blocks on the database)."""
     deadline = time.monotonic() + settings.tinker_poll_wait_s
+    loop = asyncio.get_running_loop()
 
     def read() -> Outcome:
         with session_scope(sessions) as db:
             return _read(db, settings, project_id, request_id)
 
-    while True:
-        outcome = await asyncio.to_thread(read)
-        if outcome.payload is not None or time.monotonic() >= deadline:
-            return outcome
-        await asyncio.sleep(POLL_INTERVAL_S)
+    with POLLS.hold(project_id, settings.tinker_max_polls_per_project):
+        while True:
+            outcome = await loop.run_in_executor(_POLL_EXECUTOR, read)
+            if outcome.payload is not None or time.monotonic() >= deadline:
+                return outcome
+            await asyncio.sleep(POLL_INTERVAL_S)

@@ -16,8 +16,16 @@ from app.core.tinker_tables import (
     TinkerSession,
 )
 
-# Model statuses that hold (or are about to hold) a worker: counted against the project's quota.
+# Model statuses that hold (or are about to hold) a worker, with its lease.
 LIVE_MODEL_STATUSES = ("starting", "ready")
+# A released model (idle: written to disk, its worker freed) is still the client's: with the
+# live ones, what the project's quota of training clients counts.
+CLIENT_STATUSES = (*LIVE_MODEL_STATUSES, "released")
+
+
+def queued_since(model: type[TinkerModel] = TinkerModel) -> ColumnElement[datetime]:
+    """When the model last went to the queue (rows from before idle release: created_at)."""
+    return func.coalesce(model.queued_at, model.created_at)
 
 
 def get_session(db: Session, *, project_id: str, session_id: str) -> TinkerSession | None:
@@ -41,17 +49,33 @@ def get_model(db: Session, *, project_id: str, model_id: str) -> TinkerModel | N
 
 
 def lock_model(db: Session, *, project_id: str, model_id: str) -> TinkerModel | None:
-    """The model row, locked until the unit of work ends (Postgres): two calls of one model
-    check and advance its ``last_seq`` one after the other."""
-    row = db.scalar(select(TinkerModel).where(TinkerModel.id == model_id).with_for_update())
+    """The model row as it is now, locked until the unit of work ends (Postgres): two calls of
+    one model check and advance its ``last_seq`` one after the other, and a call and the
+    worker's idle release of the model see each other (app.tinker.service.accept_request)."""
+    row = db.scalar(
+        select(TinkerModel)
+        .where(TinkerModel.id == model_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
     return row if row is not None and row.project_id == project_id else None
 
 
 def live_models(db: Session, *, project_id: str) -> int:
     query = select(func.count()).where(
-        TinkerModel.project_id == project_id, TinkerModel.status.in_(LIVE_MODEL_STATUSES)
+        TinkerModel.project_id == project_id, TinkerModel.status.in_(CLIENT_STATUSES)
     )
     return int(db.scalar(query) or 0)
+
+
+def stored_bytes(db: Session, *, project_id: str) -> int:
+    """The bytes of the project's calls and results still stored (app.tinker.storage)."""
+    total = db.scalar(
+        select(func.coalesce(func.sum(TinkerRequest.stored_bytes), 0)).where(
+            TinkerRequest.project_id == project_id
+        )
+    )
+    return int(total or 0)
 
 
 def models_of_session(db: Session, *, session_id: str) -> list[TinkerModel]:
@@ -77,12 +101,33 @@ def get_request(db: Session, *, project_id: str, request_id: str) -> TinkerReque
     return row if row is not None and row.project_id == project_id else None
 
 
+def request_status(db: Session, *, project_id: str, request_id: str) -> tuple[str, str] | None:
+    """(status, model id) of the project's request, its payloads left unread (a held poll reads
+    this every 50 ms); None when it is not the project's."""
+    row = db.execute(
+        select(TinkerRequest.status, TinkerRequest.model_id, TinkerRequest.project_id).where(
+            TinkerRequest.request_id == request_id
+        )
+    ).one_or_none()
+    if row is None or row.project_id != project_id:
+        return None
+    return str(row.status), str(row.model_id)
+
+
 def fail_queued(db: Session, *, model_id: str, error: str, category: str, now: datetime) -> int:
     """Fail every queued request of a model (its worker is gone); how many."""
     result = db.execute(
         update(TinkerRequest)
         .where(TinkerRequest.model_id == model_id, TinkerRequest.status == "queued")
-        .values(status="failed", error=error, error_category=category, finished_at=now)
+        # The body is dropped with the call: nothing will apply it any more.
+        .values(
+            status="failed",
+            error=error,
+            error_category=category,
+            finished_at=now,
+            body=None,
+            stored_bytes=0,
+        )
         .execution_options(synchronize_session=False)
     )
     return int(getattr(result, "rowcount", 0) or 0)
@@ -109,15 +154,16 @@ def mark_model_lost(db: Session, *, model_id: str, stale_before: datetime, error
 def mark_model_unclaimed(
     db: Session, *, model_id: str, created_before: datetime, error: str
 ) -> bool:
-    """Mark a model failed when no worker ever claimed it and it was created before
-    ``created_before``; False otherwise (a worker took it meanwhile, or it is younger)."""
+    """Mark a model failed when no worker claimed it since it went to the queue (created, or
+    called again once released), before ``created_before``; False otherwise (a worker took it
+    meanwhile, or it is younger)."""
     result = db.execute(
         update(TinkerModel)
         .where(
             TinkerModel.id == model_id,
             TinkerModel.status == "starting",
             TinkerModel.heartbeat_at.is_(None),
-            TinkerModel.created_at < created_before,
+            queued_since() < created_before,
         )
         .values(status="failed", error_message=error)
         .execution_options(synchronize_session=False)

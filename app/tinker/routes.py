@@ -19,10 +19,11 @@ from pydantic import BaseModel, ValidationError
 
 from app.core.deps import SessionDep, StateDep
 from app.core.errors import InvalidRequest
-from app.tinker import catalog, samplers, service
+from app.tinker import admission, catalog, samplers, service
 from app.tinker import schemas as s
 from app.tinker.deps import ForwardBackwardBody, JsonBody, TinkerPrincipalDep
 from app.tinker.futures import await_outcome
+from app.tinker.schema_parts import REFUSED_ERROR_TYPES
 from app.tinker.wire import WireError, decode_forward_backward, fwdbwd_chunk_bytes
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
@@ -31,7 +32,9 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def parse_json(body: bytes, model: type[M]) -> M:
-    """The JSON body as ``model`` (a 422 naming the field otherwise)."""
+    """The JSON body as ``model``: a 422 naming the field where it does not fit the schema,
+    a 400 where the schema refuses a value it read (a number that is not finite, a degenerate
+    sampling parameter: ``schema_parts.REFUSED_ERROR_TYPES``)."""
     if b"\\u0000" in body:  # Postgres stores no NUL in text
         raise InvalidRequest("the body holds a NUL character")
     try:
@@ -39,7 +42,15 @@ def parse_json(body: bytes, model: type[M]) -> M:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise InvalidRequest(f"{where}: {first['msg']}", param=where) from None
+        refused = first["type"] in REFUSED_ERROR_TYPES
+        error = service.TinkerBadRequest if refused else InvalidRequest
+        raise error(f"{where}: {first['msg']}", param=where) from None
+
+
+def wire_refusal(exc: WireError) -> service.TinkerBadRequest:
+    """The 400 of a body the wire or prompt decoding refused: their messages start with the
+    field (``data[2].model_input: ...``, ``prompt.chunks[1]: ...``), which ``param`` names."""
+    return service.TinkerBadRequest(str(exc), param=str(exc).partition(": ")[0])
 
 
 def path_parts(path: str) -> tuple[str, str, str]:
@@ -176,7 +187,10 @@ def forward_backward(
             max_tokens=settings.tinker_max_tokens_per_call,
         )
     except WireError as exc:
-        raise service.TinkerBadRequest(str(exc)) from None
+        raise wire_refusal(exc) from None
+    # Checked against the loss and the model before the body is stored.
+    model = service.usable_model(db, settings, principal.project_id, call.model_id)
+    admission.check_forward_backward(call, admission.model_limits(model))
     accepted = service.submit(
         db,
         settings,

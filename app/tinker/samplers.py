@@ -7,16 +7,15 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from app.core.clock import utcnow
-from app.core.errors import NotFound, TooManyRequests
+from app.core.errors import NotFound
 from app.core.settings import Settings
-from app.core.tinker_tables import TinkerSampler
+from app.core.tinker_tables import TinkerModel, TinkerSampler
 from app.tinker import names
 from app.tinker import repository as repo
 from app.tinker.service import (
-    QUEUE_RETRY_S,
     Accepted,
     TinkerBadRequest,
-    add_request,
+    accept_request,
     check_base_model,
     live_session,
     new_model,
@@ -132,33 +131,31 @@ def add_base_sampler(
     )
 
 
+def sampler_model(db: Session, settings: Settings, project_id: str, sampler_id: str) -> TinkerModel:
+    """The model a sampling session samples, still held (404 when the project has no such
+    session; 410 once the model ended)."""
+    sampler = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
+    if sampler is None or sampler.model_id is None:
+        raise NotFound(f"no sampling session {sampler_id[:120]!r}", param="sampling_session_id")
+    return usable_model(db, settings, project_id, sampler.model_id)
+
+
 def submit_sample(
     db: Session,
     settings: Settings,
-    project_id: str,
     *,
     sampler_id: str,
+    model: TinkerModel,
     seq_id: int,
     num_samples: int,
     body: bytes,
 ) -> Accepted:
-    """A sample call, applied by the worker holding the sampler's model; a re-sent call (same
-    sampler and seq_id) finds its first request."""
-    sampler = repo.get_sampler(db, project_id=project_id, sampler_id=sampler_id)
-    if sampler is None or sampler.model_id is None:
-        raise NotFound(f"no sampling session {sampler_id[:120]!r}", param="sampling_session_id")
-    model_id = sampler.model_id
-    usable_model(db, settings, project_id, model_id)
+    """A sample call of the sampling session ``sampler_id`` on its model (``sampler_model``),
+    applied by the worker holding that model; a re-sent call (same sampler and seq_id) finds
+    its first request."""
     key = f"sample:{sampler_id}:{seq_id}"
-    repeated = repo.find_request(db, model_id=model_id, seq_key=key)
+    repeated = repo.find_request(db, model_id=model.id, seq_key=key)
     if repeated is None:
-        if repo.queued_requests(db, model_id=model_id) >= settings.tinker_max_queued_per_model:
-            raise TooManyRequests(
-                f"the model behind {sampler_id} has {settings.tinker_max_queued_per_model} "
-                "calls waiting",
-                retry_after=QUEUE_RETRY_S,
-            )
-        repeated = add_request(db, project_id, model_id, key, "sample", body)
-        db.flush()
+        repeated = accept_request(db, settings, model, key, "sample", body)
     ids = [f"{repeated.request_id}:{i}" for i in range(num_samples)]
-    return Accepted(repeated.request_id, model_id, sample_sequence_ids=ids)
+    return Accepted(repeated.request_id, model.id, sample_sequence_ids=ids)

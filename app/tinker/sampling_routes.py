@@ -11,10 +11,11 @@ from fastapi import APIRouter
 
 from app.core.deps import SessionDep, StateDep
 from app.core.errors import InvalidRequest
-from app.tinker import catalog, samplers, service
+from app.tinker import admission, catalog, samplers, service
 from app.tinker import schemas as s
 from app.tinker.deps import JsonBody, TinkerPrincipalDep
-from app.tinker.routes import future_answer, parse_json, path_parts
+from app.tinker.routes import future_answer, parse_json, path_parts, wire_refusal
+from app.tinker.wire import WireError
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
 
@@ -98,11 +99,24 @@ def asample(
             f"sampling_params.max_tokens: at most {settings.tinker_max_sample_tokens}",
             param="sampling_params.max_tokens",
         )
+    try:
+        prompt = body.prompt_tokens()
+    except WireError as exc:
+        raise wire_refusal(exc) from None
+    # Checked against the model and the server's budget before the body is stored.
+    model = samplers.sampler_model(db, settings, principal.project_id, body.sampling_session_id)
+    admission.check_sample(
+        prompt,
+        body.num_samples,
+        admission.sample_max_tokens(max_tokens, settings),
+        settings,
+        admission.model_limits(model),
+    )
     accepted = samplers.submit_sample(
         db,
         settings,
-        principal.project_id,
         sampler_id=body.sampling_session_id,
+        model=model,
         seq_id=body.seq_id,
         num_samples=body.num_samples,
         body=raw,

@@ -10,10 +10,12 @@ SDK requires: it validates every reply strictly, and a missing field fails the u
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from app.tinker.names import CHECKPOINT_NAME
 from app.tinker.wire import WireError
@@ -29,6 +31,25 @@ Key = Annotated[str, Field(min_length=1, max_length=128)]
 CheckpointName = Annotated[str, Field(pattern=f"^{CHECKPOINT_NAME.pattern}$")]
 Ttl = Annotated[int, Field(ge=1, le=10 * 366 * 86_400)]  # seconds a checkpoint is kept
 MAX_PROMPT_TOKENS = 131_072  # a sanity bound; the model's context is the caller's check
+MAX_JSON_DEPTH = 16  # levels of arrays and objects in a stored JSON value
+# Sampling parameters below these are degenerate: the worker divides the logits by the
+# temperature and keeps the tokens whose probabilities before them sum below top_p, both in
+# float32, where 1e-300 is 0 (logits / 0 and an empty top-p set: NaN probabilities). At
+# 1e-3 logits stay far inside float32 and the most probable token is always kept; temperature
+# 0 is greedy decoding.
+MIN_TEMPERATURE = 1e-3
+MIN_TOP_P = 1e-3
+
+# The pydantic error type of a value the schema reads but this server refuses (a number that
+# is not finite, a degenerate sampling parameter): the routes answer it with a 400 naming the
+# field (app.tinker.routes.parse_json), as they do a value refused against the model or a limit;
+# a body that does not fit the schema is a 422. Both are errors the SDK does not retry.
+REFUSED_VALUE = "refused_value"
+REFUSED_ERROR_TYPES = frozenset({REFUSED_VALUE, "finite_number"})
+
+
+def refused_value(problem: str) -> PydanticCustomError:
+    return PydanticCustomError(REFUSED_VALUE, "{problem}", {"problem": problem})
 
 
 def json_at_most(limit: int) -> AfterValidator:
@@ -40,8 +61,46 @@ def json_at_most(limit: int) -> AfterValidator:
     return AfterValidator(check)
 
 
+def _json_problem(value: Any, at: str, depth: int) -> str | None:
+    """Why ``value`` (parsed JSON, ``at`` its path) is not one a json column stores, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return (
+            f"{at or 'the value'}: {value} is not a JSON number (NaN, Infinity, -Infinity and "
+            "numbers beyond 1.8e308 are refused)"
+        )
+    if isinstance(value, dict):
+        items = [(f"{at}.{key}" if at else str(key), item) for key, item in value.items()]
+    elif isinstance(value, list):
+        items = [(f"{at}[{i}]", item) for i, item in enumerate(value)]
+    else:
+        return None
+    if items and depth >= MAX_JSON_DEPTH:
+        return f"{at or 'the value'}: nested deeper than {MAX_JSON_DEPTH} levels"
+    for where, item in items:
+        problem = _json_problem(item, where, depth + 1)
+        if problem is not None:
+            return problem
+    return None
+
+
+def storable_json(limit: int) -> AfterValidator:
+    """A JSON value a json column stores (Postgres's json refuses NaN and Infinity): finite
+    numbers at most ``MAX_JSON_DEPTH`` levels deep (a 400 otherwise), at most ``limit``
+    bytes."""
+
+    def check(value: Any) -> Any:
+        if len(json.dumps(value, default=str)) > limit:  # first: the walk reads what is bounded
+            raise ValueError(f"more than {limit} bytes of JSON")
+        problem = _json_problem(value, "", 0)
+        if problem is not None:
+            raise refused_value(problem)
+        return value
+
+    return AfterValidator(check)
+
+
 # user_metadata: arbitrary JSON for runs (dict[str, Any] in the SDK), strings for checkpoints.
-AnyMetadata = Annotated[dict[Key, Any], Field(max_length=64), json_at_most(16_384)]
+AnyMetadata = Annotated[dict[Key, Any], Field(max_length=64), storable_json(16_384)]
 StrMetadata = Annotated[dict[Key, Annotated[str, Field(max_length=1024)]], Field(max_length=64)]
 
 
@@ -152,6 +211,9 @@ StopString = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class SamplingParams(TinkerRequest):
+    """A sample call's parameters; ``temperature`` 0 (greedy) or at least MIN_TEMPERATURE,
+    ``top_p`` in [MIN_TOP_P, 1] (a 400 otherwise)."""
+
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)  # None: the server's
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
@@ -162,9 +224,25 @@ class SamplingParams(TinkerRequest):
         | Annotated[list[int], Field(max_length=64)]
         | None
     ) = None
-    temperature: float = Field(default=1.0, ge=0)
+    temperature: float = 1.0  # 0: greedy
     top_k: int = Field(default=-1, ge=-1)  # -1: no limit
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_p: float = 1.0  # 1: no limit
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: float) -> float:
+        if value != 0 and not value >= MIN_TEMPERATURE:
+            raise refused_value(
+                f"{value} is degenerate: 0 (greedy decoding) or at least {MIN_TEMPERATURE}"
+            )
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, value: float) -> float:
+        if not MIN_TOP_P <= value <= 1:
+            raise refused_value(f"{value} is outside [{MIN_TOP_P}, 1] (1: no limit)")
+        return value
 
 
 class Checkpoint(TinkerResponse):

@@ -18,11 +18,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core import db as db_boundary
+from app.core import projects_repository
 from app.core.clock import utcnow
 from app.core.errors import ApiError, Gone, NotFound, TooManyRequests
 from app.core.settings import Settings
 from app.core.tinker_tables import TinkerModel, TinkerRequest, TinkerSession
-from app.tinker import names
+from app.tinker import names, storage
 from app.tinker import repository as repo
 from app.tinker.dispatch import send_model
 from jobspec.job import PACKAGED_MODELS
@@ -72,6 +73,8 @@ def create_session(
     user_metadata: dict[str, Any],
     sdk_version: str | None,
 ) -> str:
+    # Counted and inserted under the project's lock: a burst cannot pass the quota.
+    projects_repository.lock(db, project_id=project_id)
     since = repo.stale_since(utcnow(), settings.tinker_session_ttl_s)
     if repo.live_sessions(db, project_id=project_id, since=since) >= (
         settings.tinker_max_sessions_per_project
@@ -168,10 +171,21 @@ def new_model(
         if first is not None and first.kind == kind:
             return Accepted(first.request_id, model_id)
         raise TinkerBadRequest(f"model_seq_id {model_seq_id} is taken", param="model_seq_id")
+    projects_repository.lock(db, project_id=project_id)  # the count and the insert as one
     _check_model_quota(db, settings, project_id)
-    db.add(TinkerModel(id=model_id, session_id=session_id, project_id=project_id, **fields))
-    request = add_request(db, project_id, model_id, "0", kind, body)
+    now = utcnow()
+    model = TinkerModel(
+        id=model_id,
+        session_id=session_id,
+        project_id=project_id,
+        created_at=now,
+        queued_at=now,
+        dispatched_at=now,
+        **fields,
+    )
+    db.add(model)
     db.flush()
+    request = accept_request(db, settings, model, "0", kind, body)
     db_boundary.after_commit(db, lambda _: send_model(settings, model_id))
     return Accepted(request.request_id, model_id)
 
@@ -298,24 +312,22 @@ def submit(
     repeated = repo.find_request(db, model_id=model_id, seq_key=str(seq_id))
     if repeated is not None:  # the SDK re-sent a call it had no answer for
         return Accepted(repeated.request_id, model_id)
+    # The project's lock before the model's row (accept_request takes it too): every writer
+    # takes them in that order, so two calls never wait on each other's.
+    projects_repository.lock(db, project_id=project_id)
     locked = repo.lock_model(db, project_id=project_id, model_id=model_id) or model
+    if locked.status in ("failed", "closed"):  # ended since it was read
+        usable_model(db, settings, project_id, model_id)
     if seq_id <= locked.last_seq:
         raise TinkerBadRequest(
             f"wrong seq order: seq_id {seq_id} after {locked.last_seq} (each call of a "
             "training client takes the next seq_id)",
             param="seq_id",
         )
-    if repo.queued_requests(db, model_id=model_id) >= settings.tinker_max_queued_per_model:
-        raise TooManyRequests(
-            f"model {model_id} has {settings.tinker_max_queued_per_model} calls waiting "
-            "(GRPO_TINKER_MAX_QUEUED_PER_MODEL)",
-            retry_after=QUEUE_RETRY_S,
-        )
+    request = accept_request(db, settings, locked, str(seq_id), kind, body)
     # A seq_id accepted counts as used even if the worker fails the call: the SDK never sends
     # a rejected seq_id again, it moves on to the next.
     locked.last_seq = seq_id
-    locked.last_request_at = utcnow()
-    request = add_request(db, project_id, model_id, str(seq_id), kind, body)
     try:
         db.flush()
     except IntegrityError:  # a concurrent retry of the same seq_id won the insert
@@ -324,18 +336,50 @@ def submit(
     return Accepted(request.request_id, model_id)
 
 
-def add_request(
-    db: Session, project_id: str, model_id: str, seq_key: str, kind: str, body: bytes
+def accept_request(
+    db: Session, settings: Settings, model: TinkerModel, seq_key: str, kind: str, body: bytes
 ) -> TinkerRequest:
+    """A call of ``model`` stored for its worker, within the project's bounds (counted under
+    the project's lock: calls waiting for the model, bytes stored); a released model goes back
+    to the queue with it (its next worker loads it where it was)."""
+    projects_repository.lock(db, project_id=model.project_id)
+    # The row as it is now, locked: a worker releasing the model meanwhile either committed
+    # (then it is requeued below) or fails its fenced release on the new last_request_at.
+    model = repo.lock_model(db, project_id=model.project_id, model_id=model.id) or model
+    model.last_request_at = utcnow()
+    if repo.queued_requests(db, model_id=model.id) >= settings.tinker_max_queued_per_model:
+        raise TooManyRequests(
+            f"model {model.id} has {settings.tinker_max_queued_per_model} calls waiting "
+            "(GRPO_TINKER_MAX_QUEUED_PER_MODEL)",
+            retry_after=QUEUE_RETRY_S,
+        )
+    storage.check_room(db, settings, project_id=model.project_id, adding=len(body))
     row = TinkerRequest(
         request_id=new_id("tr"),
-        project_id=project_id,
-        model_id=model_id,
+        project_id=model.project_id,
+        model_id=model.id,
         seq_key=seq_key,
         kind=kind,
         body=body,
+        stored_bytes=len(body),
         status="queued",
         created_at=utcnow(),
     )
     db.add(row)
+    if model.status == "released":
+        requeue_released(db, settings, model)
+    db.flush()
     return row
+
+
+def requeue_released(db: Session, settings: Settings, model: TinkerModel) -> None:
+    """Send a released model to the queue again (its call just arrived): a worker claims it
+    and loads the state it was released with (``idle_state``)."""
+    now = utcnow()
+    model.status = "starting"
+    model.lease_owner = None
+    model.heartbeat_at = None
+    model.queued_at = now
+    model.dispatched_at = now
+    model_id = model.id
+    db_boundary.after_commit(db, lambda _: send_model(settings, model_id))

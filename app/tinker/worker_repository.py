@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from app.core.clock import as_utc
@@ -55,29 +55,87 @@ def claim(db: Session, *, model_id: str, owner: str, now: datetime, stale_before
     return _matched(result) == 1
 
 
+def project_may_use(
+    db: Session,
+    *,
+    project_id: str,
+    owner: str,
+    stale_before: datetime,
+    max_workers: int,
+) -> bool:
+    """Whether worker ``owner`` may hold one more of the project's models: it holds one
+    already, or the project's models are held by fewer than ``max_workers`` live workers
+    (GRPO_TINKER_MAX_WORKERS_PER_PROJECT). Two workers deciding at once may pass the bound by
+    one until one of them releases its model."""
+    holders = set(
+        db.scalars(
+            select(TinkerModel.lease_owner)
+            .where(
+                TinkerModel.project_id == project_id,
+                TinkerModel.status.in_(HELD),
+                TinkerModel.lease_owner.is_not(None),
+                TinkerModel.heartbeat_at >= stale_before,
+            )
+            .distinct()
+        )
+    )
+    return owner in holders or len(holders) < max_workers
+
+
 def waiting_models(
     db: Session,
     *,
     session_id: str,
+    project_id: str,
     stale_before: datetime,
     unclaimed_before: datetime,
     limit: int,
 ) -> list[str]:
-    """Models no worker holds yet (``starting``, no live lease): the session's own at once and
-    first, another session's once it has waited since ``unclaimed_before`` (no idle worker
-    took it: this one may), the longest waiting first."""
+    """Models no worker holds yet (``starting``, no live lease): the session's and the
+    project's own at once and first, another project's once it has waited since
+    ``unclaimed_before`` (no idle worker took it: this one may), the longest waiting first."""
+    since = repo.queued_since()
     query = (
         select(TinkerModel.id)
         .where(
             TinkerModel.status == "starting",
             (TinkerModel.lease_owner.is_(None)) | (TinkerModel.heartbeat_at < stale_before),
-            (TinkerModel.session_id == session_id) | (TinkerModel.created_at < unclaimed_before),
+            (TinkerModel.session_id == session_id)
+            | (TinkerModel.project_id == project_id)
+            | (since < unclaimed_before),
         )
-        # The session's own first (they belong with it), then the longest waiting.
-        .order_by(TinkerModel.session_id != session_id, TinkerModel.created_at)
+        # The session's own first (they belong with it), then the project's, then the longest
+        # waiting.
+        .order_by(TinkerModel.session_id != session_id, TinkerModel.project_id != project_id, since)
         .limit(limit)
     )
     return list(db.scalars(query))
+
+
+def models_to_send(db: Session, *, sent_before: datetime, limit: int) -> list[str]:
+    """Models waiting for a worker (``starting``, never claimed since they were queued) whose
+    last message is older than ``sent_before``: a worker deferred it for a job, refused it
+    for its project's bound, or the broker lost it."""
+    query = (
+        select(TinkerModel.id)
+        .where(
+            TinkerModel.status == "starting",
+            TinkerModel.lease_owner.is_(None),
+            func.coalesce(TinkerModel.dispatched_at, TinkerModel.created_at) < sent_before,
+        )
+        .order_by(repo.queued_since())
+        .limit(limit)
+    )
+    return list(db.scalars(query))
+
+
+def mark_sent(db: Session, *, model_id: str, now: datetime) -> None:
+    db.execute(
+        update(TinkerModel)
+        .where(TinkerModel.id == model_id)
+        .values(dispatched_at=now)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def renew(db: Session, *, model_id: str, owner: str, now: datetime) -> bool:
@@ -155,6 +213,39 @@ def end_model(
     return True
 
 
+def last_call_at(db: Session, *, model_id: str) -> datetime | None:
+    """When the model's last call was accepted or settled (what an idle release is fenced by)."""
+    return db.scalar(select(TinkerModel.last_request_at).where(TinkerModel.id == model_id))
+
+
+def release(
+    db: Session, *, model_id: str, owner: str, idle_state: str, last_call: datetime | None
+) -> bool:
+    """An idle model written to ``idle_state`` gives up its worker: ``released``, no lease.
+    Fenced by the lease, by ``last_call`` (read before the model was written: a call accepted
+    since changed it, under the row's lock, app.tinker.service.accept_request) and by an
+    empty queue; False when any failed: the model keeps serving."""
+    queued = exists().where(TinkerRequest.model_id == model_id, TinkerRequest.status == "queued")
+    result = db.execute(
+        update(TinkerModel)
+        .where(
+            TinkerModel.id == model_id,
+            TinkerModel.lease_owner == owner,
+            TinkerModel.status == "ready",
+            TinkerModel.last_request_at == last_call,
+            ~queued,
+        )
+        .values(status="released", lease_owner=None, heartbeat_at=None, idle_state=idle_state)
+        .execution_options(synchronize_session=False)
+    )
+    return _matched(result) == 1
+
+
+def idle_state_of(db: Session, *, model_id: str) -> str | None:
+    """The folder the model was last released to, if any."""
+    return db.scalar(select(TinkerModel.idle_state).where(TinkerModel.id == model_id))
+
+
 @dataclass(frozen=True)
 class QueuedRequest:
     position: int
@@ -201,11 +292,15 @@ def settle(
 ) -> bool:
     """Write a call's outcome (a result, or an error and its category), fenced by the lease;
     False when the lease is gone or the call was already ended elsewhere."""
-    values: dict[str, Any] = {"finished_at": now}
+    # The body is dropped once applied (app.tinker.storage): the result is what stays.
+    values: dict[str, Any] = {"finished_at": now, "body": None}
     if error is None:
-        values.update(status="done", result=result, result_format=result_format)
+        stored = len(result or b"")
+        values.update(
+            status="done", result=result, result_format=result_format, stored_bytes=stored
+        )
     else:
-        values.update(status="failed", error=error, error_category=category)
+        values.update(status="failed", error=error, error_category=category, stored_bytes=0)
     written = db.execute(
         update(TinkerRequest)
         .where(

@@ -171,4 +171,6 @@ def _tinker(session: Session, *, project_id: str, settings: Settings, days: int)
         limit_sessions=settings.tinker_max_sessions_per_project,
         live_models=tinker_repo.live_models(session, project_id=project_id),
         limit_models=settings.tinker_max_models_per_project,
+        stored_bytes=tinker_repo.stored_bytes(session, project_id=project_id),
+        limit_stored_bytes=settings.tinker_max_stored_bytes_per_project,
     )

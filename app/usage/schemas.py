@@ -104,7 +104,8 @@ class TinkerUsageOut(BaseModel):
     calls: list[TinkerCallsOut] = Field(
         description="The calls made in the period that return a future, per kind (by name), "
         "and what became of them. Tokens are not counted: a call's token counts are inside "
-        "its stored body and result, not recorded per call."
+        "its stored body and result, not recorded per call. The calls of a session that "
+        "ended more than GRPO_TINKER_RESULT_RETENTION_S ago are deleted, and not counted."
     )
     live_sessions: int = Field(
         description="Sessions open now (not closed, a heartbeat within "
@@ -112,10 +113,17 @@ class TinkerUsageOut(BaseModel):
     )
     limit_sessions: int = Field(description="GRPO_TINKER_MAX_SESSIONS_PER_PROJECT.")
     live_models: int = Field(
-        description="Training clients starting or resident on a worker now, counted against "
+        description="Training clients starting, resident on a worker, or released while idle "
+        "(written to disk, loaded again on their next call) now, counted against "
         "`limit_models`."
     )
     limit_models: int = Field(description="GRPO_TINKER_MAX_MODELS_PER_PROJECT.")
+    stored_bytes: int = Field(
+        description="Bytes of the project's Tinker calls and results stored now (a call's "
+        "body until its worker applies it, a result until a minute after it is read), "
+        "counted against `limit_stored_bytes`."
+    )
+    limit_stored_bytes: int = Field(description="GRPO_TINKER_MAX_STORED_BYTES_PER_PROJECT.")
 
 
 class UsageOut(BaseModel):

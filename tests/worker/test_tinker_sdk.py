@@ -90,7 +90,8 @@ def test_a_reinforcement_loop_raises_the_reward(live: Server) -> None:
 
 def test_bad_calls_are_the_sdks_own_errors_with_our_messages(live: Server) -> None:
     out = run_client(live, "errors")
-    name, _, message = out["unknown_loss"]
-    assert name == "RequestFailedError" and "no_such_loss" in message
+    # Refused by the API before anything is stored (app.tinker.admission), not by the worker.
+    name, status, message = out["unknown_loss"]
+    assert (name, status) == ("BadRequestError", 400) and "no_such_loss" in message
     name, status, message = out["unknown_model"]
     assert (name, status) == ("BadRequestError", 400) and "base_model" in message

@@ -9,6 +9,8 @@ Scenarios:
 - ``rl``: sample groups from the training client's saved weights, reward completions that hold
   the token the reward likes, importance_sampling + optim_step: the mean reward per step.
 - ``errors``: the SDK error class and status of each bad call.
+- ``idle GO_FILE``: supervised steps, then quiet (heartbeating) with gradients pending until
+  GO_FILE exists, then more steps: the losses (tests/worker/test_tinker_sharing.py).
 - ``serve PROMPT TARGET`` (token ids as JSON lists): cross_entropy steps teach the client to
   answer PROMPT with TARGET, then save_weights_for_sampler("served"): the model id, the path,
   the sampler's greedy completion of PROMPT, and that of a sampling client over the base model
@@ -18,7 +20,9 @@ Scenarios:
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from typing import Any
 
 import tinker  # type: ignore[import-not-found]
@@ -152,9 +156,34 @@ def served(service: Any, prompt: list[int], target: list[int]) -> dict[str, Any]
     }
 
 
+def idle(service: Any, go_file: str) -> dict[str, Any]:
+    """Two supervised steps, a ``forward_backward`` whose gradients are not applied yet, then
+    quiet (the SDK heartbeats by itself) until ``go_file`` exists; then the step and two more.
+    Prints ``{"ready": ...}`` when it goes quiet, and the losses at the end."""
+    client = service.create_lora_training_client(base_model=BASE_MODEL, rank=8, seed=0).result()
+    batch = [datum([1, 5, 6, 7, 8, 9, 10]), datum([1, 11, 12, 13]), datum([1, 5, 6, 14, 15])]
+    adam = types.AdamParams(learning_rate=5e-3)
+    losses = []
+    for _ in range(2):
+        losses.append(mean_nll(client.forward_backward(batch, "cross_entropy").result(), batch))
+        client.optim_step(adam).result()
+    losses.append(mean_nll(client.forward_backward(batch, "cross_entropy").result(), batch))
+    print(json.dumps({"ready": client.model_id}), flush=True)
+    while not os.path.exists(go_file):
+        time.sleep(0.2)
+    client.optim_step(adam).result()
+    for _ in range(2):
+        losses.append(mean_nll(client.forward_backward(batch, "cross_entropy").result(), batch))
+        client.optim_step(adam).result()
+    return {"model_id": client.model_id, "losses": losses}
+
+
 def main() -> None:
     base_url, scenario = sys.argv[1], sys.argv[2]
     service = tinker.ServiceClient(base_url=base_url)
+    if scenario == "idle":
+        print(json.dumps(idle(service, sys.argv[3])))
+        return
     if scenario == "serve":
         print(json.dumps(served(service, json.loads(sys.argv[3]), json.loads(sys.argv[4]))))
         return

@@ -21,17 +21,26 @@ gets no gradient from the ratio instead of an infinite one. Inside that range ev
 exactly the formula in its docstring. ``trainer.update.losses.clipped_surrogate`` is not reused:
 its bounds are scalar epsilons, here they are per-token ratio bounds.
 
-Adding a loss: one function here and one :data:`LOSSES` entry; its name is then in
-:data:`LOSS_FUNCTIONS`, which validation and the service read.
+Adding a loss: its signature in ``jobspec.tinker_losses`` (what the API checks before storing a
+call) and its objective here; its name is then in :data:`LOSS_FUNCTIONS`, which validation
+and the service read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
+
+from jobspec.tinker_losses import (
+    CLIP_HIGH,
+    CLIP_LOW,
+    LOSS_SIGNATURES,
+    UNSUPPORTED_LOSSES,
+    LossSignature,
+)
 
 __all__ = [
     "LOSSES",
@@ -48,8 +57,6 @@ __all__ = [
 ]
 
 MAX_LOG_RATIO = 20.0
-CLIP_LOW, CLIP_HIGH = "clip_low_threshold", "clip_high_threshold"
-TARGET_TOKENS = "target_tokens"
 
 Inputs = Mapping[str, Tensor]
 Objective = Callable[[Tensor, Inputs, Mapping[str, float]], Tensor]
@@ -131,49 +138,31 @@ def gspo(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:
     return _clipped_objective(ratio, adv, x[CLIP_LOW], x[CLIP_HIGH])
 
 
-@dataclass(frozen=True)
-class LossFunction:
-    """A loss of the registry: what it reads and how it computes.
-
-    ``inputs``: required float ``loss_fn_inputs`` (``target_tokens`` is required by all and
-    not listed). ``optional_inputs``: float inputs that may be left out, with the value each
-    token then has. ``config``: scalar config keys with their defaults. ``per_token``: config
-    keys a datum may also give per token as ``loss_fn_inputs`` (its values override the
-    config's for that datum)."""
+@dataclass(frozen=True, kw_only=True)
+class LossFunction(LossSignature):
+    """A loss of the registry: what it reads (its :class:`~jobspec.tinker_losses.LossSignature`,
+    declared torch-free so that the API refuses a call the worker would) and how it computes
+    (``objective``)."""
 
     objective: Objective
-    inputs: tuple[str, ...] = ()
-    optional_inputs: Mapping[str, float] = field(default_factory=dict)
-    config: Mapping[str, float] = field(default_factory=dict)
-    per_token: tuple[str, ...] = ()
-
-    def input_names(self) -> tuple[str, ...]:
-        """Every ``loss_fn_inputs`` key this loss reads, ``target_tokens`` first."""
-        return (TARGET_TOKENS, *self.inputs, *self.optional_inputs, *self.per_token)
 
 
-_POLICY_INPUTS = ("logprobs", "advantages")
-_CLIPS = {CLIP_LOW: 0.8, CLIP_HIGH: 1.2}
+_OBJECTIVES: dict[str, Objective] = {
+    "cross_entropy": cross_entropy,
+    "importance_sampling": importance_sampling,
+    "ppo": ppo,
+    "cispo": cispo,
+    "dro": dro,
+    "gspo": gspo,
+}
 
-# The one registry of losses this server computes, in the SDK's order.
+# The one registry of losses this server computes, in the SDK's order: each objective with
+# the signature jobspec.tinker_losses declares for its name.
 LOSSES: dict[str, LossFunction] = {
-    "cross_entropy": LossFunction(cross_entropy, optional_inputs={"weights": 1.0}),
-    "importance_sampling": LossFunction(importance_sampling, _POLICY_INPUTS),
-    "ppo": LossFunction(ppo, _POLICY_INPUTS, config=_CLIPS, per_token=(CLIP_LOW, CLIP_HIGH)),
-    "cispo": LossFunction(cispo, _POLICY_INPUTS, config=_CLIPS, per_token=(CLIP_LOW, CLIP_HIGH)),
-    "dro": LossFunction(dro, _POLICY_INPUTS, config={"beta": 0.05}),
-    "gspo": LossFunction(
-        gspo,
-        (*_POLICY_INPUTS, "sequence_ratio_mask"),
-        config=_CLIPS,
-        per_token=(CLIP_LOW, CLIP_HIGH),
-    ),
+    name: LossFunction(
+        objective=_OBJECTIVES[name],
+        **{f.name: getattr(signature, f.name) for f in fields(signature)},
+    )
+    for name, signature in LOSS_SIGNATURES.items()
 }
 LOSS_FUNCTIONS: tuple[str, ...] = tuple(LOSSES)
-
-# Loss names the SDK knows that this server refuses, and why.
-UNSUPPORTED_LOSSES: dict[str, str] = {
-    "stable_reinforce": "it needs provenance recorded at sampling time, which this server does not keep",
-    "custom": "server-side custom losses are not available; use forward_backward_custom, which "
-    "runs the loss on the client",
-}

@@ -37,6 +37,7 @@ from trainer.primitives.adapters import (
 )
 from trainer.primitives.batch import micro_batches, pack
 from trainer.primitives.losses import LossFunction
+from trainer.primitives.resident import read_resident_extras, write_resident_extras
 from trainer.primitives.scoring import target_logprobs
 from trainer.primitives.state import (
     SessionSettings,
@@ -306,6 +307,40 @@ class TrainingSession:
                 raise PrimitiveError(f"path: the optimizer state does not fit: {exc}") from None
             session._steps = steps
         return session
+
+    def suspend(self, folder: Path, snapshots: Mapping[str, WeightsSnapshot]) -> None:
+        """The whole resident session into ``folder`` (which must not exist): its state as
+        :meth:`save_state` writes it, the gradients accumulated since the last step and
+        ``snapshots`` (sampler weights kept in memory), so that :meth:`resume` continues
+        exactly (``trainer.primitives.resident``)."""
+
+        def write(tmp: Path) -> None:
+            write_adapter(self.model, tmp)
+            write_state_files(tmp, self._settings, self._steps, self._optimizer.state_dict())
+            write_resident_extras(tmp, self.model, snapshots)
+
+        write_atomically(Path(folder), write)
+
+    @classmethod
+    def resume(
+        cls,
+        folder: Path,
+        model_path: Path,
+        *,
+        device: str = "cpu",
+        max_tokens_per_call: int = 65536,
+        micro_batch_tokens: int = 8192,
+    ) -> tuple[TrainingSession, dict[str, WeightsSnapshot]]:
+        """The session :meth:`suspend` wrote to ``folder``, with its snapshots in order."""
+        session = cls.load_state(
+            folder,
+            model_path,
+            optimizer=True,
+            device=device,
+            max_tokens_per_call=max_tokens_per_call,
+            micro_batch_tokens=micro_batch_tokens,
+        )
+        return session, read_resident_extras(Path(folder), session.model)
 
     # ------------------------------------------------------------------ sampling
 

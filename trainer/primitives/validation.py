@@ -15,15 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer.primitives.losses import (
-    CLIP_HIGH,
-    CLIP_LOW,
-    LOSS_FUNCTIONS,
-    LOSSES,
-    TARGET_TOKENS,
-    UNSUPPORTED_LOSSES,
-    LossFunction,
-)
+from jobspec.tinker_losses import CLIP_HIGH, CLIP_LOW, TARGET_TOKENS, UNSUPPORTED_LOSSES
+from trainer.primitives.losses import LOSS_FUNCTIONS, LOSSES, LossFunction
 from trainer.primitives.types import Datum, PrimitiveError
 
 __all__ = ["CheckedDatum", "Limits", "check_data", "resolve_config", "resolve_loss"]

@@ -210,13 +210,14 @@ def test_sample_options_not_served_are_a_400_naming_them(
 def test_a_client_no_worker_takes_waits_for_capacity_then_fails(tinker: Tinker) -> None:
     model_id = tinker.model(tinker.session())
     request_id = tinker.optim(model_id, 1).json()["request_id"]
-    edit(tinker.settings, TinkerModel, model_id, created_at=utcnow() - timedelta(seconds=60))
+    # The wait counts from when the model went to the queue (created, or called once released).
+    edit(tinker.settings, TinkerModel, model_id, queued_at=utcnow() - timedelta(seconds=60))
     waiting = tinker.post("retrieve_future", {"request_id": request_id}).json()
     assert waiting["type"] == "try_again" and waiting["queue_state"] == "paused_capacity"
     assert model_id in waiting["queue_state_reason"]
     timeout = tinker.settings.tinker_claim_timeout_s
     edit(tinker.settings, TinkerModel, model_id,
-         created_at=utcnow() - timedelta(seconds=timeout + 1))  # fmt: skip
+         queued_at=utcnow() - timedelta(seconds=timeout + 1))  # fmt: skip
     failed = tinker.post("retrieve_future", {"request_id": request_id}).json()
     assert failed["category"] == "server" and "no worker took" in failed["error"]
     # The model no longer counts against the project's quota of live training clients.
