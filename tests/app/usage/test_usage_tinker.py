@@ -53,6 +53,8 @@ def test_a_project_without_tinker_activity_shows_zeros_and_its_limits(
         "limit_sessions": 5,
         "live_models": 0,
         "limit_models": 3,
+        "stored_bytes": 0,
+        "limit_stored_bytes": api.settings.tinker_max_stored_bytes_per_project,
     }
     assert tinker_usage(api, tinker_days=1)["since"] == today.isoformat()
 
