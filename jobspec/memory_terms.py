@@ -11,9 +11,11 @@ a full fine-tune's reference; each rank has its engine):
   (gradients whole where a device accumulates several micro-batches: one reduce-scatter).
 - reference (KL active): a full fine-tune's frozen copy, /N; LoRA: 0 (adapters off).
 - engine: vLLM holds the model in ``rollout.dtype`` on every rank and its KV cache
-  (``rollout.kv_cache_gib``, else as ``trainer.rollout.startup.kv_cache_bytes`` sizes it);
+  (``rollout.kv_cache_gib``, else as ``trainer.rollout.startup.kv_cache_bytes`` sizes it: the
+  largest generate call of one engine, :func:`sequences_per_call`, a rank's share of the step);
   transformers generates with the policy (one device, float32: no copy), its KV cache alive
-  while it generates.
+  while it generates. An async job's rollout server (rank 0's device only) is a process of its
+  own: it always holds its own copy, and it generates while the trainer updates.
 - activations of one micro-batch (prompt + completion tokens): each layer's float32 input
   (checkpointing; without it every layer's intermediates), then the larger of the forward's
   end (the fused output head's chunk, ``trainer.update.fused_head``: its [rows, vocab] float32
@@ -47,6 +49,8 @@ __all__ = [
     "frozen_bytes",
     "head_chunk_rows",
     "largest_micro_batch",
+    "sequences_per_call",
+    "whole_gradients",
 ]
 
 GIB = 1 << 30
@@ -86,7 +90,10 @@ class PlanInputs:
     update_rows: int = 64  # completions per optimizer update (over every device)
     sequence_tokens: int = 384
     completion_tokens: int = 128
-    rollout_sequences: int = 64
+    rollout_sequences: int = 64  # completions one step samples, over every device
+    group_size: int = 1  # completions of one prompt: a device's share holds whole groups
+    eval_sequences: int = 0  # held-out prompts one evaluation generates (one completion each)
+    async_rollouts: bool = False  # grpo.async: a rollout server generates during the update
     gradient_checkpointing: bool = True
     accelerator: Accelerator = "cpu"
     # A devices count N is allowed when it divides this (prompts_per_step, mini_batch_size;
@@ -124,7 +131,10 @@ class PlanInputs:
             update_rows=update_rows,
             sequence_tokens=grpo.sequence_tokens,
             completion_tokens=grpo.max_new_tokens,
-            rollout_sequences=max(grpo.completions_per_step, eval_rows),
+            rollout_sequences=grpo.completions_per_step,
+            group_size=grpo.group_size,
+            eval_sequences=eval_rows,
+            async_rollouts=grpo.async_.enabled,
             gradient_checkpointing=grpo.gradient_checkpointing,
             accelerator=accelerator,
             device_divisor=1
@@ -134,6 +144,43 @@ class PlanInputs:
 
     def replace(self, **changes: Any) -> PlanInputs:
         return dataclasses.replace(self, **changes)
+
+    @property
+    def engine_sequences(self) -> int:
+        """Sequences the engine's largest generate call holds (:func:`sequences_per_call`)."""
+        return sequences_per_call(
+            completions=self.rollout_sequences,
+            group_size=self.group_size,
+            eval_prompts=self.eval_sequences,
+            devices=self.devices,
+            async_server=self.async_rollouts,
+        )
+
+
+def sequences_per_call(
+    *, completions: int, group_size: int, eval_prompts: int, devices: int, async_server: bool
+) -> int:
+    """Sequences one engine's largest ``generate`` call holds, which its KV cache is sized to.
+
+    A step's ``completions`` (``prompts * group_size``) are sampled in ``devices`` shares of
+    whole groups, one call per share (``trainer.scoring.collect``): on N ranks each rank's
+    engine samples its share, and an async job's single server samples the N shares one after
+    the other; the first ranks take one prompt more. An evaluation generates one completion
+    per held-out prompt, split over the ranks the same way, except on an async job's server,
+    which evaluates every row in one call (``trainer.run.async_run``)."""
+    groups = devices if devices > 0 else 1
+    prompts = math.ceil(completions / max(1, group_size))
+    train = math.ceil(prompts / groups) * max(1, group_size)
+    evaluation = eval_prompts if async_server else math.ceil(eval_prompts / groups)
+    return max(train, evaluation)
+
+
+def whole_gradients(*, devices: int, update_rows: int, micro_batch_size: int) -> bool:
+    """Whether a device holds the whole float32 gradients during the update: on several
+    devices, gradients are reduce-scattered once per minibatch (``trainer.distributed.
+    sharding.gradient_sync``), so a device that accumulates several micro-batches per update
+    holds them unsharded until then; one micro-batch per device keeps its shard."""
+    return devices > 1 and update_rows > devices * micro_batch_size
 
 
 def largest_micro_batch(update_rows: int, devices: int) -> int:
@@ -156,18 +203,19 @@ def _vllm_kv_bytes(shape: ModelShape, inputs: PlanInputs) -> int:
     if inputs.kv_cache_gib is not None:
         return int(inputs.kv_cache_gib * GIB)
     block = 128 if inputs.accelerator == "cpu" else 16
-    blocks = inputs.rollout_sequences * math.ceil(inputs.sequence_tokens / block)
+    blocks = inputs.engine_sequences * math.ceil(inputs.sequence_tokens / block)
     per_token = shape.kv_bytes_per_token(ITEMSIZE[inputs.rollout_dtype])
     return math.ceil(blocks * block * per_token * KV_HEADROOM)
 
 
 def engine_bytes(shape: ModelShape, inputs: PlanInputs) -> tuple[int, int]:
-    """(engine weights, KV cache) on each device."""
+    """(engine weights, KV cache) on each device (on rank 0's for an async job's server)."""
     itemsize = ITEMSIZE[inputs.rollout_dtype]
     if inputs.engine_holds_weights:
         return itemsize * shape.parameters, _vllm_kv_bytes(shape, inputs)
-    own_copy = inputs.devices > 1 or inputs.rollout_dtype != "float32"
-    rows = min(HF_GENERATE_ROWS, inputs.rollout_sequences)
+    # The rollout server loads the folder in a process of its own: never the policy itself.
+    own_copy = inputs.async_rollouts or inputs.devices > 1 or inputs.rollout_dtype != "float32"
+    rows = min(HF_GENERATE_ROWS, inputs.engine_sequences)
     kv = rows * inputs.sequence_tokens * shape.kv_bytes_per_token(itemsize)
     return (itemsize * shape.parameters if own_copy else 0), kv
 

@@ -38,6 +38,7 @@ __all__ = [
     "lookup_shape",
     "preset_shape",
     "read_model_shape",
+    "workers_device",
 ]
 
 Accelerator = Literal["cpu", "cuda"]
@@ -325,6 +326,20 @@ def detected_device_memory() -> tuple[int, Accelerator]:
     except (OSError, subprocess.SubprocessError):
         pass
     return host_memory(), "cpu"
+
+
+def workers_device(memory_gib: float | None, kind: Accelerator | None) -> tuple[int, Accelerator]:
+    """The workers' device a job's memory plan is for: the bytes and the kind the operator
+    declared (``GRPO_WORKER_DEVICE_MEMORY_GIB``, ``GRPO_WORKER_DEVICE_KIND``), each one left
+    unset detected on this host (:func:`detected_device_memory`). The kind decides as much as
+    the size: a CUDA worker rolls out in bfloat16 with 16-token KV blocks and its engine
+    sleeps through the update; a CPU plan of the same job counts float32 rollouts, twice the
+    KV bytes and no sleep. So an API on a host without the workers' GPUs declares both."""
+    if memory_gib is not None and kind is not None:
+        return int(memory_gib * (1 << 30)), kind
+    detected, detected_kind = detected_device_memory()
+    memory = detected if memory_gib is None else int(memory_gib * (1 << 30))
+    return memory, kind or detected_kind
 
 
 def host_memory() -> int:

@@ -14,14 +14,14 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from app.core.gateway_settings import GatewaySettings
+from app.core.size_class_settings import SizeClassSettings
 from app.core.tinker_settings import TinkerSettings
 from jobspec.integrations import IntegrationSpecUnion, integration_refusal, normalized_uri
-from jobspec.model_shape import Accelerator, detected_device_memory
 from jobspec.paths import hub_allowlist, hub_model_refusal
 from jobspec.resources import MAX_DEVICES
 
 
-class Settings(GatewaySettings, TinkerSettings):
+class Settings(GatewaySettings, TinkerSettings, SizeClassSettings):
     model_config = SettingsConfigDict(env_prefix="GRPO_", extra="ignore")
 
     data_dir: Path = Field(
@@ -363,35 +363,9 @@ class Settings(GatewaySettings, TinkerSettings):
             wandb_enabled=self.wandb_mode != "disabled",
         )
 
-    def worker_device_memory(self) -> tuple[int, Accelerator]:
-        """Bytes of one worker device, and whether a GPU (detected: jobspec.model_shape)."""
-        detected, accelerator = detected_device_memory()
-        gib = self.worker_device_memory_gib
-        return (detected if gib is None else int(gib * (1 << 30))), accelerator
-
     @property
     def uses_embedded_database(self) -> bool:
         return self.resolved_database_url.startswith("sqlite")
-
-    # ---- workers' size classes (issue 32): settings of the API and the workers
-    worker_device_memory_gib: float | None = Field(
-        default=None,
-        gt=0,
-        le=1 << 20,
-        description="Memory of one worker device (GiB) that a job's memory plan must fit "
-        "(POST /v1/jobs/validate; 422 at create beyond). Unset: this host's first CUDA "
-        "device's (nvidia-smi), else its memory.",
-    )
-    worker_seen_seconds: float = Field(
-        default=300.0,
-        gt=0,
-        le=86_400,
-        description=(
-            "A worker announces its size class every maintenance pass; one not seen for this "
-            "long no longer counts. A job whose size class no counted worker has is told so at "
-            "creation (a warning and a `no_worker` event), while some worker is counted."
-        ),
-    )
 
 
 def build_settings(**overrides: object) -> Settings:

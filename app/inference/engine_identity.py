@@ -24,7 +24,7 @@ from jobspec.model_source import MAX_REVISION_CHARS
 EngineDtype = Literal["float32", "bfloat16"]
 # A bare base model (no job), or a job that left rollout.dtype unset, answers in the CPU
 # rollouts' dtype (float32): the API cannot know the device a job's worker had (a GPU worker
-# resolves unset to grpo.dtype; jobspec.rollout_dtype). Pin rollout.dtype to serve otherwise.
+# resolves unset to bfloat16; jobspec.rollout_dtype). Pin rollout.dtype to serve otherwise.
 DEFAULT_DTYPE: EngineDtype = CPU_ROLLOUT_DTYPE
 REVISION_MARK = "@"
 DTYPE_MARK = "#"

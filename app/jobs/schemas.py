@@ -1,5 +1,5 @@
-"""Response bodies of /v1/jobs (requests are the job spec itself, jobspec.JobSpec); each
-domain declares its own beside its routes."""
+"""Response bodies of /v1/jobs (requests are the job spec itself, jobspec.JobSpec, and the
+resume's changes, ResumeRequest); each domain declares its own beside its routes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import PurePath
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class JobError(BaseModel):
@@ -121,6 +121,12 @@ class MemoryPlanOut(BaseModel):
     usable: int = Field(description="The share of it a plan may fill.")
     fits: bool = Field(description="total <= usable; a job that does not fit is refused (422).")
     suggestions: list[PlanSuggestion] = Field(description="Single changes that would fit.")
+    host_memory_per_rank: int = Field(
+        default=0,
+        description="Host memory (bytes) one rank holds at start-up, before its weights move "
+        "to the device.",
+    )
+    host_memory: int = Field(default=0, description="The same for every rank of the job.")
 
 
 class ValidationResult(BaseModel):
@@ -133,6 +139,23 @@ class ValidationResult(BaseModel):
         default=None, description="The memory plan; null when the model's config is not known."
     )
     plan_unavailable: str | None = Field(default=None, description="Why `plan` is null.")
+
+
+class ResumeRequest(BaseModel):
+    """The optional body of POST /v1/jobs/{id}/resume: settings a paused job changes as it
+    resumes (app.jobs.pausing.RESUME_SETTINGS)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    set: dict[str, int | float] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="Spec fields (dotted, as in the spec) and their new values; a paused job "
+        "may change grpo.learning_rate, grpo.steps, grpo.async.max_staleness, "
+        "grpo.async.max_mismatch and grpo.async.max_capped_frac. Any other field is a 422 "
+        "naming it. The job resumes from its last checkpoint with the changed spec.",
+        examples=[{"grpo.learning_rate": 1e-5, "grpo.async.max_staleness": 1}],
+    )
 
 
 class JobDeleted(BaseModel):

@@ -160,7 +160,8 @@ def check_validation_file(
 
 
 def memory_plan(spec: JobSpec, settings: Settings) -> tuple[MemoryPlan | None, str | None]:
-    """The job's memory plan per worker device, or None and why (no config.json to read)."""
+    """The job's memory plan on the workers' device (GRPO_WORKER_DEVICE_MEMORY_GIB and _KIND,
+    else this host's), or None and why (no config.json to read)."""
     forbid = [settings.data_dir.resolve(), settings.resolved_checkpoint_dir]
     roots, rev = settings.model_root_list, spec.model_revision
     shape, reason = lookup_shape(spec.model, revision=rev, roots=roots, forbidden=forbid)

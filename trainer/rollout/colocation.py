@@ -13,6 +13,12 @@ A share below :data:`MIN_ENGINE_SHARE` means the job does not fit on this device
 error naming the fix (a smaller micro-batch, LoRA, or ``rollout.gpu_memory_utilization``), not
 a vLLM crash at start-up. ``rollout.gpu_memory_utilization`` overrides the derived share.
 
+An async job's rollout server (``trainer.rollout.rollout_server``, rank 0's device) takes its
+share by the same rule, decided once the trainer is placed (``trainer.run.setup``): it never
+sleeps, since it generates the next steps while the trainer updates, so the update's reserve
+must stay free beside it for the whole run. Without a share vLLM takes its default 0.92 of the
+device and refuses to start beside any trainer that holds more than 8% of it.
+
 Sleep mode (CUDA only: vLLM refuses it on CPU): during the update the engine releases its KV
 cache (level 1 also moves the weights to host memory, level 2 drops them). The run pushes every
 weight after each update anyway (merged sync), so level 2 is right then; with a LoRA adapter
@@ -34,6 +40,7 @@ __all__ = [
     "head_chunk_rows_for",
     "sleep_level",
     "trainable_params_on_rank",
+    "trainable_params_whole",
     "update_reserve_bytes",
 ]
 
@@ -64,6 +71,12 @@ def trainable_params_on_rank(model: nn.Module) -> int:
     return total
 
 
+def trainable_params_whole(model: nn.Module) -> int:
+    """Every trainable parameter, sharded or not (a DTensor's ``numel()`` is the whole
+    tensor's): the gradients a rank holds while it accumulates micro-batches under FSDP."""
+    return sum(param.numel() for param in model.parameters() if param.requires_grad)
+
+
 def update_reserve_bytes(
     *,
     trainable_params: int,
@@ -72,12 +85,16 @@ def update_reserve_bytes(
     layers: int,
     gradient_checkpointing: bool,
     optimizer_allocated: bool,
+    gradient_params: int | None = None,
 ) -> int:
     """What the update still allocates once the models are placed, on one device:
     ``trainable_params`` is that device's (:func:`trainable_params_on_rank`); float32
-    gradients (4 bytes a trainable parameter), AdamW's two float32 moments (8 bytes, on the first step only:
-    ``optimizer_allocated`` False), and one micro-batch's activations (float32)."""
-    grads = 4 * trainable_params
+    gradients (4 bytes a parameter of ``gradient_params``, default ``trainable_params``: the
+    whole model's where a rank accumulates micro-batches before FSDP's one reduce-scatter,
+    ``jobspec.memory_terms.whole_gradients``), AdamW's two float32 moments (8 bytes a
+    trainable parameter, on the first step only: ``optimizer_allocated`` False), and one
+    micro-batch's activations (float32)."""
+    grads = 4 * (trainable_params if gradient_params is None else gradient_params)
     adam = 0 if optimizer_allocated else 8 * trainable_params
     elements = micro_batch_tokens * hidden_size * layers
     activations = 4 * elements * ACTIVATION_FACTOR[gradient_checkpointing]

@@ -97,7 +97,9 @@ def config_for_run(
 ) -> RolloutServerConfig:
     """The server config of a job's ``rollout`` section (``trainer.rollout.startup`` sizes the
     context and the KV cache): its engine, dtype on ``device``, LoRA adapters when
-    ``lora_sync`` is "adapter" on an engine that serves them, and its vLLM options."""
+    ``lora_sync`` is "adapter" on an engine that serves them, and its vLLM options (on CUDA its
+    share of the device, ``rollout.gpu_memory_utilization`` of the run's spec). Called right
+    before the server starts."""
     from jobspec.traits import ROLLOUT_ENGINE_TRAITS
     from trainer.rollout.startup import engine_dtype
 
@@ -111,7 +113,13 @@ def config_for_run(
     if rollout.enforce_eager is not None:
         options["enforce_eager"] = rollout.enforce_eager
     if rollout.gpu_memory_utilization is not None:
+        # On CUDA the run's spec carries the share trainer.run.setup derived once the trainer
+        # was placed (trainer.rollout.startup.plan_server_share), or the job's own.
         options["gpu_memory_utilization"] = rollout.gpu_memory_utilization
+    if device.type == "cuda":
+        # vLLM refuses to start unless its share of the device is free; blocks the trainer
+        # freed since (a checkpoint's restore) sit in PyTorch's cache, counted as used.
+        torch.cuda.empty_cache()
     return RolloutServerConfig(
         engine=rollout.engine,
         model_path=str(model_path),

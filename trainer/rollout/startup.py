@@ -2,7 +2,8 @@
 
 vLLM-CPU allocates its whole KV cache up front, in host memory the trainer shares; a fixed
 2 GiB was four times what the benchmark's batch needs. The default size holds the run's largest
-``generate`` call at once (so nothing is preempted) and no more.
+``generate`` call at once (so nothing is preempted) and no more: on N ranks a rank's share of
+the step (``jobspec.memory_terms.sequences_per_call``, the memory plan's rule too).
 
 vLLM loads a model folder. A run handed a ready model object (``train(..., model=...)``) has
 none, so the model and tokenizer are saved into a temporary folder under the run's output
@@ -17,6 +18,7 @@ from __future__ import annotations
 import math
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from jobspec import JobSpec, memory_plan, rollout_dtype
+from jobspec.memory_terms import sequences_per_call, whole_gradients
 from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.models.lora import merged_model
 from trainer.rollout.base import (
@@ -39,6 +42,7 @@ from trainer.rollout.colocation import (
     engine_memory_share,
     sleep_level,
     trainable_params_on_rank,
+    trainable_params_whole,
     update_reserve_bytes,
 )
 from trainer.rollout.registry import make_engine
@@ -262,13 +266,22 @@ def run_kv_cache_bytes(
     device_type: str = "cpu",
 ) -> int:
     """``rollout.kv_cache_gib`` when set, else a cache that holds the run's largest generate
-    call at once (:func:`kv_cache_bytes`), an episode at most the model's ``context``."""
+    call at once (:func:`kv_cache_bytes`), an episode at most the model's ``context``: one
+    share of the step's completions on a job of N devices (each rank's engine, or an async
+    job's server, samples the N shares call by call), or the evaluation's share of the
+    held-out prompts (all of them on an async job's server)."""
     if spec.rollout.kv_cache_gib is not None:
         return int(spec.rollout.kv_cache_gib * (1 << 30))
     grpo = spec.grpo
     return kv_cache_bytes(
         getattr(policy, "config", None),
-        sequences=max(grpo.completions_per_step, len(eval_prompts)),
+        sequences=sequences_per_call(
+            completions=grpo.completions_per_step,
+            group_size=grpo.group_size,
+            eval_prompts=len(eval_prompts),
+            devices=spec.resources.devices,
+            async_server=grpo.async_.enabled,
+        ),
         tokens_per_sequence=max(
             max(map(len, [*train_prompts, *eval_prompts])) + grpo.max_new_tokens,
             max_model_len(spec, context) if spec.is_agentic else 0,
@@ -288,21 +301,83 @@ def plan_colocation(
     in PyTorch's caching allocator, which ``mem_get_info`` counts as used and vLLM cannot
     map: they are handed back (``empty_cache``) before the free memory is read. The update's
     reserve counts the trainable parameters of ``trained`` (``policy`` when None) that this
-    rank holds: its shards under FSDP, whose gradients and AdamW moments are sharded alike."""
+    rank holds (:func:`update_reserve`)."""
     level = sleep_level(spec.rollout.lora_sync) if spec.rollout.sleep_mode else None
     if spec.rollout.gpu_memory_utilization is not None:
         return Colocation(spec.rollout.gpu_memory_utilization, False, level)
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
-    config = getattr(policy, "config", None)
+    reserve = update_reserve(spec, trained if trained is not None else policy)
+    share = engine_memory_share(total_bytes=total, free_bytes=free, reserve_bytes=reserve)
+    return Colocation(share, True, level)
+
+
+def plan_server_share(spec: JobSpec, trained: nn.Module, device: torch.device) -> Colocation:
+    """An async job's rollout server's share of ``device`` (rank 0's CUDA device, where it
+    runs), read once the trainer placed ``trained`` (and its reference) there: the free memory
+    less the whole update's reserve (:func:`update_reserve`), by the rule of
+    :func:`trainer.rollout.colocation.engine_memory_share`. The server never sleeps (it
+    generates while the trainer updates), so the reserve stays free beside it all run."""
+    if spec.rollout.gpu_memory_utilization is not None:
+        return Colocation(spec.rollout.gpu_memory_utilization, False, None)
+    torch.cuda.empty_cache()  # the start-up's freed blocks back to the device (see above)
+    free, total = torch.cuda.mem_get_info(device)
+    reserve = update_reserve(spec, trained)
+    share = engine_memory_share(total_bytes=total, free_bytes=free, reserve_bytes=reserve)
+    return Colocation(share, True, None)
+
+
+def with_server_share(
+    spec: JobSpec,
+    trained: nn.Module,
+    device: torch.device,
+    is_main: bool,
+    on_event: Callable[..., None],
+) -> JobSpec:
+    """``spec`` with an async job's rollout server's share of rank 0's (``is_main``) CUDA
+    device as ``rollout.gpu_memory_utilization``, which the server's config forwards to vLLM
+    (``trainer.rollout.rollout_server.config_for_run``), decided by :func:`plan_server_share`
+    once the trainer is placed (``trainer.run.setup``), and said in a ``config`` event.
+    Unchanged elsewhere, or when the job set a share. Left to vLLM's default (0.92), the
+    server would refuse to start beside a trainer holding more than 8% of the device."""
+    rollout = spec.rollout
+    if not (spec.grpo.async_.enabled and is_main and device.type == "cuda"):
+        return spec
+    if rollout.gpu_memory_utilization is not None:
+        return spec
+    if not ROLLOUT_ENGINE_TRAITS[rollout.engine].colocates_on_cuda:
+        return spec
+    share = plan_server_share(spec, trained, device).gpu_memory_utilization
+    on_event(
+        "config",
+        f"rollout server: {share:.0%} of the GPU, derived once the trainer was placed; it "
+        "generates while the trainer updates, so the update's memory stays free beside it",
+        data={"gpu_memory_utilization": share},
+    )
+    changed = rollout.model_copy(update={"gpu_memory_utilization": share})
+    return spec.model_copy(update={"rollout": changed})
+
+
+def update_reserve(spec: JobSpec, trained: nn.Module) -> int:
+    """What the update still allocates on this rank's device before its first step
+    (``trainer.rollout.colocation.update_reserve_bytes``): gradients and AdamW's moments of
+    the trainable parameters this rank holds (its FSDP shards), the gradients whole where it
+    accumulates several micro-batches per update
+    (``jobspec.memory_terms.whole_gradients``), and one micro-batch's activations."""
+    config = getattr(trained, "config", None)
     grpo = spec.grpo
-    reserve = update_reserve_bytes(
-        trainable_params=trainable_params_on_rank(trained if trained is not None else policy),
+    on_rank = trainable_params_on_rank(trained)
+    accumulates = whole_gradients(
+        devices=spec.resources.devices,
+        update_rows=grpo.mini_batch_size or grpo.completions_per_step,
+        micro_batch_size=grpo.micro_batch_size,
+    )
+    return update_reserve_bytes(
+        trainable_params=on_rank,
+        gradient_params=trainable_params_whole(trained) if accumulates else on_rank,
         micro_batch_tokens=grpo.micro_batch_size * grpo.sequence_tokens,
         hidden_size=int(getattr(config, "hidden_size", 0) or 0),
         layers=int(getattr(config, "num_hidden_layers", 0) or 0),
         gradient_checkpointing=grpo.gradient_checkpointing,
         optimizer_allocated=False,
     )
-    share = engine_memory_share(total_bytes=total, free_bytes=free, reserve_bytes=reserve)
-    return Colocation(share, True, level)

@@ -58,7 +58,7 @@ from trainer.models.lora import apply_lora
 from trainer.models.precision import enable_tf32, store_frozen_linears_for_autocast
 from trainer.models.reference import Reference, reference_for
 from trainer.rollout.base import RolloutEngine
-from trainer.rollout.startup import StartedEngine, start_engine
+from trainer.rollout.startup import StartedEngine, start_engine, with_server_share
 from trainer.run.callbacks import Callbacks, RunInfo
 from trainer.scoring.rewards import RewardFn, Scorer, resolve_scorer
 from trainer.update.compiled import CompileNotSupported, compile_decoder_layers, compile_refusal
@@ -203,6 +203,8 @@ def prepare_run(
     else:
         reference = _reference(config, policy.model)
         _to_device(device, policy.model, reference)
+    if given.engine is None:  # an async job's server: its share, now that the trainer is placed
+        config = with_server_share(config, policy.model, device, world.is_main, callbacks.on_event)
     if config.grpo.compile:  # last, on the placed policy (trainer.update.compiled's order)
         layers = compile_decoder_layers(policy.model)
         callbacks.on_event(
