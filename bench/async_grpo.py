@@ -68,6 +68,7 @@ def overrides_for(args: argparse.Namespace, k: int) -> dict[str, Any]:
         "checkpoint_interval": 0,
         "grpo.async.max_staleness": k,
         "grpo.async.max_mismatch": args.max_mismatch,
+        "grpo.async.max_capped_frac": 1.0,  # measured, not guarded: no run pauses
     }
     if k:
         out["grpo.async.server_threads"] = args.server_threads

@@ -28,7 +28,7 @@ MIXES = {"all": KINDS, "tiny": ("tiny",)}
 # What the async jobs ask for: one version of staleness, one server thread (the machine has
 # 2 cores), and a mismatch bound no healthy run reaches (the guard would pause the job, which
 # the checks would count as lost; the guard itself is tested in tests/worker).
-ASYNC = {"max_staleness": 1, "server_threads": 1, "max_mismatch": 100}
+ASYNC = {"max_staleness": 1, "server_threads": 1, "max_mismatch": 100, "max_capped_frac": 1.0}
 
 CALCULATOR = {
     "type": "function",

@@ -221,6 +221,9 @@ def jobs(args: argparse.Namespace, out: Output) -> int:
             return Exit.OK
         if args.jobs_command == "show":
             job = retrying(args.retry_for, lambda: client.get_job(args.job_id))
+        elif args.jobs_command == "resume" and args.settings:
+            changes = dict(args.settings)  # idempotent too: a repeat finds them applied
+            job = retrying(args.retry_for, lambda: client.resume_job(args.job_id, changes))
         else:  # cancel, pause, resume: idempotent, so safe to retry
             job = retrying(
                 args.retry_for, lambda: client.control_job(args.job_id, args.jobs_command)

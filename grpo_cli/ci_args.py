@@ -5,6 +5,7 @@ itself (grpo_cli.ci) is imported only when one of these commands runs."""
 from __future__ import annotations
 
 import argparse
+import json
 from enum import IntEnum
 
 from grpo_cli.gates import Requirement, parse_duration, parse_requirement
@@ -88,6 +89,21 @@ def _requirement(text: str) -> Requirement:
         return parse_requirement(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _setting(text: str) -> tuple[str, int | float]:
+    """`grpo jobs resume --set FIELD=NUMBER`: the field and its number (an int when written as
+    one)."""
+    field, sep, value = text.partition("=")
+    if not sep or not field.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=NUMBER")
+    try:
+        number = json.loads(value)
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not a number")
+    return field.strip(), number
 
 
 def _connection_options() -> argparse.ArgumentParser:
@@ -197,7 +213,7 @@ def _add_submit(
 def _add_jobs(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
-    """`grpo jobs list|show|cancel|pause|resume`."""
+    """`grpo jobs list|show|cancel|pause|resume [--set FIELD=NUMBER ...]`."""
     jobs = sub.add_parser("jobs", help="List, show, cancel, pause and resume jobs.")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
     listing = jobs_sub.add_parser("list", parents=[common], help="List jobs, newest first.")
@@ -216,11 +232,30 @@ def _add_jobs(
         "cancel", parents=[common], help="Cancel a job (a no-op when it already ended)."
     )
     cancel.add_argument("job_id")
-    for action, text in (
-        ("pause", "Pause a job: it checkpoints and gives its worker back."),
-        ("resume", "Resume a paused job from its last checkpoint."),
-    ):
-        jobs_sub.add_parser(action, parents=[common], help=text).add_argument("job_id")
+    pause = jobs_sub.add_parser(
+        "pause", parents=[common], help="Pause a job: it checkpoints and gives its worker back."
+    )
+    pause.add_argument("job_id")
+    resume = jobs_sub.add_parser(
+        "resume",
+        parents=[common],
+        help="Resume a paused job from its last checkpoint, optionally with changed settings.",
+        description="Resume a paused job from its last checkpoint. With --set, the job resumes "
+        "with those settings changed, e.g. after the mismatch guard paused it: --set "
+        "grpo.learning_rate=1e-5 --set grpo.async.max_staleness=1. A job may change "
+        "grpo.learning_rate, grpo.steps, grpo.async.max_staleness, grpo.async.max_mismatch "
+        "and grpo.async.max_capped_frac; the API refuses any other field, naming it (exit 2).",
+    )
+    resume.add_argument("job_id")
+    resume.add_argument(
+        "--set",
+        dest="settings",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="FIELD=NUMBER",
+        help="A spec field (dotted) and its new value (repeatable).",
+    )
 
 
 def _add_logs(

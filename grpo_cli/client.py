@@ -130,6 +130,12 @@ class Client:
             raise ValueError(f"unknown job action {action!r}")
         return self._json(self._http.post(f"/v1/jobs/{job_id}/{action}"))
 
+    def resume_job(self, job_id: str, changes: dict[str, int | float]) -> dict[str, Any]:
+        """POST /v1/jobs/{id}/resume with settings to change (a paused job's; a retry of one
+        that already resumed with them returns the job as is)."""
+        body = {"set": changes}
+        return self._json(self._http.post(f"/v1/jobs/{job_id}/resume", json=body))
+
     def events(self, job_id: str, after: int | None = None, limit: int = 1000) -> dict[str, Any]:
         """One page of the audit log, oldest first: {"data", "has_more", "next_after"}."""
         params: dict[str, int] = {"limit": limit}

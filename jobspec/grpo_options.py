@@ -73,9 +73,25 @@ class AsyncSpec(StrictModel):
         gt=1.0,
         le=100.0,
         description=(
-            "The guard: when a step's token_mult_prob_error (the mean over sampled tokens of "
-            "exp|log p_engine - log p_trainer|) passes this bound, the job pauses after that "
-            "step with the reason (async jobs only)."
+            "The guard on the engine's own mismatch: when a step sampled with the trainer's "
+            "current weights (no staleness: a run's first step, the first after a resume that "
+            "changed max_staleness) has a token_mult_prob_error (the mean over sampled tokens "
+            "of exp|log p_engine - log p_trainer|) above this bound, the job pauses after that "
+            "step with the reason (async jobs only). Stale steps are left to max_capped_frac: "
+            "their error also holds the policy's own movement, which the correction weighs."
+        ),
+    )
+    # The packaged recipes stay below it: SmolLM2's at most 0.015 (K = 2), the demo's tiny
+    # model, whose LoRA rate moves it far each step, 0.16 at K = 1 and 0.14 at K = 2.
+    max_capped_frac: float = Field(
+        default=0.25,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "The guard on what the sampler correction cannot weigh: when a step's "
+            "mismatch/capped_frac (the share of sampled tokens whose importance weight the "
+            "cap truncated or masked) passes this bound, the job pauses after that step with "
+            "the reason (async jobs only)."
         ),
     )
     server_threads: int | None = Field(

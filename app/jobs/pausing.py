@@ -6,22 +6,46 @@ and releases the lease, without counting the attempt against the job (worker.att
 Resuming a paused job queues it again under the project's quota and fair dispatch, and the next
 worker continues from the last checkpoint, as after any hand-over. Resuming a job that is still
 pausing takes the pause back. Both are idempotent; a finished or cancelling job is a 409.
+
+A paused job may resume with some settings changed (:func:`resume_with_changes`): those the
+mismatch guard's advice names (the learning rate, the async staleness and the guard's bounds)
+and how many steps it trains. The changes are written into the job's spec in the same
+compare-and-set that queues it again, so the next worker trains the changed spec from the last
+checkpoint (trainer.run.checkpoints says what each change does there).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.core.errors import Conflict, IllegalTransition
+from app.core.errors import Conflict, IllegalTransition, InvalidRequest
+from app.core.field_paths import field_path
 from app.core.models import Job
 from app.core.queue import Dispatcher
+from app.core.settings import Settings
 from app.jobs import repository as jobs_repo
+from app.jobs import service as jobs_service
 from app.jobs import transitions
 from app.jobs.dispatch import send_after_commit, withdraw_after_commit
 from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.transitions import JobStatus
+from jobspec import JobSpec, spec_limits_violations
+from jobspec.memory_plan import refusal
+
+# What a paused job may change when it resumes, as paths into its spec. Anything else (the
+# model, the data, the group size...) would no longer be the run its checkpoints belong to.
+RESUME_SETTINGS = (
+    "grpo.learning_rate",
+    "grpo.steps",
+    "grpo.async.max_staleness",
+    "grpo.async.max_mismatch",
+    "grpo.async.max_capped_frac",
+)
 
 
 def _settle(session: Session, job: Job, act: Callable[[JobStatus], None], verb: str) -> Job:
@@ -88,3 +112,122 @@ def resume_job(session: Session, *, job: Job, dispatcher: Dispatcher, limits: Ac
             raise _refuse(job, status, "resume")
 
     return _settle(session, job, act, "resume")
+
+
+def resume_with_changes(
+    session: Session,
+    *,
+    job: Job,
+    changes: Mapping[str, Any],
+    dispatcher: Dispatcher,
+    settings: Settings,
+) -> Job:
+    """Paused -> queued with ``changes`` (paths of :data:`RESUME_SETTINGS` -> values) written
+    into its spec, validated as a new job's spec is (a 422 naming the field). A job that is
+    queued or running already with exactly these settings is returned as is (a retried
+    request); pausing is a 409 to retry once it is paused; any other state is a 409."""
+    spec = changed_spec(job, changes, settings)
+    before = {path: _at(job.spec, path) for path in changes}
+    after = {path: _at(spec, path) for path in changes}
+    limits = ActiveLimits.of(settings)
+
+    def act(status: JobStatus) -> None:
+        if status == JobStatus.PAUSED:
+            moved = ", ".join(f"{p} {before[p]} -> {after[p]}" for p in changes)
+            transitions.transition(
+                session,
+                job.id,
+                JobStatus.QUEUED,
+                message=f"resumed with {moved}" if moved else "resumed",
+                values={"spec": spec, "total_steps": spec["grpo"]["steps"]},
+            )
+            held = check_active_jobs(
+                session, project_id=job.project_id, limits=limits, queue=job.queue
+            )
+            send_after_commit(session, dispatcher, job_id=job.id, queue=job.queue, slots_held=held)
+        elif status in (JobStatus.QUEUED, JobStatus.RUNNING):
+            if any(_at(job.spec, path) != value for path, value in after.items()):
+                raise _Refused(
+                    f"job {job.id} is {status}, not paused: its settings change only while it "
+                    "is paused (pause it first)"
+                )  # else: this resume already happened (a retried request)
+        elif status == JobStatus.PAUSING:
+            raise Conflict(
+                f"job {job.id} is still pausing; resume it with changes once it is paused",
+                param="job_id",
+            )
+        else:
+            raise _refuse(job, status, "resume")
+
+    return _settle(session, job, act, "resume")
+
+
+def changed_spec(job: Job, changes: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
+    """The job's stored spec with ``changes`` applied, as stored: checked as a new job's spec
+    is (the spec's own rules, the operator's size limits, the memory plan), each refusal a 422
+    naming the field."""
+    for path in changes:
+        if path not in RESUME_SETTINGS:
+            raise InvalidRequest(
+                f"{path}: cannot be changed on resume; a resume may set "
+                f"{', '.join(RESUME_SETTINGS)}",
+                param=path,
+            )
+    stored = copy.deepcopy(job.spec)
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = stored
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
+    try:
+        spec = JobSpec.model_validate(stored)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        param = field_path(error.get("loc", ()))
+        message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise InvalidRequest(f"{param}: {message}", param=param) from None
+    _check_size(job, spec, settings)
+    resolved = spec.model_dump(mode="json")
+    for path in changes:  # as validated (a number given as text, stored as the number)
+        *parents, leaf = path.split(".")
+        _node(stored, parents)[leaf] = _at(resolved, path)
+    return stored
+
+
+def _check_size(job: Job, spec: JobSpec, settings: Settings) -> None:
+    """What the changes may break that the spec alone does not say: fewer steps than the job
+    has trained, the operator's limits on its size, the memory plan of its devices."""
+    if spec.grpo.steps < job.current_step:
+        raise InvalidRequest(
+            f"grpo.steps: {spec.grpo.steps} is below the {job.current_step} steps the job "
+            "has trained",
+            param="grpo.steps",
+        )
+    violations = spec_limits_violations(
+        spec,
+        max_completions_per_step=settings.max_completions_per_step,
+        max_tokens_per_step=settings.max_tokens_per_step,
+        max_total_tokens=settings.max_total_tokens,
+    )
+    if violations:
+        param, message = violations[0]
+        raise InvalidRequest(f"{param}: {message}", param=param)
+    plan, _ = jobs_service.memory_plan(spec, settings)
+    if plan is not None and not plan.fits:
+        message, fixes = refusal(plan)
+        raise InvalidRequest(message, param="model", details=fixes)
+
+
+def _node(spec: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    for name in names:
+        spec = spec[name]
+    return spec
+
+
+def _at(spec: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted path of a stored spec (None when absent)."""
+    node: Any = spec
+    for name in path.split("."):
+        node = node.get(name) if isinstance(node, Mapping) else None
+    return node

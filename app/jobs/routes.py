@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Body, Header, Query
 from fastapi.responses import JSONResponse
 
 from app.core.deps import SessionDep, StateDep
@@ -24,6 +24,7 @@ from app.jobs.schemas import (
     JobList,
     JobOut,
     MemoryPlanOut,
+    ResumeRequest,
     ValidationResult,
 )
 from app.jobs.service import Answer
@@ -187,10 +188,31 @@ def pause_job(job: JobDep, session: SessionDep) -> JobOut:
 @router.post(
     "/{job_id}/resume",
     response_model=JobOut,
-    summary="Resume a paused job from its last checkpoint (idempotent)",
-    responses={409: CONFLICT | {"description": "The job has ended or is being cancelled."}},
+    summary="Resume a paused job from its last checkpoint (idempotent), optionally with "
+    "changed settings",
+    description='With a body `{"set": {"grpo.learning_rate": 1e-5}}` the paused job '
+    "resumes with those settings changed (the learning rate, steps, async staleness and the "
+    "mismatch guard's bounds; anything else is a 422 naming the field).",
+    responses={
+        409: CONFLICT
+        | {"description": "The job has ended, is being cancelled, or (with changes) is not paused."}
+    },
 )
-def resume_job(job: JobDep, session: SessionDep, state: StateDep) -> JobOut:
+def resume_job(
+    job: JobDep,
+    session: SessionDep,
+    state: StateDep,
+    changes: Annotated[ResumeRequest | None, Body()] = None,
+) -> JobOut:
+    if changes is not None and changes.set:
+        resumed = pausing.resume_with_changes(
+            session,
+            job=job,
+            changes=changes.set,
+            dispatcher=state.dispatcher,
+            settings=state.settings,
+        )
+        return job_out(resumed)
     resumed = pausing.resume_job(
         session,
         job=job,

@@ -32,6 +32,7 @@ def async_spec(steps: int = STEPS, **async_options: object) -> dict[str, object]
         "max_staleness": 1,
         "server_threads": 1,
         "max_mismatch": 100,
+        "max_capped_frac": 1.0,
         **async_options,
     }
     return spec
@@ -105,7 +106,8 @@ def test_the_mismatch_guard_pauses_an_async_job_with_its_reason(
     start_worker: Callable[..., WorkerProcess],
 ) -> None:
     worker = start_worker(service.settings)
-    spec = async_spec(steps=6, max_mismatch=1.000001)
+    # The guard's share of capped tokens (the mismatch the correction cannot fix): any at all.
+    spec = async_spec(steps=6, max_capped_frac=1e-6)
     spec["grpo"]["learning_rate"] = 1e-2  # type: ignore[index]
     job_id = service.submit(spec)
     job = service.wait_status(job_id, ("paused", "succeeded", "failed"), 300, worker)
@@ -116,7 +118,7 @@ def test_the_mismatch_guard_pauses_an_async_job_with_its_reason(
     ]  # type: ignore[union-attr]
     assert len(paused) == 1
     assert "mismatch guard" in str(paused[0]["message"])
-    assert "token_mult_prob_error" in str(paused[0]["message"])
+    assert "capped_frac" in str(paused[0]["message"])
 
 
 def test_max_staleness_0_trains_as_the_synchronous_job(

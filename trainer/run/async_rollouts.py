@@ -5,7 +5,10 @@ while step ``t`` updates.
 The schedule is fixed, not first-come: step ``t`` trains on samples of policy version
 ``behaviour_version(t, K) = max(0, t - 1 - K)`` (version ``v``: the weights after step ``v``),
 exactly that one. A producer thread generates step ``s`` as soon as version
-``behaviour_version(s, K)`` is published, and at most ``K`` steps ahead of the update. So:
+``behaviour_version(s, K)`` is published, and at most ``K`` steps ahead of the update. A run
+resumed at step ``r`` holds no version below ``r`` (the checkpoint keeps the weights of step
+``r`` alone), so the steps it makes itself sample with ``max(r, t - 1 - K)``: the schedule's
+version or, right after the resume, the resumed weights (less stale, never more). So:
 
 - the samples of every step are what they would be whatever the timing (each generate call is
   seeded by step and round, ``trainer.scoring.collect``), and a run reproduces;
@@ -13,7 +16,10 @@ exactly that one. A producer thread generates step ``s`` as soon as version
 - at a checkpoint after step ``t`` the producer has made steps ``t+1..t+K`` and waits for
   version ``t`` (published only after the checkpoint): the checkpoint stores those batches and
   the data sampler's position after them (:func:`pending_to_json`), and a resume continues with
-  exactly the samples the straight run would have trained on.
+  exactly the samples the straight run would have trained on;
+- the checkpoint also records K and the data sampler's position before each batch made ahead,
+  so a resume with another K (or a synchronous one) samples those steps again from there
+  instead of dropping or skipping their prompts (:func:`plan_resume`).
 
 Every sample carries the version that generated it (``Completion.policy_version``, from the
 server). :func:`drop_stale` is the guard that no sample older than ``K`` versions reaches an
@@ -32,21 +38,34 @@ from trainer.rollout.base import Completion
 from trainer.scoring.collect import Collected, Group
 
 __all__ = [
+    "PENDING_KEY",
+    "SAMPLER_BEFORE_KEY",
+    "STALENESS_KEY",
+    "ResumePlan",
     "RolloutPipeline",
     "behaviour_version",
     "drop_stale",
     "pending_from_json",
     "pending_to_json",
+    "plan_resume",
     "staleness_metrics",
 ]
+
+# Where a checkpoint's manifest (``extra``) keeps the batches made ahead, the data sampler's
+# state before each of them (by step), and the K the run had (every run's checkpoint: 0 for a
+# synchronous one).
+PENDING_KEY = "async_pending"
+SAMPLER_BEFORE_KEY = "async_sampler_before"
+STALENESS_KEY = "max_staleness"
 
 # Producer -> the batch of one step, sampled with the given version's weights.
 Produce = Callable[[int, int], Collected]
 
 
-def behaviour_version(step: int, max_staleness: int) -> int:
-    """The policy version step ``step`` (1-based) trains on: ``max(0, step - 1 - K)``."""
-    return max(0, step - 1 - max_staleness)
+def behaviour_version(step: int, max_staleness: int, oldest: int = 0) -> int:
+    """The policy version step ``step`` (1-based) trains on: ``max(oldest, step - 1 - K)``,
+    where ``oldest`` is the first version the run published (0, or the step it resumed at)."""
+    return max(oldest, step - 1 - max_staleness)
 
 
 def _version(completion: Completion, fallback: int) -> int:
@@ -106,6 +125,7 @@ class RolloutPipeline:
         self._k = max_staleness
         self._last = last_step
         self._published = published
+        self._oldest = published  # no version below the first one published exists
         self._ready: dict[int, Collected] = dict(pending or {})
         self._next = max([first_step - 1, *self._ready]) + 1
         self._taken = first_step - 1
@@ -121,7 +141,8 @@ class RolloutPipeline:
     def _may_produce(self) -> bool:
         """Under the lock: the next step's version is published and it is at most K ahead."""
         step = self._next
-        return self._published >= behaviour_version(step, self._k) and step - self._taken <= self._k
+        version = behaviour_version(step, self._k, self._oldest)
+        return self._published >= version and step - self._taken <= self._k
 
     def _run(self) -> None:
         while True:
@@ -133,7 +154,7 @@ class RolloutPipeline:
                 step = self._next
             clock = time.perf_counter()
             try:
-                collected = self._produce(step, behaviour_version(step, self._k))
+                collected = self._produce(step, behaviour_version(step, self._k, self._oldest))
             except BaseException as exc:  # handed to the loop by take()
                 with self._cond:
                     self._error = exc
@@ -192,6 +213,64 @@ class RolloutPipeline:
             self._cond.notify_all()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+
+
+# ---------------------------------------------------------------- resuming with another K
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePlan:
+    """What a resume does with the batches its checkpoint made ahead: keeps them (``pending``,
+    JSON by step, with the data sampler's state before each), or drops them and restores the
+    data sampler to ``rewind_to``, the state before the first of them, so that the run samples
+    those steps' prompts again (``note`` says so, for the resume's event)."""
+
+    pending: dict[str, Any]
+    sampler_before: dict[str, Any]
+    rewind_to: dict[str, Any] | None = None
+    note: str | None = None
+
+
+def plan_resume(extra: dict[str, Any], *, step: int, max_staleness: int) -> ResumePlan:
+    """How a run with ``max_staleness`` resumes from step ``step``'s checkpoint (its manifest's
+    ``extra``). Same K, or nothing made ahead: as written. Another K: the batches made ahead
+    were sampled for the old schedule (a lower K would train them staler than it allows, and
+    K = 0 has no producer to take them), so they are sampled again from the data position
+    before them: no prompt is dropped or skipped. A checkpoint written before K was recorded
+    keeps its batches where they fit the new K, else ValueError saying why."""
+    pending: dict[str, Any] = extra.get(PENDING_KEY) or {}
+    before: dict[str, Any] = extra.get(SAMPLER_BEFORE_KEY) or {}
+    written_with = extra.get(STALENESS_KEY)
+    if not pending or written_with == max_staleness:
+        return ResumePlan(pending, before)
+    steps = sorted(int(s) for s in pending)
+    made = f"steps {steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step {steps[0]}"
+    first = before.get(str(steps[0]))
+    if written_with is not None and first is not None:
+        note = (
+            f"grpo.async.max_staleness {written_with} -> {max_staleness}: the batches made "
+            f"ahead for {made} are sampled again, from the data position before them"
+        )
+        return ResumePlan({}, {}, rewind_to=first, note=note)
+    lag = max(_lags(pending_from_json(pending)), default=0)
+    if max_staleness >= 1 and lag <= max_staleness:
+        return ResumePlan(pending, before)
+    raise ValueError(
+        f"checkpoint-{step} keeps batches made ahead for {made}, sampled {lag} version(s) "
+        f"behind, more than grpo.async.max_staleness {max_staleness} allows; it was written "
+        "before checkpoints recorded the data position before them, so they cannot be sampled "
+        f"again: resume it with grpo.async.max_staleness {lag} or more"
+    )
+
+
+def _lags(pending: dict[int, Collected]) -> list[int]:
+    """How many versions each kept sample of the batches made ahead lags its step's update."""
+    return [
+        step - 1 - _version(c, step - 1)
+        for step, collected in pending.items()
+        for group in collected.kept
+        for c in group.completions
+    ]
 
 
 # ---------------------------------------------------------------- checkpointed batches

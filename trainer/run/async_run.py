@@ -14,7 +14,8 @@ keeps nothing. Evaluation runs on rank 0's server and its accuracy is broadcast.
 
 Per step ``t`` the loop calls, in order: :meth:`AsyncRollouts.collect` (step ``t``'s batch,
 generated with version ``max(0, t-1-K)``), the update (whose engine sync writes version ``t``
-to the server's files, :class:`trainer.rollout.remote_engine.RemoteEngine`),
+to the server's files, :class:`trainer.rollout.remote_engine.RemoteEngine`, in the run's own
+folder: :data:`VERSIONS_DIR`),
 :meth:`AsyncRollouts.finish_step` (version ``t`` published even when no update ran, the async
 metrics, the guard), :meth:`AsyncRollouts.checkpoint_state` when it writes a checkpoint, then
 :meth:`AsyncRollouts.release` (the producer may sample with version ``t``).
@@ -23,6 +24,7 @@ metrics, the guard), :meth:`AsyncRollouts.checkpoint_state` when it writes a che
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,11 +32,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from jobspec.grpo_options import AsyncSpec
 from trainer.distributed.world import World
 from trainer.errors import TrainerError
 from trainer.rollout.base import Completion, RolloutEngine
 from trainer.rollout.startup import StartedEngine
 from trainer.run.async_rollouts import (
+    PENDING_KEY,
+    SAMPLER_BEFORE_KEY,
     RolloutPipeline,
     behaviour_version,
     drop_stale,
@@ -52,17 +57,27 @@ if TYPE_CHECKING:
     from trainer.run.setup import RunSetup
 
 __all__ = [
+    "ENGINE_MISMATCH_METRIC",
     "PENDING_KEY",
+    "VERSIONS_DIR",
     "AsyncRollouts",
     "GatherOnly",
     "async_refusal",
     "mismatch_guard",
     "server_threads",
+    "with_engine_mismatch",
 ]
 
-# Where a checkpoint's manifest keeps the batches made ahead (``extra``).
-PENDING_KEY = "async_pending"
 MISMATCH_METRIC = "mismatch/token_mult_prob_error"
+CAPPED_METRIC = "mismatch/capped_frac"
+# The engine's own numeric mismatch: MISMATCH_METRIC on a step whose samples came from the
+# trainer's current weights, the only steps where no policy movement is mixed in.
+ENGINE_MISMATCH_METRIC = "mismatch/engine_token_mult_prob_error"
+# The rollout server's folder (its config, log and the published weight versions, each a whole
+# copy of the weights) under the run's output folder: on the job's disk and quota, not in the
+# system's temporary folder (often a RAM disk on GPU nodes). Emptied as versions retire, removed
+# when the run ends, and a dead run's leftovers are removed when the next attempt starts.
+VERSIONS_DIR = ".rollout-server"
 
 
 def async_refusal(setup: RunSetup) -> str | None:
@@ -83,16 +98,38 @@ def server_threads(device_type: str) -> int | None:
     return max(1, len(os.sched_getaffinity(0)) // 2)
 
 
-def mismatch_guard(metrics: dict[str, float], bound: float) -> str | None:
-    """The reason to pause when the step's sampler/trainer mismatch passes ``bound``."""
-    value = metrics.get(MISMATCH_METRIC)
-    if value is None or value <= bound:
-        return None
-    return (
-        f"paused by the mismatch guard: {MISMATCH_METRIC} {value:.4f} > "
-        f"grpo.async.max_mismatch {bound} (the samples are too far off the trainer's policy; "
-        "lower the learning rate or max_staleness, then resume)"
-    )
+def with_engine_mismatch(metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics`` with :data:`ENGINE_MISMATCH_METRIC` added when the step's samples came from
+    the trainer's current weights (``async/staleness_max`` 0): then ``token_mult_prob_error``
+    is the engine against the trainer on the same weights. On a stale step it also holds the
+    policy's movement over the lag, which the sampler correction weighs, so it is not added."""
+    if metrics.get("async/staleness_max") == 0.0 and MISMATCH_METRIC in metrics:
+        metrics[ENGINE_MISMATCH_METRIC] = metrics[MISMATCH_METRIC]
+    return metrics
+
+
+def mismatch_guard(metrics: dict[str, float], spec: AsyncSpec) -> str | None:
+    """The reason to pause after a step, for what the sampler correction cannot fix: the
+    engine's own mismatch past ``max_mismatch`` (:func:`with_engine_mismatch`), or a share of
+    tokens whose weight the cap cut past ``max_capped_frac``. None: go on."""
+    engine = metrics.get(ENGINE_MISMATCH_METRIC)
+    if engine is not None and engine > spec.max_mismatch:
+        return (
+            f"paused by the mismatch guard: {ENGINE_MISMATCH_METRIC} {engine:.4f} > "
+            f"grpo.async.max_mismatch {spec.max_mismatch} (the engine's samples disagree with "
+            "the trainer on the same weights: check rollout.dtype and the engine, or raise "
+            "the bound if this is expected, then resume)"
+        )
+    capped = metrics.get(CAPPED_METRIC)
+    if capped is not None and capped > spec.max_capped_frac:
+        return (
+            f"paused by the mismatch guard: {CAPPED_METRIC} {capped:.4f} > "
+            f"grpo.async.max_capped_frac {spec.max_capped_frac} (the samples are too far off "
+            "the trainer's policy for the sampler correction's cap; lower grpo.learning_rate "
+            "or grpo.async.max_staleness, then resume: POST /v1/jobs/{id}/resume with "
+            '{"set": {...}}, or grpo jobs resume JOB --set)'
+        )
+    return None
 
 
 class GatherOnly:
@@ -149,13 +186,23 @@ class AsyncRollouts:
         # The engine the update's sync writes to: rank 0's server client, else a GatherOnly.
         self.server: RemoteEngine | None = None
         self.sink: RemoteEngine | GatherOnly
+        self.folder = setup.output_dir / VERSIONS_DIR
         if self.world.is_main:
             threads = setup.config.grpo.async_.server_threads or server_threads(setup.device.type)
-            self.server = self.sink = start_remote_engine(setup, threads=threads)
+            shutil.rmtree(self.folder, ignore_errors=True)  # a dead attempt's versions
+            self.folder.mkdir(parents=True)
+            self.server = self.sink = start_remote_engine(setup, threads=threads, root=self.folder)
         else:
             self.sink = GatherOnly()
         self.started = StartedEngine(self.sink, None, owned=True)
         self.pipeline: RolloutPipeline | None = None
+        # The first version this run publishes (its start step), and the steps whose batches
+        # the checkpoint kept (sampled on the schedule of the run that made them).
+        self._oldest = 0
+        self._kept: set[int] = set()
+        # The data sampler's state before each step the producer made (what a checkpoint keeps
+        # for a resume with another K, :func:`trainer.run.async_rollouts.plan_resume`).
+        self._sampler_before: dict[int, dict[str, Any]] = {}
         self._clock = time.perf_counter()
         self._busy = 0.0
         self._update_seconds = 0.0
@@ -170,13 +217,20 @@ class AsyncRollouts:
 
     def open(self, start_step: int, restored_extra: dict[str, Any] | None) -> float:
         """Publish the starting weights as version ``start_step`` and start the producer
-        (with the batches the checkpoint kept, when resuming); seconds the weights took."""
+        (with the batches the checkpoint kept, when resuming: ``restored_extra`` as
+        :meth:`trainer.run.checkpoints.RunCheckpoints.restore` planned it); seconds the
+        weights took."""
         self.sink.publish_version = start_step
+        self._oldest = start_step
         seconds = sync_engine(self.setup, self.sink)  # every rank: the gathers are collective
         if self.server is None:
             self._clock = time.perf_counter()
             return seconds
-        pending = pending_from_json((restored_extra or {}).get(PENDING_KEY) or {})
+        restored = restored_extra or {}
+        pending = pending_from_json(restored.get(PENDING_KEY) or {})
+        self._kept = set(pending)
+        before = restored.get(SAMPLER_BEFORE_KEY) or {}
+        self._sampler_before = {int(step): state for step, state in before.items()}
         self.pipeline = RolloutPipeline(
             self._produce,
             max_staleness=self.k,
@@ -196,10 +250,13 @@ class AsyncRollouts:
         if self.pipeline is not None:
             self.pipeline.stop()
             self.pipeline = None
+        if self.server is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def _produce(self, step: int, version: int) -> Collected:
         s = self.setup
         assert self.server is not None
+        self._sampler_before[step] = s.sampler.state().to_dict()
         return collect_groups(
             self.server.at_version(version),
             s.scorer,
@@ -235,11 +292,13 @@ class AsyncRollouts:
         made: tuple[Collected, dict[str, float]] | None = None
         if self.pipeline is not None:
             collected, waited = self.pipeline.take(step)
+            self._sampler_before.pop(step, None)
             dropped = drop_stale(collected, step, self.k)
             self._dropped += dropped
             metrics = staleness_metrics(collected, step, self.k)
             metrics["async/dropped_stale"] = float(dropped)
-            metrics["async/behaviour_version"] = float(behaviour_version(step, self.k))
+            oldest = 0 if step in self._kept else self._oldest
+            metrics["async/behaviour_version"] = float(behaviour_version(step, self.k, oldest))
             metrics["time/wait_for_rollouts"] = waited
             made = (collected, metrics)
         made = self.world.broadcast_object(made, "collect")
@@ -265,16 +324,21 @@ class AsyncRollouts:
         metrics["async/update_busy_frac"] = min(1.0, update / wall)
         metrics["rollout/server_restarts"] = float(self.server.restarts)
         self._clock, self._busy = now, busy
-        reason = mismatch_guard(metrics, self.setup.config.grpo.async_.max_mismatch)
+        reason = mismatch_guard(with_engine_mismatch(metrics), self.setup.config.grpo.async_)
         return self.world.broadcast_object(reason, "guard")
 
     def checkpoint_state(self, step: int) -> dict[str, Any]:
-        """What step ``step``'s checkpoint keeps beyond the weights: the batches made ahead.
-        Waits for the producer to settle, so the data sampler's position saved with them is
-        the one after them. (Rank 0 writes the manifest; the other ranks keep nothing.)"""
+        """What step ``step``'s checkpoint keeps beyond the weights: the batches made ahead,
+        and the data sampler's state before each. Waits for the producer to settle, so the
+        data sampler's position saved with them is the one after them. (Rank 0 writes the
+        manifest; the other ranks keep nothing.)"""
         if self.pipeline is None:
             return {}
-        return {PENDING_KEY: pending_to_json(self.pipeline.settle(step))}
+        pending = self.pipeline.settle(step)
+        # (A batch kept from a checkpoint written before these states were has none.)
+        known = self._sampler_before
+        before = {str(s): known[s] for s in sorted(pending) if s in known}
+        return {PENDING_KEY: pending_to_json(pending), SAMPLER_BEFORE_KEY: before}
 
     def release(self, step: int) -> None:
         """Step ``step`` is done (and checkpointed, if it was to be): sample with its weights."""

@@ -1,7 +1,13 @@
 """A run's checkpoints: writing one after a step, with what resuming needs beyond the weights
 (the non-finite streak, the step's metrics, the latest ``checkpoint.keep_best_by`` value the
-retention rule ranks by), and restoring one before the first step
-(:mod:`trainer.checkpoint.store` reads and writes the folders)."""
+retention rule ranks by, the run's ``grpo.async.max_staleness``), and restoring one before the
+first step (:mod:`trainer.checkpoint.store` reads and writes the folders).
+
+A resume runs the spec it is given, which may differ from the one that wrote the checkpoint
+in what a paused job may change (the service's ``POST /v1/jobs/{id}/resume`` with ``set``):
+``grpo.learning_rate`` and ``grpo.steps`` apply from the first step after the checkpoint (the
+schedule's state keeps its position, not its rate), and another ``max_staleness`` samples the
+batches made ahead again (:func:`trainer.run.async_rollouts.plan_resume`)."""
 
 from __future__ import annotations
 
@@ -25,6 +31,13 @@ from trainer.checkpoint.store import (
 from trainer.data.dataset import SamplerState
 from trainer.distributed.timeout import checkpoint_timeout_s
 from trainer.distributed.world import PatientGroup
+from trainer.errors import TrainerError
+from trainer.run.async_rollouts import (
+    PENDING_KEY,
+    SAMPLER_BEFORE_KEY,
+    STALENESS_KEY,
+    plan_resume,
+)
 from trainer.run.setup import RunSetup
 
 __all__ = ["RunCheckpoints", "checkpoint_bytes", "folder_bytes"]
@@ -57,13 +70,43 @@ class RunCheckpoints:
                     load_sharded(Path(path) / SHARDED_DIR, s.model, s.optimizer, _group(patient))
             s.mirror.mark_stale()
         s.sampler.restore(SamplerState.from_dict(state.sampler))
-        self.restored_extra = dict(state.extra)
+        self.restored_extra = self._planned(dict(state.extra), state.step)
+        self._apply_learning_rate()
         s.guard.streak = int(state.extra.get("nonfinite_streak", 0))
         best_by = state.extra.get(RETENTION_METRIC)
         if isinstance(best_by, dict) and best_by.get("name") == s.config.checkpoint.keep_best_by:
             value = best_by.get("value")
             self.best_by_value = float(value) if isinstance(value, int | float) else None
         return state.step, dict(state.extra.get("metrics", {}))
+
+    def _planned(self, extra: dict[str, Any], step: int) -> dict[str, Any]:
+        """``extra`` with the batches made ahead as this run's K takes them: kept, or dropped
+        and the data sampler rewound to before them (a resume event says so); refused with
+        the reason when neither is possible."""
+        s = self.setup
+        try:
+            plan = plan_resume(extra, step=step, max_staleness=s.config.grpo.async_.max_staleness)
+        except ValueError as refused:
+            raise TrainerError(str(refused), reason="resume_refused") from None
+        if plan.rewind_to is not None:
+            s.sampler.restore(SamplerState.from_dict(plan.rewind_to))
+        if plan.note is not None and s.world.is_main:
+            s.callbacks.on_event("resume", plan.note, "warning")
+        return {**extra, PENDING_KEY: plan.pending, SAMPLER_BEFORE_KEY: plan.sampler_before}
+
+    def _apply_learning_rate(self) -> None:
+        """The spec's ``grpo.learning_rate`` and schedule at the restored position: the
+        restored scheduler and optimizer hold the rate the checkpoint was written with, which
+        a resume may have changed (unchanged, this recomputes the same value)."""
+        s = self.setup
+        lambdas = getattr(s.scheduler, "lr_lambdas", None)
+        if lambdas is None:
+            return
+        rate = s.config.grpo.learning_rate
+        s.scheduler.base_lrs = [rate] * len(s.scheduler.base_lrs)
+        for group, factor in zip(s.optimizer.param_groups, lambdas, strict=True):
+            group["initial_lr"] = rate
+            group["lr"] = rate * factor(s.scheduler.last_epoch)
 
     def track(self, metrics: dict[str, float]) -> None:
         """Note a step's value of ``checkpoint.keep_best_by`` (a finite one)."""
@@ -83,6 +126,8 @@ class RunCheckpoints:
         retention = s.config.checkpoint
         extra: dict[str, object] = {
             **(extra_state or {}),
+            # What a resume with another K compares against (plan_resume).
+            STALENESS_KEY: s.config.grpo.async_.max_staleness,
             "nonfinite_streak": s.guard.streak,
             "metrics": metrics,
         }

@@ -22,7 +22,8 @@ rate this step used), ``entropy``, ``kl`` (mean per-token value of the chosen es
 ``mismatch/ratio_mean``, ``mismatch/ratio_max``, ``mismatch/token_mult_prob_error`` (the mean
 of exp|log pi_old - log pi_engine|, NeMo-RL's) and ``mismatch/capped_frac`` (the engine
 against the trainer's pi_old, see ``trainer.update.sampler_correction``), over the completions
-trained on; ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
+trained on (an async run adds ``mismatch/engine_token_mult_prob_error`` on a step without lag,
+what its guard watches with ``mismatch/capped_frac``: ``trainer.run.async_run``); ``time/rollout``, ``time/reward``, ``time/logprobs``, ``time/update``,
 ``time/weight_sync``, ``time/step`` (seconds), ``tokens_per_s/rollout``; ``tokens/trained``
 (prompt plus completion tokens of the batch trained on, times num_iterations; absent on a step
 with nothing to train on);

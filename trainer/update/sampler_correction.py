@@ -141,6 +141,11 @@ def mismatch_metrics(
     in ``ratio_mean``; NeMo-RL's checks keep it below 1.1); ``mismatch/capped_frac``: the share of tokens whose weight the
     cap truncated or masked under ``mode`` (0 with ``none``). Log-ratios are clamped to +-20,
     as for the weights, so every value is finite.
+
+    With stale samples (``grpo.async``) ``pi_sampler`` is an older version: the ratios then
+    hold the policy's movement since it, which the weights correct, as well as the engine's
+    numeric mismatch. The async guard (``trainer.run.async_run.mismatch_guard``) therefore reads
+    ``token_mult_prob_error`` only on steps without lag, and ``capped_frac`` on every step.
     """
     valid = mask > 0
     tokens = int(valid.sum())

@@ -12,7 +12,7 @@ import pytest
 
 from tests.trainer.test_loop import Recorder, tiny_spec
 from trainer.run.async_rollouts import behaviour_version
-from trainer.run.async_run import PENDING_KEY
+from trainer.run.async_run import ENGINE_MISMATCH_METRIC, PENDING_KEY
 from trainer.run.loop import train
 
 pytestmark = [pytest.mark.process, pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
@@ -31,6 +31,7 @@ def _async_spec(k: int, steps: int, **grpo: Any) -> Any:
                 "max_staleness": k,
                 "server_threads": 1,
                 "max_mismatch": 100,
+                "max_capped_frac": 1.0,
                 **grpo.pop("async", {}),
             },
             **grpo,
@@ -105,17 +106,31 @@ def test_an_async_resume_reproduces_the_straight_run(tmp_path: Path) -> None:
             assert got[key] == pytest.approx(value, abs=1e-5), (step, key)
 
 
-def test_the_mismatch_guard_pauses_the_run_with_its_reason(tmp_path: Path) -> None:
-    # A bound just above 1: the samples of step 2 are a version behind, so it trips there.
-    spec = _async_spec(1, 4, learning_rate=1e-2, **{"async": {"max_mismatch": 1.000001}})
+def test_the_mismatch_guard_pauses_on_a_capped_share_with_its_reason(tmp_path: Path) -> None:
+    # A bound on the capped share just above 0: from step 2 the samples are a version behind
+    # a model this rate moves far, so some token's weight passes the correction's cap.
+    spec = _async_spec(1, 4, learning_rate=1e-2, **{"async": {"max_capped_frac": 1e-6}})
     recorder = Recorder()
     result = train(spec, recorder, output_dir=tmp_path)
-    assert result.stopped_early and result.final_step < 4
+    assert result.stopped_early and 2 <= result.final_step < 4
     assert result.pause_reason is not None and "mismatch guard" in result.pause_reason
-    tripped = recorder.metrics[result.final_step]["mismatch/token_mult_prob_error"]
-    assert tripped > 1.000001
+    assert "mismatch/capped_frac" in result.pause_reason
+    assert recorder.metrics[result.final_step]["mismatch/capped_frac"] > 1e-6
     assert result.checkpoint_path == tmp_path / f"checkpoint-{result.final_step:06d}"
     assert ("paused", "warning", result.pause_reason) in recorder.events
+
+
+def test_the_mismatch_guard_pauses_on_the_engines_own_mismatch(tmp_path: Path) -> None:
+    # A bfloat16 engine against the float32 trainer, on the same weights at step 1 (no lag).
+    spec = _async_spec(1, 3, **{"async": {"max_mismatch": 1.000001}})
+    spec = spec.model_copy(
+        update={"rollout": spec.rollout.model_copy(update={"dtype": "bfloat16"})}
+    )
+    recorder = Recorder()
+    result = train(spec, recorder, output_dir=tmp_path)
+    assert result.stopped_early and result.final_step == 1
+    assert result.pause_reason is not None and ENGINE_MISMATCH_METRIC in result.pause_reason
+    assert recorder.metrics[1][ENGINE_MISMATCH_METRIC] > 1.000001
 
 
 def test_dynamic_sampling_rounds_are_made_ahead_with_the_steps_version(tmp_path: Path) -> None:
