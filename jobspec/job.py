@@ -29,6 +29,7 @@ from jobspec.agents import (
     HttpToolImplementation,
     ToolSpec,
 )
+from jobspec.async_warnings import async_warnings
 from jobspec.base import MAX_SEED, MAX_STEPS
 from jobspec.checkpoint import CheckpointSpec
 from jobspec.dataset import DatasetSpec
@@ -328,6 +329,7 @@ class JobSpec(StrictModel):
             )
         if kl.beta > 0 and kl.estimator == "none":
             out.append("kl.beta is ignored because kl.estimator is none")
+        out.extend(async_warnings(self.grpo))
         return out
 
 

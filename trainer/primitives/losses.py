@@ -7,9 +7,10 @@ the call's loss is its plain SUM over tokens and datums (Tinker's convention: no
 gradients of several calls add up to the gradient of their union).
 
 The input ``logprobs`` is q, the log-probability the sampler gave each token; ``advantages`` A.
-``ratio = exp(lp - q)``. A token whose advantage is 0 contributes nothing, in every
-policy-gradient loss: the cookbook marks prompt positions with A = 0 (and q = 0, target 0),
-and only ``dro``'s penalty would otherwise reach them (see :func:`dro`).
+``ratio = exp(lp - q)``. A token whose advantage is 0 contributes nothing in every
+policy-gradient loss but ``dro``, whose quadratic penalty is Tinker's on every token (see
+:func:`dro`): the cookbook marks prompt positions with A = 0 (and q = 0, target 0). Padding
+contributes nothing to any loss: its ``lp`` and inputs are 0 and the session masks it.
 
 Clip thresholds are ratio bounds (0.8 and 1.2 by default), not epsilons. They come from the
 call's config, and a datum may override them per token with ``loss_fn_inputs`` of the same
@@ -107,16 +108,16 @@ def cispo(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:
 
 
 def dro(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:
-    """``-(lp * A - beta / 2 * (lp - q)^2)`` [B, T] on tokens with A != 0, else 0.
+    """``-(lp * A - beta / 2 * (lp - q)^2)`` [B, T] on every token, Tinker's formula.
 
-    The mask is this server's reading of "tokens with advantage 0 do not train": the quadratic
-    penalty does not vanish with A, and on the prompt positions the cookbook sends (target 0,
-    q = 0) it would pull ``log p(0 | prompt)`` towards 0. ``beta`` defaults to 0.05 (the
-    Tinker docs' example; the docs state no default)."""
-    adv = x["advantages"]
-    beta = config["beta"]
-    value = lp * adv - 0.5 * beta * (lp - x["logprobs"]) ** 2
-    return torch.where(adv != 0, -value, torch.zeros_like(value))
+    The penalty does not vanish with A: a token with advantage 0 (a flat group's, all of
+    whose advantages are 0) still gets ``beta / 2 * (lp - q)^2``, gradient ``beta * (lp - q)
+    * grad lp``. Padding gets nothing (``lp`` and q are 0 there). Caveat, as on Tinker: the
+    prompt positions the cookbook sends (A = 0, q = 0, target 0) are penalised too, which pulls
+    ``log p(target | prefix)`` towards 0 there; sending the learner's own log-probabilities
+    (from a ``forward`` call) as q on them makes the penalty and its gradient 0 there. ``beta``
+    defaults to 0.05 (the Tinker docs' example; the docs state no default)."""
+    return -(lp * x["advantages"] - 0.5 * config["beta"] * (lp - x["logprobs"]) ** 2)
 
 
 def gspo(lp: Tensor, x: Inputs, config: Mapping[str, float]) -> Tensor:

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 # The update's decoder/head split and chunked head, reused rather than copied (they are
 # module-private there; making them public is a rename in trainer.update.logprobs).
-from trainer.update.logprobs import decoder_and_head, head_chunk_rows, head_chunks
+from trainer.update.logprobs import decoder_and_head, head_chunk_rows, head_chunks, logits_divisor
 
 __all__ = ["target_logprobs"]
 
@@ -46,7 +46,8 @@ def target_logprobs(model: nn.Module, tokens: Tensor, targets: Tensor, mask: Ten
     states = hidden.reshape(-1, hidden.shape[-1]).index_select(0, rows)
     ids = targets.reshape(-1).index_select(0, rows)
     vocab = int(getattr(head, "out_features", 65_536))
-    parts, _ = head_chunks(head, states, ids, 1.0, False, head_chunk_rows(vocab))
+    # Temperature 1; Granite's logits are lm_head(h) / config.logits_scaling.
+    parts, _ = head_chunks(head, states, ids, logits_divisor(model), False, head_chunk_rows(vocab))
     out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
     flat = torch.zeros(tokens.numel(), dtype=out_dtype, device=tokens.device)
     flat = flat.index_copy(0, rows, torch.cat(parts).to(out_dtype))

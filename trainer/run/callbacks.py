@@ -7,6 +7,9 @@ Hooks run on the training thread: keep them quick, and let them raise only to ab
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +22,7 @@ __all__ = [
     "Callbacks",
     "CompletionSample",
     "ConsoleCallbacks",
+    "MetricsFile",
     "RolloutSample",
     "RunInfo",
 ]
@@ -130,8 +134,40 @@ class CallbackList(Callbacks):
         return any(answers)
 
 
+def _is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is an interactive terminal (a closed or odd stream is not)."""
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except (OSError, ValueError):
+        return False
+
+
+def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    """One step as one line: ``step 3/20 reward 0.250 loss 0.0123``, then ``staleness`` (an
+    async run's ``async/staleness_mean``), ``eval`` (a step that evaluated) and ``s/step``.
+    ``loss`` is ``loss/policy + loss/kl`` (the update's objective); a missing value is nan."""
+    nan = float("nan")
+    loss = metrics.get("loss/policy", nan) + metrics.get("loss/kl", 0.0)
+    parts = [
+        f"step {step}/{total}",
+        f"reward {metrics.get('reward/mean', nan):.3f}",
+        f"loss {loss:.4f}",
+    ]
+    if "async/staleness_mean" in metrics:
+        parts.append(f"staleness {metrics['async/staleness_mean']:.2f}")
+    if "eval/accuracy" in metrics:
+        parts.append(f"eval {metrics['eval/accuracy']:.3f}")
+    parts.append(f"s/step {metrics.get('time/step', nan):.1f}")
+    return " ".join(parts)
+
+
 class ConsoleCallbacks(Callbacks):
     """A tqdm progress bar (step, reward, kl, seconds per step) and event lines, for the CLI.
+
+    When the stream is not a terminal (a log file, a pipe) or ``disable`` is set
+    (``--no-progress``), there is no bar: each step prints one line instead
+    (:func:`step_line`).
 
     ``request_stop()`` (e.g. from a SIGINT handler) makes the run stop after the current step
     with a checkpoint.
@@ -139,8 +175,9 @@ class ConsoleCallbacks(Callbacks):
 
     def __init__(self, stream: TextIO | None = None, *, disable: bool = False) -> None:
         self._stream = stream if stream is not None else sys.stderr
-        self._disable = disable
+        self._lines = disable or not _is_terminal(self._stream)
         self._bar: tqdm[None] | None = None
+        self._total = 0
         self._stop = False
 
     def request_stop(self) -> None:
@@ -162,17 +199,22 @@ class ConsoleCallbacks(Callbacks):
             f"training {model} for {info.total_steps} steps on {info.device} "
             f"({info.engine} rollouts{resumed}); output in {info.output_dir}"
         )
+        self._total = info.total_steps
+        if self._lines:
+            return
         self._bar = tqdm(
             total=info.total_steps,
             initial=info.start_step,
             desc="grpo",
             unit="step",
             file=self._stream,
-            disable=self._disable,
             dynamic_ncols=True,
         )
 
     def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        if self._lines:
+            self._write(step_line(step, self._total, metrics))
+            return
         if self._bar is None:
             return
         postfix = {"step": step, "reward": f"{metrics.get('reward/mean', float('nan')):.3f}"}
@@ -201,3 +243,61 @@ class ConsoleCallbacks(Callbacks):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _json_value(value: object) -> object:
+    """A metric as JSON: a non-finite float as null (JSON has no NaN or Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsFile(Callbacks):
+    """``metrics.jsonl`` in the run's output folder (``grpo train`` writes it): one JSON object
+    per step, ``{"step": n, ...}`` with every metric :meth:`Callbacks.on_step` got for it
+    (non-finite values as null), appended and flushed as each step ends.
+
+    A fresh run (start step 0) starts the file empty. A resumed run keeps the lines of the steps
+    up to the checkpoint it resumed from and drops the later ones (steps the resumed run does
+    again), so the file holds each step once."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._given = path
+        self.path: Path | None = path
+
+    def on_start(self, info: RunInfo) -> None:
+        path = self._given or info.output_dir / METRICS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = _lines_up_to(path, info.start_step) if info.start_step > 0 else []
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text("".join(kept), encoding="utf-8")
+        os.replace(partial, path)
+        self.path = path
+
+    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+        if self.path is None:
+            raise RuntimeError("MetricsFile.on_step before on_start: no output folder yet")
+        record = {"step": step, **{k: _json_value(v) for k, v in metrics.items()}}
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, allow_nan=False) + "\n")
+
+
+def _lines_up_to(path: Path, last_step: int) -> list[str]:
+    """The lines of ``path`` whose step is at most ``last_step`` (none if there is no file);
+    a line that is not a step's JSON (one cut by a crash) is left out."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    kept = []
+    for line in text.splitlines():
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and step <= last_step:
+            kept.append(line + "\n")
+    return kept

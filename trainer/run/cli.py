@@ -1,5 +1,10 @@
 """``grpo train recipe.yaml``: run the trainer on this machine, no service needed.
 
+Progress goes to stderr: a bar on a terminal, else (or with ``--no-progress``) one line per
+step (step, reward, loss, an async run's staleness). Every step's metrics are also written to
+``metrics.jsonl`` in the output folder, one JSON object a line
+(``trainer.run.callbacks.MetricsFile``).
+
 Exit codes: 0 done (or stopped with a checkpoint after Ctrl-C), 1 the run failed (the trainer's
 reason code is printed), 2 the recipe or the arguments are invalid.
 """
@@ -23,7 +28,7 @@ from pydantic import ValidationError
 from jobspec import JobSpec, RolloutEngineName
 
 if TYPE_CHECKING:
-    from trainer.run.callbacks import ConsoleCallbacks
+    from trainer.run.callbacks import Callbacks
     from trainer.run.loop import TrainResult
 
 __all__ = ["build_parser", "load_recipe", "main"]
@@ -85,7 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="override grpo.async.max_staleness: roll out up to K steps ahead of the update in "
         "a rollout server (0: the synchronous step)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar: one line per step instead (as when stderr is not a terminal)",
+    )
     return parser
 
 
@@ -177,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from trainer.checkpoint.store import latest_checkpoint
     from trainer.errors import TrainerError
-    from trainer.run.callbacks import ConsoleCallbacks
+    from trainer.run.callbacks import CallbackList, ConsoleCallbacks, MetricsFile
 
     resume: Path | None = None
     if args.resume == "latest":
@@ -193,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # in case torch was imported before main()
     console = ConsoleCallbacks(disable=args.no_progress)
+    # Every step's metrics, one JSON object a line, in the output folder (metrics.jsonl).
+    callbacks = CallbackList(console, MetricsFile())
 
     def _on_sigint(signum: int, frame: FrameType | None) -> None:
         # First Ctrl-C: finish the step and save; a second one interrupts at once.
@@ -204,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _on_sigint) if in_main else None
     try:
-        result = _run(config, console, config.resources.devices, output_dir, resume, args.device)
+        result = _run(config, callbacks, config.resources.devices, output_dir, resume, args.device)
     except TrainerError as exc:
         print(f"error: training failed ({exc.reason}): {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -219,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(
     config: JobSpec,
-    console: ConsoleCallbacks,
+    callbacks: Callbacks,
     nproc: int,
     output_dir: Path,
     resume: Path | None,
@@ -230,7 +241,7 @@ def _run(
     if nproc == 1:
         from trainer.run.loop import train
 
-        return train(config, console, output_dir=output_dir, resume_from=resume, device=device)
+        return train(config, callbacks, output_dir=output_dir, resume_from=resume, device=device)
     from trainer.run.launch import launch_ranks
 
     launch_log = logging.getLogger("trainer.run.launch")
@@ -239,7 +250,7 @@ def _run(
     launch_log.setLevel(logging.INFO)
     try:
         return launch_ranks(
-            config, console, nproc=nproc, output_dir=output_dir, resume_from=resume, device=device
+            config, callbacks, nproc=nproc, output_dir=output_dir, resume_from=resume, device=device
         )
     finally:
         launch_log.removeHandler(handler)

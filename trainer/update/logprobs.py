@@ -125,6 +125,20 @@ def decoder_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return decoder, head
 
 
+def logits_divisor(model: nn.Module) -> float:
+    """What ``model`` divides its output head's logits by before the softmax: Granite's
+    ``config.logits_scaling`` (its forward, and vLLM's, return ``lm_head(h) / logits_scaling``),
+    1 for every other model. The log-probabilities computed here from the head itself divide
+    by it too (times the sampling temperature), so they are the model's own."""
+    value = getattr(getattr(model, "config", None), "logits_scaling", None)
+    if value is None:
+        return 1.0
+    divisor = float(value)
+    if not divisor > 0:
+        raise ValueError(f"config.logits_scaling must be positive, got {value}")
+    return divisor
+
+
 # Logits elements per output-head chunk: 16M float32 values are 64 MiB, and the chunk's softmax
 # temporaries (and its recomputation in the backward pass) are a few times that. 341 rows for
 # SmolLM2's 49,152-token vocabulary; larger chunks were no faster on CPU and cost memory.
@@ -309,7 +323,8 @@ def completion_logprobs(
         model: a causal LM exposing ``get_decoder()`` (returning a module whose output has
             ``last_hidden_state``) and ``get_output_embeddings()`` (the lm_head), as Hugging
             Face ``*ForCausalLM`` models do.
-        temperature: the sampling temperature; logits are divided by it.
+        temperature: the sampling temperature; logits are divided by it (and by Granite's
+            ``config.logits_scaling``, :func:`logits_divisor`).
         chunk_size: rows per output-head call (bounds the [rows, V] temporaries); None picks
             ``head_chunk_rows(V)``.
         with_entropy: also return the per-position entropy (detached: it is a metric).
@@ -337,8 +352,10 @@ def completion_logprobs(
     states = states.index_select(0, rows)
     targets = targets.index_select(0, rows)
 
+    # Granite divides its logits by config.logits_scaling before any temperature.
+    divisor = temperature * logits_divisor(model)
     lp_parts, ent_parts = head_chunks(
-        lm_head, states, targets, temperature, with_entropy, chunk_size, head
+        lm_head, states, targets, divisor, with_entropy, chunk_size, head
     )
     out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
     logprobs = _scatter_rows(lp_parts, rows, batch, width, out_dtype, hidden.device)

@@ -9,7 +9,8 @@ gradient is ``torch.autograd.grad`` of that. ``forward_backward``'s accumulated 
 ``loss:sum`` and its log-probabilities must match to ~1e-10.
 
 The data is built to reach every branch: targets that are not the next input token,
-prompt-like positions with advantage 0 and q = 0 (as the cookbook sends them), advantages of
+prompt-like positions with advantage 0 and q = 0 (as the cookbook sends them; only ``dro``'s
+penalty reaches them), advantages of
 both signs, negative and zero weights, ratios below and above the clip thresholds (checked),
 per-token thresholds on one datum, and GSPO sequence ratios outside the clip range.
 """
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from tests.trainer.primitives.conftest import new_session, trainable
 from trainer.primitives import LOSS_FUNCTIONS, Datum, TrainingSession
+from trainer.primitives.losses import LOSSES
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -114,8 +116,8 @@ def _expected_datum_loss(
         return -(torch.clamp(ratio, low, high).detach() * lp * adv).sum()
     if loss_fn == "dro":
         beta = config.get("beta", 0.05)
-        per_token = lp * adv - 0.5 * beta * (lp - q) ** 2
-        return -(per_token * (adv != 0)).sum()
+        # Every token, A = 0 ones included (the prompt-like positions with q = 0 here).
+        return -(lp * adv - 0.5 * beta * (lp - q) ** 2).sum()
     if loss_fn == "gspo":
         in_ratio = _column(datum, "sequence_ratio_mask", 0.0) != 0
         s = torch.exp((lp.detach() - q)[in_ratio].mean())
@@ -207,7 +209,7 @@ def test_a_token_with_zero_advantage_contributes_nothing_even_far_off_policy(
     session = _session(tiny_path)
     tokens = [5, 6, 7, 8]
     base = {"target_tokens": [9, 10, 11, 12], "advantages": [0.0, 0.0, 1.0, -1.0]}
-    for loss_fn in ("importance_sampling", "ppo", "cispo", "dro"):
+    for loss_fn in ("importance_sampling", "ppo", "cispo"):
         near = session.forward_backward(
             [Datum(tokens, {**base, "logprobs": [0.0, 0.0, -3.0, -3.0]})],
             loss_fn,
@@ -221,3 +223,56 @@ def test_a_token_with_zero_advantage_contributes_nothing_even_far_off_policy(
             torch.isfinite(p.grad).all() for p in trainable(session).values() if p.grad is not None
         )
         session.optim_step(learning_rate=0.0)  # clears the gradients
+
+
+def test_dro_on_made_up_numbers_is_its_penalty_where_the_advantage_is_zero() -> None:
+    """Tinker's formula on every token: with A = 0 the loss is ``-Σ -β/2 (lp - q)^2`` and its
+    gradient ``β (lp - q)``; the numbers are exact in binary (β = 0.5: diffs 0.5, -1, 0)."""
+    lp = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
+    inputs = {
+        "advantages": torch.zeros(1, 3, dtype=torch.float64),
+        "logprobs": torch.tensor([[-1.5, -1.0, -0.5]], dtype=torch.float64),
+    }
+    per_token = LOSSES["dro"].objective(lp, inputs, {"beta": 0.5})
+    assert per_token.tolist() == [[0.0625, 0.25, 0.0]]
+    (grad,) = torch.autograd.grad(per_token.sum(), lp)
+    assert grad.tolist() == [[0.25, -0.5, 0.0]]
+
+
+def test_dro_on_flat_groups_is_the_penalty_alone_with_its_exact_gradient(
+    tiny_path: Path,
+) -> None:
+    """A flat group (every advantage 0, q off the learner by up to ±0.6, padding and two
+    micro-batches on the path): ``loss:sum`` is ``-Σ -β/2 (lp - q)^2`` over every real token
+    and the accumulated gradient is that sum's, by enumeration against a plain forward."""
+    session = _session(tiny_path)
+    generator = torch.Generator().manual_seed(11)
+    beta = 0.3
+    data = []
+    for n in LENGTHS:
+        tokens = torch.randint(0, session.vocab_size, (n,), generator=generator).tolist()
+        targets = torch.randint(0, session.vocab_size, (n,), generator=generator).tolist()
+        with torch.no_grad():
+            lp = _reference_logprobs(session, tokens, targets)
+        q = lp + (torch.rand(n, generator=generator, dtype=torch.float64) - 0.5) * 1.2
+        inputs = {"target_tokens": targets, "logprobs": q.tolist(), "advantages": [0.0] * n}
+        data.append(Datum(tokens, inputs))
+    params = list(trainable(session).values())
+    expected = torch.zeros((), dtype=torch.float64)
+    for d in data:
+        lp = _reference_logprobs(session, d.tokens, d.inputs["target_tokens"])  # type: ignore[arg-type]
+        q = torch.tensor(d.inputs["logprobs"], dtype=torch.float64)
+        expected = expected - (-0.5 * beta * (lp - q) ** 2).sum()
+    expected_grads = torch.autograd.grad(expected, params)
+
+    result = session.forward_backward(data, "dro", {"beta": beta})
+
+    assert float(expected.detach()) > 1e-3  # the penalty is there to see
+    assert result.metrics["loss:sum"] == pytest.approx(
+        float(expected.detach()), rel=1e-12, abs=1e-12
+    )
+    scale = max(float(g.abs().max()) for g in expected_grads)
+    assert scale > 1e-4
+    for param, want in zip(params, expected_grads, strict=True):
+        assert param.grad is not None
+        assert float((param.grad - want).abs().max()) <= TOL * max(1.0, scale)
