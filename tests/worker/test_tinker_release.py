@@ -185,6 +185,17 @@ def test_a_released_client_of_an_ended_session_is_closed_and_its_folder_removed(
     assert not folder.exists()
 
 
+def drained(ctx: WorkerContext) -> tuple[int, int]:
+    """Upkeep passes until one does nothing; (results dropped, rows deleted) in all."""
+    dropped = deleted = 0
+    for _ in range(100):
+        results, rows = tinker_upkeep.bound_stored_calls(ctx)
+        if (results, rows) == (0, 0):
+            return dropped, deleted
+        dropped, deleted = dropped + results, deleted + rows
+    raise AssertionError("the upkeep never ran out of work")
+
+
 def test_stored_calls_are_bounded(ctx: WorkerContext, client: Client) -> None:
     model = client.model(status="ready")
     read, unread, fresh = (client.call(model, "optim_step", b"x" * 1000) for _ in range(3))
@@ -198,7 +209,9 @@ def test_stored_calls_are_bounded(ctx: WorkerContext, client: Client) -> None:
             row = db.query(TinkerRequest).filter_by(request_id=request_id).one()
             row.status, row.body, row.result = "done", None, b"r" * 500
             row.stored_bytes, row.finished_at, row.retrieved_at = 500, finished, retrieved
-    assert tinker_upkeep.bound_stored_calls(ctx) == (2, 0)
+    # Other tests' rows share the database: passes until nothing is left to do (each pass
+    # handles a batch), then this project's rows are looked at.
+    assert drained(ctx)[0] >= 2
     assert client.request(read).result is None and client.request(unread).result is None
     assert client.request(fresh).result == b"r" * 500  # read a moment ago: kept a while
     assert client.request(read).stored_bytes == 0
@@ -206,6 +219,6 @@ def test_stored_calls_are_bounded(ctx: WorkerContext, client: Client) -> None:
     client.age_session(
         ctx.settings.tinker_session_ttl_s + ctx.settings.tinker_result_retention_s + 5
     )
-    assert tinker_upkeep.bound_stored_calls(ctx) == (0, 3)
+    assert drained(ctx)[1] >= 3
     with session_scope(ctx.sessions) as db:
         assert db.query(TinkerRequest).filter_by(model_id=model).count() == 0

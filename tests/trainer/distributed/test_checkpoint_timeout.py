@@ -139,7 +139,10 @@ def test_the_ranks_wait_for_rank_0s_write_in_the_patient_group(
         output_dir=tmp_path,
         mirror=SimpleNamespace(gather_for_main=lambda model: None),
         guard=SimpleNamespace(streak=0),
-        config=SimpleNamespace(checkpoint=SimpleNamespace(keep_best_by=None)),
+        config=SimpleNamespace(
+            checkpoint=SimpleNamespace(keep_best_by=None),
+            grpo=SimpleNamespace(async_=SimpleNamespace(max_staleness=0)),  # recorded: K
+        ),
     )
     path = RunCheckpoints(setup).save(1, {})  # type: ignore[arg-type]
 
