@@ -17,10 +17,13 @@ class TinkerModelOut(BaseModel):
     base_model: str
     lora_rank: int
     status: str = Field(
-        description="starting (waiting for a worker), ready (resident on a worker), closed "
-        "(its session ended) or failed (`error_message`)."
+        description="starting (waiting for a worker), ready (resident on a worker), released "
+        "(quiet for GRPO_TINKER_IDLE_RELEASE_S: written to disk, its worker freed; its next "
+        "call loads it again), closed (its session ended) or failed (`error_message`)."
     )
-    live: bool = Field(description="starting or ready: it counts against the project's quota.")
+    live: bool = Field(
+        description="starting, ready or released: it counts against the project's quota."
+    )
     created_at: datetime
     last_request_at: datetime = Field(description="When its latest call was accepted.")
     last_saved_path: str | None = Field(

@@ -95,7 +95,7 @@ def model_out(row: TinkerModel, calls: dict[str, dict[str, int]]) -> TinkerModel
         base_model=row.base_model,
         lora_rank=row.lora_rank,
         status=row.status,
-        live=row.status in repo.LIVE_MODEL_STATUSES,
+        live=row.status in repo.CLIENT_STATUSES,
         created_at=as_utc(row.created_at) or utcnow(),
         last_request_at=as_utc(row.last_request_at) or utcnow(),
         last_saved_path=row.last_saved_path,
