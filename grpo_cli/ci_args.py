@@ -239,8 +239,8 @@ def _add_jobs(
     resume = jobs_sub.add_parser(
         "resume",
         parents=[common],
-        help="Resume a paused job from its last checkpoint, optionally with changed settings.",
-        description="Resume a paused job from its last checkpoint. With --set, the job resumes "
+        help="Resume a paused or failed job from its last checkpoint, optionally with changed settings.",
+        description="Resume a paused or failed job from its last checkpoint. With --set, the job resumes "
         "with those settings changed, e.g. after the mismatch guard paused it: --set "
         "grpo.learning_rate=1e-5 --set grpo.async.max_staleness=1. A job may change "
         "grpo.learning_rate, grpo.steps, grpo.async.max_staleness, grpo.async.max_mismatch "

@@ -328,18 +328,30 @@ def detected_device_memory() -> tuple[int, Accelerator]:
     return host_memory(), "cpu"
 
 
-def workers_device(memory_gib: float | None, kind: Accelerator | None) -> tuple[int, Accelerator]:
+def workers_device(
+    memory_gib: float | None,
+    kind: Accelerator | None,
+    announced: tuple[int, Accelerator] | None = None,
+) -> tuple[int, Accelerator]:
     """The workers' device a job's memory plan is for: the bytes and the kind the operator
-    declared (``GRPO_WORKER_DEVICE_MEMORY_GIB``, ``GRPO_WORKER_DEVICE_KIND``), each one left
-    unset detected on this host (:func:`detected_device_memory`). The kind decides as much as
-    the size: a CUDA worker rolls out in bfloat16 with 16-token KV blocks and its engine
-    sleeps through the update; a CPU plan of the same job counts float32 rollouts, twice the
-    KV bytes and no sleep. So an API on a host without the workers' GPUs declares both."""
+    declared (``GRPO_WORKER_DEVICE_MEMORY_GIB``, ``GRPO_WORKER_DEVICE_KIND``); each one left
+    unset is the one the job's workers ``announced`` (their device's bytes and kind, written
+    with their size class), else the one detected on this host (:func:`detected_device_memory`).
+    The kind decides as much as the size: a CUDA worker rolls out in bfloat16 with 16-token KV
+    blocks and its engine sleeps through the update; a CPU plan of the same job counts float32
+    rollouts, twice the KV bytes and no sleep. So an API on a host without the workers' GPUs
+    must not plan from its own host while the workers say what they have. An announced size
+    counts only for the kind the plan is for (a CPU worker's RAM is no GPU's memory)."""
     if memory_gib is not None and kind is not None:
         return int(memory_gib * (1 << 30)), kind
-    detected, detected_kind = detected_device_memory()
-    memory = detected if memory_gib is None else int(memory_gib * (1 << 30))
-    return memory, kind or detected_kind
+    chosen = kind or (announced[1] if announced is not None else None)
+    if memory_gib is not None:
+        memory = int(memory_gib * (1 << 30))
+    elif announced is not None and announced[1] == (chosen or announced[1]):
+        memory = announced[0]
+    else:
+        memory = detected_device_memory()[0]
+    return memory, chosen or detected_device_memory()[1]
 
 
 def host_memory() -> int:

@@ -70,6 +70,7 @@ def announce_worker(ctx: WorkerContext) -> None:
             devices=settings.devices() if settings.serves_jobs else 0,
             now=now,
             tinker_models=len(ctx.held_tinker_models),
+            device=settings.device_announced(),
         )
         workers_repo.forget_before(
             session, queue_name=settings.queue_name, before=now - FORGET_WORKERS_AFTER

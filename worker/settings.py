@@ -12,6 +12,7 @@ from pydantic_settings import SettingsConfigDict
 
 from app.core.queue import queue_for, tinker_queue
 from app.core.settings import Settings
+from jobspec.model_shape import Accelerator, detected_device_memory, host_memory
 from jobspec.resources import MAX_DEVICES
 
 
@@ -161,6 +162,15 @@ class WorkerSettings(Settings):
     @property
     def serves_jobs(self) -> bool:
         return self.worker_serves in ("both", "jobs")
+
+    def device_announced(self) -> tuple[Accelerator, int]:
+        """What this worker trains on, as it announces it with its size class for the API's
+        memory plan: ``cuda`` and its first GPU's bytes (nvidia-smi) when `device` is CUDA and
+        a GPU is there, else ``cpu`` and the host's memory."""
+        memory, kind = detected_device_memory()
+        if self.device.startswith("cuda") and kind == "cuda":
+            return "cuda", memory
+        return "cpu", host_memory()
 
 
 def detected_devices(device: str) -> int:

@@ -333,5 +333,8 @@ class WorkerSighting(Base):
     last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     # Tinker training clients it held when last seen (a waiting job's event names them).
     tinker_models: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Its device: "cuda" or "cpu", and one device's bytes (what the memory plan is for).
+    device_kind: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    device_memory: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
     __table_args__ = (Index("ix_workers_queue_name_last_seen_at", "queue_name", "last_seen_at"),)

@@ -38,7 +38,6 @@ from app.jobs import pausing
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs_service
 from app.jobs.deps import JobCreationDep, JobDep
-from app.jobs.quota import ActiveLimits
 from app.jobs.routes import checked_idempotency_key, created_response
 from app.jobs.service import spec_fingerprint
 from app.progress import metrics_repository as metrics_repo
@@ -160,7 +159,7 @@ def resume_job(job: JobDep, session: SessionDep, state: StateDep) -> FineTuningJ
         session,
         job=job,
         dispatcher=state.dispatcher,
-        limits=ActiveLimits.of(state.settings),
+        settings=state.settings,
     )
     return _one(session, resumed)
 

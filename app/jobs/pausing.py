@@ -5,9 +5,12 @@ the trainer finishes its step, writes a checkpoint, and the worker records the j
 and releases the lease, without counting the attempt against the job (worker.attempts.pause).
 Resuming a paused job queues it again under the project's quota and fair dispatch, and the next
 worker continues from the last checkpoint, as after any hand-over. Resuming a job that is still
-pausing takes the pause back. Both are idempotent; a finished or cancelling job is a 409.
+pausing takes the pause back. Both are idempotent; a succeeded, cancelled or cancelling job is a
+409. A failed job resumes as a paused one does: from its last checkpoint (its error cleared, the
+operator's allowance of attempts given anew), so a job the mismatch guard or a lost worker ended
+can follow the advice it was given.
 
-A paused job may resume with some settings changed (:func:`resume_with_changes`): those the
+A paused or failed job may resume with some settings changed (:func:`resume_with_changes`): those the
 mismatch guard's advice names (the learning rate, the async staleness and the guard's bounds)
 and how many steps it trains. The changes are written into the job's spec in the same
 compare-and-set that queues it again, so the next worker trains the changed spec from the last
@@ -91,19 +94,16 @@ def pause_job(session: Session, *, job: Job) -> Job:
     return _settle(session, job, act, "pause")
 
 
-def resume_job(session: Session, *, job: Job, dispatcher: Dispatcher, limits: ActiveLimits) -> Job:
-    """Paused -> queued, within the project's quota of active jobs and their devices (429
-    beyond it) and sent, to the queue it was created for, after the commit when the project has
-    a free dispatch slot; pausing -> running (the pause is taken back); queued or running:
-    returned as is."""
+def resume_job(session: Session, *, job: Job, dispatcher: Dispatcher, settings: Settings) -> Job:
+    """Paused or failed -> queued, within the project's quota of active jobs and their devices
+    (429 beyond it) and sent, to the queue it was created for, after the commit when the
+    project has a free dispatch slot; pausing -> running (the pause is taken back); queued or
+    running: returned as is. A failed job continues from its last checkpoint with a fresh
+    allowance of attempts (:func:`_requeue`)."""
 
     def act(status: JobStatus) -> None:
-        if status == JobStatus.PAUSED:
-            transitions.transition(session, job.id, JobStatus.QUEUED, message="resumed")
-            held = check_active_jobs(
-                session, project_id=job.project_id, limits=limits, queue=job.queue
-            )
-            send_after_commit(session, dispatcher, job_id=job.id, queue=job.queue, slots_held=held)
+        if status in RESUMABLE:
+            _requeue(session, job, status, dispatcher, settings, message="resumed")
         elif status == JobStatus.PAUSING:
             transitions.transition(
                 session, job.id, JobStatus.RUNNING, message="resumed before it paused"
@@ -114,6 +114,47 @@ def resume_job(session: Session, *, job: Job, dispatcher: Dispatcher, limits: Ac
     return _settle(session, job, act, "resume")
 
 
+# What a resume queues again: a paused job, and a failed one (its checkpoints are kept: the
+# mismatch guard's advice, a worker lost once too often, an error fixed since).
+RESUMABLE = (JobStatus.PAUSED, JobStatus.FAILED)
+
+
+def _requeue(
+    session: Session,
+    job: Job,
+    status: JobStatus,
+    dispatcher: Dispatcher,
+    settings: Settings,
+    *,
+    message: str,
+    values: dict[str, Any] | None = None,
+) -> None:
+    """Paused or failed -> queued (with ``values`` written in the same compare-and-set) under
+    the project's quota, sent after the commit. A failed job leaves its error and end behind
+    and gets the operator's allowance of attempts anew (its attempt number goes on: events and
+    leases stay ordered); a job deleted meanwhile is not resumed."""
+    changes = dict(values or {})
+    if status == JobStatus.FAILED:
+        message = f"{message} after it failed ({job.error_code}), from its last checkpoint"
+        changes |= {
+            "finished_at": None,
+            "error_code": None,
+            "error_message": None,
+            "max_attempts": job.attempt + settings.max_attempts,
+        }
+    transitions.transition(
+        session,
+        job.id,
+        JobStatus.QUEUED,
+        message=message,
+        values=changes,
+        only_if=[Job.deleted_at.is_(None)],
+    )
+    limits = ActiveLimits.of(settings)
+    held = check_active_jobs(session, project_id=job.project_id, limits=limits, queue=job.queue)
+    send_after_commit(session, dispatcher, job_id=job.id, queue=job.queue, slots_held=held)
+
+
 def resume_with_changes(
     session: Session,
     *,
@@ -122,34 +163,31 @@ def resume_with_changes(
     dispatcher: Dispatcher,
     settings: Settings,
 ) -> Job:
-    """Paused -> queued with ``changes`` (paths of :data:`RESUME_SETTINGS` -> values) written
-    into its spec, validated as a new job's spec is (a 422 naming the field). A job that is
+    """Paused or failed -> queued with ``changes`` (paths of :data:`RESUME_SETTINGS` ->
+    values) written into its spec, validated as a new job's spec is (a 422 naming the field). A job that is
     queued or running already with exactly these settings is returned as is (a retried
     request); pausing is a 409 to retry once it is paused; any other state is a 409."""
-    spec = changed_spec(job, changes, settings)
+    spec = changed_spec(session, job, changes, settings)
     before = {path: _at(job.spec, path) for path in changes}
     after = {path: _at(spec, path) for path in changes}
-    limits = ActiveLimits.of(settings)
 
     def act(status: JobStatus) -> None:
-        if status == JobStatus.PAUSED:
+        if status in RESUMABLE:
             moved = ", ".join(f"{p} {before[p]} -> {after[p]}" for p in changes)
-            transitions.transition(
+            _requeue(
                 session,
-                job.id,
-                JobStatus.QUEUED,
+                job,
+                status,
+                dispatcher,
+                settings,
                 message=f"resumed with {moved}" if moved else "resumed",
                 values={"spec": spec, "total_steps": spec["grpo"]["steps"]},
             )
-            held = check_active_jobs(
-                session, project_id=job.project_id, limits=limits, queue=job.queue
-            )
-            send_after_commit(session, dispatcher, job_id=job.id, queue=job.queue, slots_held=held)
         elif status in (JobStatus.QUEUED, JobStatus.RUNNING):
             if any(_at(job.spec, path) != value for path, value in after.items()):
                 raise _Refused(
                     f"job {job.id} is {status}, not paused: its settings change only while it "
-                    "is paused (pause it first)"
+                    "is paused or failed (pause it first)"
                 )  # else: this resume already happened (a retried request)
         elif status == JobStatus.PAUSING:
             raise Conflict(
@@ -162,7 +200,9 @@ def resume_with_changes(
     return _settle(session, job, act, "resume")
 
 
-def changed_spec(job: Job, changes: Mapping[str, Any], settings: Settings) -> dict[str, Any]:
+def changed_spec(
+    session: Session, job: Job, changes: Mapping[str, Any], settings: Settings
+) -> dict[str, Any]:
     """The job's stored spec with ``changes`` applied, as stored: checked as a new job's spec
     is (the spec's own rules, the operator's size limits, the memory plan), each refusal a 422
     naming the field."""
@@ -187,7 +227,7 @@ def changed_spec(job: Job, changes: Mapping[str, Any], settings: Settings) -> di
         param = field_path(error.get("loc", ()))
         message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
         raise InvalidRequest(f"{param}: {message}", param=param) from None
-    _check_size(job, spec, settings)
+    _check_size(session, job, spec, settings)
     resolved = spec.model_dump(mode="json")
     for path in changes:  # as validated (a number given as text, stored as the number)
         *parents, leaf = path.split(".")
@@ -195,7 +235,7 @@ def changed_spec(job: Job, changes: Mapping[str, Any], settings: Settings) -> di
     return stored
 
 
-def _check_size(job: Job, spec: JobSpec, settings: Settings) -> None:
+def _check_size(session: Session, job: Job, spec: JobSpec, settings: Settings) -> None:
     """What the changes may break that the spec alone does not say: fewer steps than the job
     has trained, the operator's limits on its size, the memory plan of its devices."""
     if spec.grpo.steps < job.current_step:
@@ -213,7 +253,7 @@ def _check_size(job: Job, spec: JobSpec, settings: Settings) -> None:
     if violations:
         param, message = violations[0]
         raise InvalidRequest(f"{param}: {message}", param=param)
-    plan, _ = jobs_service.memory_plan(spec, settings)
+    plan, _ = jobs_service.memory_plan(spec, settings, session)
     if plan is not None and not plan.fits:
         message, fixes = refusal(plan)
         raise InvalidRequest(message, param="model", details=fixes)

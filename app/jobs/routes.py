@@ -17,7 +17,6 @@ from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs_service
 from app.jobs.deps import JobCreationDep, JobDep
 from app.jobs.presenters import event_out, job_out, job_summary
-from app.jobs.quota import ActiveLimits
 from app.jobs.schemas import (
     EventList,
     JobDeleted,
@@ -121,7 +120,7 @@ def validate_job(
         capabilities.lora_rank_warning(session, spec),
     ]
     # Answered whether or not it fits: creating the job is what refuses one that does not.
-    plan, unavailable = jobs_service.memory_plan(spec, state.settings)
+    plan, unavailable = jobs_service.memory_plan(spec, state.settings, session)
     misfit = [refusal(plan)[0]] if plan is not None and not plan.fits else []
     return ValidationResult(
         spec=spec.model_dump(mode="json"),
@@ -188,14 +187,18 @@ def pause_job(job: JobDep, session: SessionDep) -> JobOut:
 @router.post(
     "/{job_id}/resume",
     response_model=JobOut,
-    summary="Resume a paused job from its last checkpoint (idempotent), optionally with "
-    "changed settings",
-    description='With a body `{"set": {"grpo.learning_rate": 1e-5}}` the paused job '
+    summary="Resume a paused or failed job from its last checkpoint (idempotent), optionally "
+    "with changed settings",
+    description="A failed job resumes with its error cleared and the operator's allowance of "
+    'attempts given anew. With a body `{"set": {"grpo.learning_rate": 1e-5}}` the job '
     "resumes with those settings changed (the learning rate, steps, async staleness and the "
     "mismatch guard's bounds; anything else is a 422 naming the field).",
     responses={
         409: CONFLICT
-        | {"description": "The job has ended, is being cancelled, or (with changes) is not paused."}
+        | {
+            "description": "The job succeeded, was cancelled, is being cancelled, or (with "
+            "changes) is neither paused nor failed."
+        }
     },
 )
 def resume_job(
@@ -217,7 +220,7 @@ def resume_job(
         session,
         job=job,
         dispatcher=state.dispatcher,
-        limits=ActiveLimits.of(state.settings),
+        settings=state.settings,
     )
     return job_out(resumed)
 

@@ -37,7 +37,7 @@ from app.jobs import idempotency_repository as idem_repo
 from app.jobs import repository as jobs_repo
 from app.jobs.dispatch import send_after_commit, withdraw_after_commit
 from app.jobs.quota import ActiveLimits, check_active_jobs
-from app.jobs.size_classes import SizeClassWatch, record_warning
+from app.jobs.size_classes import SizeClassWatch, record_warning, workers_seen
 from app.jobs.transitions import JobStatus
 from jobspec import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
 from jobspec.memory_plan import MemoryPlan, PlanInputs, plan_memory, refusal
@@ -159,15 +159,22 @@ def check_validation_file(
     return row
 
 
-def memory_plan(spec: JobSpec, settings: Settings) -> tuple[MemoryPlan | None, str | None]:
-    """The job's memory plan on the workers' device (GRPO_WORKER_DEVICE_MEMORY_GIB and _KIND,
-    else this host's), or None and why (no config.json to read)."""
+def memory_plan(
+    spec: JobSpec, settings: Settings, session: Session
+) -> tuple[MemoryPlan | None, str | None]:
+    """The job's memory plan on its workers' device (GRPO_WORKER_DEVICE_MEMORY_GIB and _KIND,
+    else what the workers of its size class announced, else this host's), or None and why (no
+    config.json to read)."""
     forbid = [settings.data_dir.resolve(), settings.resolved_checkpoint_dir]
     roots, rev = settings.model_root_list, spec.model_revision
     shape, reason = lookup_shape(spec.model, revision=rev, roots=roots, forbidden=forbid)
     if shape is None:
         return None, reason
-    memory, kind = settings.worker_device_memory()
+    announced = None
+    if not settings.declares_worker_device():
+        seen = workers_seen(session, settings, queue_name=settings.queue_name)
+        announced = seen.device_of(queue_for(settings.queue_name, spec.resources.devices))
+    memory, kind = settings.worker_device_memory(announced)
     inputs, devices = PlanInputs.from_spec(spec, kind), settings.max_devices_per_job
     return plan_memory(shape, inputs, device_memory=memory, max_devices=devices), None
 
@@ -238,7 +245,7 @@ def create_job(
     # What this operator allows (model folders, job size): after the claim, so a refusal rolls
     # back and releases the key like any other 4xx.
     admission.admit(spec, settings=settings, project_id=project_id, session=session)
-    plan, _ = memory_plan(spec, settings)  # a job its workers' devices cannot hold: 422
+    plan, _ = memory_plan(spec, settings, session)  # a job its workers' devices cannot hold: 422
     if plan is not None and not plan.fits:
         message, fixes = refusal(plan)
         raise InvalidRequest(message, param="model", details=fixes)

@@ -37,6 +37,7 @@ from app.jobs import events_repository as events_repo
 from app.jobs import repository as jobs_repo
 from app.jobs import workers_repository as workers_repo
 from app.jobs.workers_repository import SizeClassSeen
+from jobspec.model_shape import Accelerator
 from jobspec.resources import MAX_DEVICES
 
 # How long one API process trusts what it read of the workers table: a create costs no query
@@ -66,6 +67,20 @@ class WorkersSeen:
         deployments = {c.queue_name for c in self.classes}
         every = {queue_for(d, n) for d in deployments for n in range(1, MAX_DEVICES + 1)}
         return frozenset(every - served)
+
+    def device_of(self, queue: str) -> tuple[int, Accelerator] | None:
+        """The device the workers consuming `queue` announced (bytes, kind), else the one the
+        deployment's other workers announced (a job of a size nobody runs yet is planned for
+        the devices the deployment has: the smallest GPU when any has one), else None."""
+        own = self.of_queue(queue)
+        if own is not None and own.device_kind is not None and own.device_memory:
+            return own.device_memory, "cuda" if own.device_kind == "cuda" else "cpu"
+        announced = [c for c in self.classes if c.device_kind is not None and c.device_memory]
+        for kind in ("cuda", "cpu"):
+            sizes = [c.device_memory for c in announced if c.device_kind == kind]
+            if sizes:
+                return min(s for s in sizes if s is not None), kind
+        return None
 
     def held_by_tinker(self) -> list[SizeClassSeen]:
         """The classes whose every worker holds Tinker training clients."""

@@ -68,7 +68,8 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     ),
     JobStatus.PAUSED: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),
     JobStatus.SUCCEEDED: frozenset(),
-    JobStatus.FAILED: frozenset(),
+    # A resume (app.jobs.pausing) queues a failed job again from its last checkpoint.
+    JobStatus.FAILED: frozenset({JobStatus.QUEUED}),
     JobStatus.CANCELLED: frozenset(),
 }
 

@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
-from app.core.models import Job
+from app.core.models import Job, WorkerSighting
 from app.core.settings import Settings
 from app.jobs import size_classes, transitions
 from app.jobs import workers_repository as workers_repo
 from app.main import create_app
+from jobspec.model_shape import host_memory
 from tests.conftest import Api, RecordingDispatcher, new_project_key, tiny_spec
 from tests.worker.conftest import ROOT, WorkerProcess, wait_for
 from tests.worker.test_runner import fake_trainer
@@ -201,6 +202,15 @@ def test_workers_announce_their_size_so_a_job_no_worker_runs_is_told(
         assert len(created_warnings()) == 1  # only one-device workers run
         announce(2)
         assert created_warnings() == []
+    # Each announced what it trains on, for the API's memory plan: this host's CPU and memory.
+    with session_scope(sessions) as session:
+        rows = session.scalars(
+            select(WorkerSighting).where(WorkerSighting.queue_name == settings.queue_name)
+        ).all()
+        assert {(r.devices, r.device_kind, r.device_memory) for r in rows} == {
+            (1, "cpu", host_memory()),
+            (2, "cpu", host_memory()),
+        }
 
 
 # ---- real worker processes -------------------------------------------------------------------

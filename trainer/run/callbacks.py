@@ -143,22 +143,35 @@ def _is_terminal(stream: TextIO) -> bool:
         return False
 
 
-def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    """One step as one line: ``step 3/20 reward 0.250 loss 0.0123``, then ``staleness`` (an
-    async run's ``async/staleness_mean``), ``eval`` (a step that evaluated) and ``s/step``.
-    ``loss`` is ``loss/policy + loss/kl`` (the update's objective); a missing value is nan."""
+def step_fields(metrics: dict[str, float]) -> dict[str, str]:
+    """What the console shows of a step, by name, for both the bar's postfix and the line:
+    reward, ``kl`` (when the job has one), ``staleness`` (an async run's
+    ``async/staleness_mean``), ``eval`` (a step that evaluated), an agent job's ``turns``,
+    ``tools`` and ``tool_err`` per episode, then ``s/step``. A missing value is nan."""
     nan = float("nan")
-    loss = metrics.get("loss/policy", nan) + metrics.get("loss/kl", 0.0)
-    parts = [
-        f"step {step}/{total}",
-        f"reward {metrics.get('reward/mean', nan):.3f}",
-        f"loss {loss:.4f}",
-    ]
+    fields = {"reward": f"{metrics.get('reward/mean', nan):.3f}"}
+    if "kl" in metrics:
+        fields["kl"] = f"{metrics['kl']:.4f}"
     if "async/staleness_mean" in metrics:
-        parts.append(f"staleness {metrics['async/staleness_mean']:.2f}")
+        fields["staleness"] = f"{metrics['async/staleness_mean']:.2f}"
     if "eval/accuracy" in metrics:
-        parts.append(f"eval {metrics['eval/accuracy']:.3f}")
-    parts.append(f"s/step {metrics.get('time/step', nan):.1f}")
+        fields["eval"] = f"{metrics['eval/accuracy']:.3f}"
+    if "episode/turns" in metrics:  # an agent job: turns and tool calls per episode
+        fields["turns"] = f"{metrics['episode/turns']:.2f}"
+        fields["tools"] = f"{metrics.get('tools/calls', 0.0):.2f}"
+        fields["tool_err"] = f"{metrics.get('tools/errors', 0.0):.2f}"
+    fields["s/step"] = f"{metrics.get('time/step', nan):.1f}"
+    return fields
+
+
+def step_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    """One step as one line: ``step 3/20 reward 0.250 loss 0.0123 ... s/step 1.2`` (the fields
+    of :func:`step_fields`, ``loss`` after the reward). ``loss`` is ``loss/policy + loss/kl``
+    (the update's objective)."""
+    loss = metrics.get("loss/policy", float("nan")) + metrics.get("loss/kl", 0.0)
+    fields = step_fields(metrics)
+    parts = [f"step {step}/{total}", f"reward {fields.pop('reward')}", f"loss {loss:.4f}"]
+    parts.extend(f"{name} {value}" for name, value in fields.items())
     return " ".join(parts)
 
 
@@ -217,16 +230,7 @@ class ConsoleCallbacks(Callbacks):
             return
         if self._bar is None:
             return
-        postfix = {"step": step, "reward": f"{metrics.get('reward/mean', float('nan')):.3f}"}
-        if "kl" in metrics:
-            postfix["kl"] = f"{metrics['kl']:.4f}"
-        if "eval/accuracy" in metrics:
-            postfix["eval"] = f"{metrics['eval/accuracy']:.3f}"
-        if "episode/turns" in metrics:  # an agent job: turns and tool calls per episode
-            postfix["turns"] = f"{metrics['episode/turns']:.2f}"
-            postfix["tools"] = f"{metrics.get('tools/calls', 0.0):.2f}"
-            postfix["tool_err"] = f"{metrics.get('tools/errors', 0.0):.2f}"
-        postfix["s/step"] = f"{metrics.get('time/step', float('nan')):.1f}"
+        postfix = {"step": str(step), **step_fields(metrics)}
         self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(1)
 

@@ -29,10 +29,12 @@ class Deployment:
         self.engine = make_engine(settings.resolved_database_url)
         self.sessions = make_session_factory(self.engine)
 
-    def worker_seen(self, devices: int, *, tinker_models: int = 0) -> str:
-        """A worker of `devices` devices, holding `tinker_models` Tinker training clients,
-        announces itself, as each does every maintenance pass (worker.maintenance
-        .announce_worker); returns its name."""
+    def worker_seen(
+        self, devices: int, *, tinker_models: int = 0, device: tuple[str, int] | None = None
+    ) -> str:
+        """A worker of `devices` devices, holding `tinker_models` Tinker training clients, on
+        `device` (kind, bytes), announces itself, as each does every maintenance pass
+        (worker.maintenance.announce_worker); returns its name."""
         name = f"worker-{secrets.token_hex(4)}"
         with session_scope(self.sessions) as session:
             workers_repo.announce(
@@ -42,6 +44,7 @@ class Deployment:
                 devices=devices,
                 now=utcnow(),
                 tinker_models=tinker_models,
+                device=device,
             )
         return name
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.models import Job
+from app.jobs import transitions
+from app.jobs.transitions import JobStatus
 from tests.conftest import Api, tiny_spec
 
 
@@ -116,3 +118,56 @@ def test_changes_wait_for_a_paused_job(api: Api) -> None:
     api.client.post(f"/v1/jobs/{job_id}/cancel", headers=api.headers)
     code, body = resume(api, job_id, {"grpo.learning_rate": 1e-5})
     assert code == 409 and "has ended" in body["error"]["message"]
+
+
+def failed_job(api: Api, **grpo: object) -> str:
+    """A job whose worker ran it to a failure (claimed, then failed with an error)."""
+    response = api.client.post("/v1/jobs", json=tiny_spec(**grpo), headers=api.headers)
+    job_id = str(response.json()["id"])
+    sessions = make_session_factory(make_engine(api.settings.resolved_database_url))
+    with session_scope(sessions) as session:
+        stored = session.get(Job, job_id)
+        assert stored is not None
+        stored.attempt = stored.max_attempts - 1  # its last attempt (a worker lost twice)
+    with session_scope(sessions) as session:
+        assert transitions.claim(session, job_id, "worker-a") == api.settings.max_attempts
+    with session_scope(sessions) as session:
+        transitions.transition(
+            session,
+            job_id,
+            JobStatus.FAILED,
+            error_code="mismatch_guard",
+            message="the engine's mismatch went past 1.5",
+        )
+    assert job(api, job_id)["status"] == "failed"
+    return job_id
+
+
+def test_a_failed_job_resumes_from_its_checkpoint_with_its_error_cleared(api: Api) -> None:
+    """Issue 45: a failed job (the guard's advice, a worker lost too often) can follow the
+    advice: it resumes, with changes or without, from its last checkpoint; its error and end
+    are cleared and a worker may claim it again (a fresh allowance of attempts)."""
+    job_id = failed_job(api, learning_rate=1e-4)
+    code, body = resume(api, job_id, {"grpo.learning_rate": 1e-5})
+    assert (code, body["status"]) == (200, "queued")
+    assert body["error"] is None and body["finished_at"] is None
+    assert job(api, job_id)["spec"]["grpo"]["learning_rate"] == 1e-5
+    events = api.client.get(f"/v1/jobs/{job_id}/events", headers=api.headers).json()["data"]
+    resumed = [e for e in events if e["type"] == "status" and e["data"]["to"] == "queued"][-1]
+    assert (resumed["data"]["from"], resumed["level"]) == ("failed", "info")
+    assert "after it failed (mismatch_guard)" in resumed["message"]
+    sessions = make_session_factory(make_engine(api.settings.resolved_database_url))
+    with session_scope(sessions) as session:
+        owner_attempt = transitions.claim(session, job_id, "worker-b")
+    assert owner_attempt == api.settings.max_attempts + 1  # claimable; attempts stay ordered
+
+
+def test_a_failed_job_resumes_without_changes_and_a_deleted_one_does_not(api: Api) -> None:
+    job_id = failed_job(api)
+    plain = api.client.post(f"/v1/jobs/{job_id}/resume", headers=api.headers)
+    assert (plain.status_code, plain.json()["status"]) == (200, "queued")
+
+    gone = failed_job(api)
+    assert api.client.delete(f"/v1/jobs/{gone}", headers=api.headers).status_code == 200
+    after = api.client.post(f"/v1/jobs/{gone}/resume", headers=api.headers)
+    assert after.status_code == 404

@@ -76,7 +76,10 @@ def force_status(sessions: sessionmaker[Session], job_id: str, status: JobStatus
 #   pauses a lost pausing job, which is what its owner asked for.
 # - paused: parked with its checkpoints, no worker. A resume queues it, or it is cancelled. A
 #   queued job can be paused at once (nothing runs); a paused one never runs without a resume.
-# - succeeded, failed, cancelled: final, nothing leaves them.
+# - succeeded, cancelled: final, nothing leaves them.
+# - failed: ended (its stream ends, its slot is free), but its checkpoints are kept: a resume
+#   queues it again, to continue from the last one (the advice of the guard that failed it, a
+#   worker lost once too often). It never runs, ends or pauses without that resume.
 # No state moves to itself: a no-op "transition" would write a misleading event.
 Q, R, C = JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING
 S, F, X = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
@@ -88,10 +91,10 @@ EXPECTED: dict[JobStatus, set[JobStatus]] = {
     PG: {PD, C, S, F, R},
     PD: {Q, X},
     S: set(),
-    F: set(),
+    F: {Q},
     X: set(),
 }
-FINAL = {S, F, X}
+ENDED = {S, F, X}
 # The column stamped when a job enters a state.
 STAMPS = {S: "finished_at", F: "finished_at", X: "finished_at", C: "cancel_requested_at"}
 
@@ -147,9 +150,12 @@ def test_each_state_moves_exactly_where_its_meaning_allows(
     assert {t for t in JobStatus if transitions.is_allowed(source, t)} == EXPECTED[source]
 
 
-def test_the_terminal_set_is_the_set_of_final_states() -> None:
-    """The live stream ends on TERMINAL; it must name exactly the states nothing leaves."""
-    assert set(transitions.TERMINAL) == FINAL == {s for s, out in EXPECTED.items() if not out}
+def test_the_terminal_set_is_the_set_of_ended_states() -> None:
+    """The live stream ends on TERMINAL: the states a job ends in, which only a resume of a
+    failed job leaves (to queued)."""
+    assert set(transitions.TERMINAL) == ENDED
+    assert {s for s, out in EXPECTED.items() if not out} == ENDED - {F}
+    assert EXPECTED[F] == {Q}
 
 
 def test_claim_takes_the_lease_once(sessions: sessionmaker[Session], settings: Settings) -> None:

@@ -44,7 +44,7 @@ def test_grpo_train_runs_a_tiny_agent_job_with_a_calculator_and_a_two_turn_envir
     code = main([str(recipe), "--output-dir", str(out), "--threads", "1"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert re.search(r"turns=\d", captured.err) and "tools=" in captured.err  # the step line
+    assert re.search(r"turns \d.* tools \d", captured.err)  # the step lines of an agent job
     final = latest_checkpoint(out)
     assert final is not None and final.name == "checkpoint-000002"
     metrics = json.loads((final / "manifest.json").read_text())["extra"]["metrics"]

@@ -84,6 +84,10 @@ def test_the_step_line_has_step_reward_loss_and_an_async_runs_staleness() -> Non
         "step 3/20 reward 0.250 loss 0.0150 staleness 0.75 eval 0.500 s/step 1.2"
     )
     assert step_line(1, 2, {}) == "step 1/2 reward nan loss nan s/step nan"
+    agent = {**SYNC, "kl": 0.0025, "episode/turns": 1.5, "tools/calls": 0.5}
+    assert step_line(2, 2, agent) == (
+        "step 2/2 reward 0.250 loss 0.0150 kl 0.0025 turns 1.50 tools 0.50 tool_err 0.00 s/step 1.2"
+    )
 
 
 @pytest.mark.parametrize(
