@@ -120,7 +120,9 @@ def validate_job(
         capabilities.lora_rank_warning(session, spec),
     ]
     # Answered whether or not it fits: creating the job is what refuses one that does not.
-    plan, unavailable = jobs_service.memory_plan(spec, state.settings, session)
+    plan, unavailable = jobs_service.memory_plan(
+        spec, state.settings, session, creation.size_classes
+    )
     misfit = [refusal(plan)[0]] if plan is not None and not plan.fits else []
     return ValidationResult(
         spec=spec.model_dump(mode="json"),

@@ -160,11 +160,11 @@ def check_validation_file(
 
 
 def memory_plan(
-    spec: JobSpec, settings: Settings, session: Session
+    spec: JobSpec, settings: Settings, session: Session, watch: SizeClassWatch | None = None
 ) -> tuple[MemoryPlan | None, str | None]:
     """The job's memory plan on its workers' device (GRPO_WORKER_DEVICE_MEMORY_GIB and _KIND,
-    else what the workers of its size class announced, else this host's), or None and why (no
-    config.json to read)."""
+    else what the workers of its size class announced, read through `watch` when given, the
+    process's cached read, else this host's), or None and why (no config.json to read)."""
     forbid = [settings.data_dir.resolve(), settings.resolved_checkpoint_dir]
     roots, rev = settings.model_root_list, spec.model_revision
     shape, reason = lookup_shape(spec.model, revision=rev, roots=roots, forbidden=forbid)
@@ -172,7 +172,10 @@ def memory_plan(
         return None, reason
     announced = None
     if not settings.declares_worker_device():
-        seen = workers_seen(session, settings, queue_name=settings.queue_name)
+        if watch is not None:
+            seen = watch.seen(session)
+        else:
+            seen = workers_seen(session, settings, queue_name=settings.queue_name)
         announced = seen.device_of(queue_for(settings.queue_name, spec.resources.devices))
     memory, kind = settings.worker_device_memory(announced)
     inputs, devices = PlanInputs.from_spec(spec, kind), settings.max_devices_per_job
@@ -211,6 +214,7 @@ def create_job(
     settings: Settings,
     openai: dict[str, Any] | None = None,
     fingerprint: str | None = None,
+    watch: SizeClassWatch | None = None,
 ) -> Job | Replay:
     """A new queued job, sent to `queue` (its size class's, app.core.queue.queue_for, for every
     re-send too) once the request commits; or, for a retry with the same Idempotency-Key and
@@ -220,7 +224,8 @@ def create_job(
     active jobs and devices is checked at the commit (app.jobs.quota): a refusal rolls all back
     and releases the key. `openai` is stored with a job created through the OpenAI-compatible
     API (its request's own words); `fingerprint` replaces the resolved spec's as what a key's
-    retries must match (that API fills a missing seed at random, so its body is stable)."""
+    retries must match (that API fills a missing seed at random, so its body is stable). `watch`
+    reads the workers' announced devices for the memory plan (:func:`memory_plan`)."""
     resolved = spec.model_dump(mode="json")  # the spec as stored, and what the key fingerprints
     if idempotency_key is not None:
         replay = _claim_key(
@@ -245,7 +250,9 @@ def create_job(
     # What this operator allows (model folders, job size): after the claim, so a refusal rolls
     # back and releases the key like any other 4xx.
     admission.admit(spec, settings=settings, project_id=project_id, session=session)
-    plan, _ = memory_plan(spec, settings, session)  # a job its workers' devices cannot hold: 422
+    plan, _ = memory_plan(
+        spec, settings, session, watch
+    )  # a job its workers' devices cannot hold: 422
     if plan is not None and not plan.fits:
         message, fixes = refusal(plan)
         raise InvalidRequest(message, param="model", details=fixes)
@@ -351,6 +358,7 @@ class JobCreation:
             settings=self.settings,
             openai=openai,
             fingerprint=fingerprint,
+            watch=self.size_classes,
         )
         if isinstance(created, Replay):
             return Answer(created.status_code, created.body, replayed=True)

@@ -40,6 +40,7 @@ PROCESS_RUNS = (
     "distributed/test_equivalence.py",  # torchrun, two ranks
     "distributed/test_ranks.py",
     "distributed/test_streaming.py",  # torchrun, two ranks streaming their weights
+    "distributed/test_solo_phases.py",  # two ranks, one frozen
     "agents/test_sandbox_tools.py",  # python tools and environments in bubblewrap
     "agents/test_agent_training.py",  # the same, in agent jobs
     # torchrun's agent and its ranks (trainer.run.launch)

@@ -20,7 +20,6 @@ from app.core.models import Checkpoint, File, Job, JobEvent, JobMetric
 from app.core.settings import Settings
 from app.jobs import pausing, transitions
 from app.jobs import service as jobs_service
-from app.jobs.quota import ActiveLimits
 from app.jobs.transitions import JobStatus
 from jobspec import JobSpec
 from tests.conftest import RecordingDispatcher, new_project_key, tiny_spec
@@ -243,8 +242,10 @@ def _control(ctx: WorkerContext, job_id: str, action: str) -> str:
         row = jobs_service.get_job(session, project_id=job(ctx, job_id).project_id, job_id=job_id)
         if action == "pause":
             return pausing.pause_job(session, job=row).status
-        limits = ActiveLimits(jobs=10, devices=10)
-        return pausing.resume_job(session, job=row, dispatcher=ctx.dispatcher, limits=limits).status
+        resumed = pausing.resume_job(
+            session, job=row, dispatcher=ctx.dispatcher, settings=ctx.settings
+        )
+        return resumed.status
 
 
 def test_a_pause_checkpoints_frees_the_worker_and_a_resume_continues_from_there(

@@ -6,15 +6,16 @@ also the process group's own timeout, which bounds FSDP's internal collectives);
 or times out, :class:`DistributedTimeout` names the rank and the phase, so a rank that died or
 hung ends its peers with an error a person can act on. A wait known to outlast that bound
 (rank 0 writing a large checkpoint) runs in a group of its own with a longer timeout
-(:meth:`World.patient_group`). A single-rank world runs none of them: each call returns its
-input.
+(:meth:`World.patient_group`); a phase rank 0 runs alone while the others wait for its result
+is watched by its heartbeat instead (:meth:`World.main_alone`). A single-rank world runs none
+of them: each call returns its input.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from trainer.distributed.solo import main_alone
 from trainer.distributed.timeout import DEFAULT_TIMEOUT_S, dist_timeout_s
 from trainer.errors import DistributedTimeout
 
@@ -152,6 +154,12 @@ class World:
         with self.phase(phase):
             dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def main_alone(self, phase: str) -> AbstractContextManager[None]:
+        """A phase rank 0 runs alone (starting the rollout server, a step's rollouts, an
+        evaluation) while the others wait on its heartbeat, not in a collective bounded by
+        the world's timeout (:func:`trainer.distributed.solo.main_alone`)."""
+        return main_alone(self, phase)
 
     def barrier(self, phase: str, patient: PatientGroup | None = None) -> None:
         """Wait for every rank: in the default group within the world's timeout, or in a

@@ -187,13 +187,20 @@ class AsyncRollouts:
         self.server: RemoteEngine | None = None
         self.sink: RemoteEngine | GatherOnly
         self.folder = setup.output_dir / VERSIONS_DIR
-        if self.world.is_main:
-            threads = setup.config.grpo.async_.server_threads or server_threads(setup.device.type)
-            shutil.rmtree(self.folder, ignore_errors=True)  # a dead attempt's versions
-            self.folder.mkdir(parents=True)
-            self.server = self.sink = start_remote_engine(setup, threads=threads, root=self.folder)
-        else:
-            self.sink = GatherOnly()
+        # The others wait for the start on rank 0's heartbeat: a large model's server takes
+        # minutes, and the next collective (the first weights' gathers) would time out.
+        with self.world.main_alone("rollout_server"):
+            if self.world.is_main:
+                threads = setup.config.grpo.async_.server_threads or server_threads(
+                    setup.device.type
+                )
+                shutil.rmtree(self.folder, ignore_errors=True)  # a dead attempt's versions
+                self.folder.mkdir(parents=True)
+                self.server = self.sink = start_remote_engine(
+                    setup, threads=threads, root=self.folder
+                )
+            else:
+                self.sink = GatherOnly()
         self.started = StartedEngine(self.sink, None, owned=True)
         self.pipeline: RolloutPipeline | None = None
         # The first version this run publishes (its start step), and the steps whose batches
@@ -281,29 +288,37 @@ class AsyncRollouts:
         """``eval/accuracy`` after step ``step``: every eval row on the server at version
         ``step`` (rank 0), the accuracy broadcast to the other ranks."""
         accuracy = 0.0
-        if self.server is not None:
-            engine = self.server.at_version(step)
-            accuracy = evaluate_run(self.setup, engine, step, agents, world=World())
+        with self.world.main_alone("eval"):
+            if self.server is not None:
+                engine = self.server.at_version(step)
+                accuracy = evaluate_run(self.setup, engine, step, agents, world=World())
         return float(self.world.broadcast_object(accuracy, "eval"))
 
     def collect(self, step: int) -> tuple[Collected, dict[str, float]]:
         """Step ``step``'s batch, with stale samples dropped, and its async metrics (made on
         rank 0, broadcast to every rank)."""
         made: tuple[Collected, dict[str, float]] | None = None
-        if self.pipeline is not None:
-            collected, waited = self.pipeline.take(step)
-            self._sampler_before.pop(step, None)
-            dropped = drop_stale(collected, step, self.k)
-            self._dropped += dropped
-            metrics = staleness_metrics(collected, step, self.k)
-            metrics["async/dropped_stale"] = float(dropped)
-            oldest = 0 if step in self._kept else self._oldest
-            metrics["async/behaviour_version"] = float(behaviour_version(step, self.k, oldest))
-            metrics["time/wait_for_rollouts"] = waited
-            made = (collected, metrics)
+        with self.world.main_alone("collect"):  # a step's rollouts may outlast the timeout
+            if self.pipeline is not None:
+                made = self._take(step)
         made = self.world.broadcast_object(made, "collect")
         assert made is not None
         return made
+
+    def _take(self, step: int) -> tuple[Collected, dict[str, float]]:
+        """Rank 0: step ``step``'s batch from the producer, stale samples dropped, with its
+        async metrics."""
+        assert self.pipeline is not None
+        collected, waited = self.pipeline.take(step)
+        self._sampler_before.pop(step, None)
+        dropped = drop_stale(collected, step, self.k)
+        self._dropped += dropped
+        metrics = staleness_metrics(collected, step, self.k)
+        metrics["async/dropped_stale"] = float(dropped)
+        oldest = 0 if step in self._kept else self._oldest
+        metrics["async/behaviour_version"] = float(behaviour_version(step, self.k, oldest))
+        metrics["time/wait_for_rollouts"] = waited
+        return collected, metrics
 
     def finish_step(self, step: int, metrics: dict[str, float]) -> str | None:
         """After step ``step``'s update: version ``step`` published to the server's files (the
@@ -332,9 +347,10 @@ class AsyncRollouts:
         and the data sampler's state before each. Waits for the producer to settle, so the
         data sampler's position saved with them is the one after them. (Rank 0 writes the
         manifest; the other ranks keep nothing.)"""
-        if self.pipeline is None:
-            return {}
-        pending = self.pipeline.settle(step)
+        with self.world.main_alone("settle"):  # the producer may be mid-batch
+            if self.pipeline is None:
+                return {}
+            pending = self.pipeline.settle(step)
         # (A batch kept from a checkpoint written before these states were has none.)
         known = self._sampler_before
         before = {str(s): known[s] for s in sorted(pending) if s in known}

@@ -12,12 +12,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from jobspec import LoraSpec
 from trainer.checkpoint.sharded import load_sharded, save_sharded
+from trainer.distributed import weights as weights_module
 from trainer.distributed.sharding import full_value, shard_model
+from trainer.distributed.weights import Mirror
+from trainer.distributed.world import World
 from trainer.models.loading import load_policy, resolve_model
 from trainer.models.lora import apply_lora
 
@@ -128,3 +132,54 @@ def test_a_lora_sharded_checkpoint_holds_no_frozen_weight_and_restores_the_adapt
     dist.init_process_group(
         "gloo", store=dist.FileStore(str(tmp_path / "store2"), 1), rank=0, world_size=1
     )  # for the fixture's teardown
+
+
+def test_a_lora_checkpoints_mirror_gathers_and_holds_the_adapters_alone(
+    one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 45: rank 0's lazy mirror (what it writes a checkpoint's Hugging Face folder from)
+    gathered a LoRA policy's frozen base too and held it in host memory (30 GB at 7B) though
+    the folder holds the adapters alone. Now only the adapters are gathered and materialised;
+    the base stays on meta, and the folder written from the mirror has the trained adapters."""
+    torch.manual_seed(0)
+    host, _ = _lora_policy(sharded=False)
+    mirror = Mirror.skeleton_of(host, World())  # as setup takes it, before sharding
+    model, optimizer = (
+        host,
+        torch.optim.AdamW([p for p in host.parameters() if p.requires_grad], lr=1e-2),
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shard_model(model, init_device_mesh("cpu", (1,)))
+    _train_step(model, optimizer)
+    mirror.mark_stale()
+
+    gathered: list[str] = []
+    real = weights_module.whole_tensors
+
+    def recording(*args: object, **kwargs: object) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in real(*args, **kwargs):  # type: ignore[arg-type]
+            gathered.append(name)
+            yield name, tensor
+
+    monkeypatch.setattr(weights_module, "whole_tensors", recording)
+    mirror.gather_for_main(model)
+
+    trainable = _trainable(model)
+    assert sorted(gathered) == sorted(trainable)  # no frozen weight crossed ranks
+    held = dict(mirror.model.named_parameters())
+    for name, param in held.items():
+        if name in trainable:
+            assert torch.equal(param, trainable[name]), name
+        else:
+            assert param.is_meta, name  # never materialised: no host copy of the base
+    held_bytes = sum(p.numel() * p.element_size() for p in held.values() if not p.is_meta)
+    assert held_bytes == sum(t.numel() * t.element_size() for t in trainable.values())
+
+    folder = tmp_path / "hf"
+    mirror.model.save_pretrained(folder)  # what save_checkpoint writes for a LoRA policy
+    written = load_file(folder / "adapter_model.safetensors")
+    # peft writes an adapter under its parameter's name without the adapter's own name.
+    assert written.keys() == {name.replace(".default", "") for name in trainable}
+    for name, value in trainable.items():
+        assert torch.equal(written[name.replace(".default", "")], value), name
