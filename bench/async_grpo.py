@@ -1,4 +1,4 @@
-"""Asynchronous GRPO (issue 36) against the synchronous step: one recipe, same seed, trained with
+"""Asynchronous GRPO against the synchronous step: one recipe, same seed, trained with
 ``grpo.async.max_staleness`` K for each K of ``--ks`` (0 = synchronous), one after the other, each
 configuration in a fresh subprocess (its own memory and threads).
 

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.chaos_checks import check_run, metric_values_sql
+from bench.chaos_checks import Report, check_run, metric_values_sql
 from bench.chaos_cluster import SETTINGS, Cluster
 from bench.chaos_faults import fault_kinds, fault_window
 from bench.chaos_jobs import MIXES
@@ -70,17 +70,9 @@ def _counts(values: list[str]) -> dict[str, int]:
     return out
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    rng = random.Random(args.seed)
-    root = Path(tempfile.mkdtemp(prefix=f"grpo-chaos-{args.seed}-"))
-    root.chmod(0o755)  # the private Postgres runs as the postgres user (when we are root)
-    cluster = Cluster(
-        root,
-        workers=args.workers,
-        two_device_workers=args.two_device_workers if args.mix == "all" else 0,
-        inference=not args.no_inference,
-    )
-    summary: dict[str, Any] = {
+def _summary_header(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """The summary's fields known before the run starts."""
+    return {
         "benchmark": "chaos",
         "command": " ".join(["python -m bench.chaos", *sys.argv[1:]]),
         "seed": args.seed,
@@ -91,6 +83,118 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "settings": SETTINGS,
         "folder": str(root),
     }
+
+
+def _start_traffic(
+    cluster: Cluster, rng: random.Random, args: argparse.Namespace, steps: int
+) -> Traffic:
+    """Submit, cancel, poll and chat for the fault window (its own generator, seeded from
+    `rng`); started."""
+    traffic = Traffic(
+        cluster,
+        random.Random(rng.random()),
+        jobs=args.jobs,
+        steps=steps,
+        window_s=args.minutes * 60,
+        cancels=args.cancels,
+        mix=args.mix,
+    )
+    traffic.start()
+    return traffic
+
+
+def _read_and_check(
+    cluster: Cluster, traffic: Traffic
+) -> tuple[dict[str, list[dict[str, Any]]], Report]:
+    """Stop the workers (nothing writes while the rows are read), read the rows, check them."""
+    for worker in cluster.workers:
+        if worker is not None:
+            worker.stop(signal.SIGTERM, timeout=30)
+    rows = read_rows(cluster)
+    report = check_run(
+        rows["jobs"],
+        rows["events"],
+        rows["metrics"],
+        rows["checkpoints"],
+        traffic.cancelled,
+        kinds=traffic.kind_of,
+    )
+    return rows, report
+
+
+def _passed(
+    args: argparse.Namespace,
+    report: Report,
+    drained: bool,
+    rows: dict[str, list[dict[str, Any]]],
+    inference: dict[str, Any],
+    recovered: dict[str, float | None],
+    orphans: list[str],
+) -> bool:
+    """Whether the run passed: no violation, every job finished and present, the inference
+    tier (if any) without violation and recovered, no process left behind."""
+    inference_ok = not inference or (
+        inference["violations"] == 0 and all(v is not None for v in recovered.values())
+    )
+    return report.ok and drained and len(rows["jobs"]) == args.jobs and inference_ok and not orphans
+
+
+def _job_outcome(
+    traffic: Traffic, rows: dict[str, list[dict[str, Any]]], report: Report, steps: int
+) -> dict[str, Any]:
+    """The summary's fields about the jobs: counts, statuses, attempts, failures, violations."""
+    return {
+        "jobs": len(rows["jobs"]),
+        "jobs_submitted": len(traffic.job_ids),
+        "jobs_by_kind": _counts(list(traffic.kind_of.values())),
+        "submit_errors": traffic.errors,
+        "steps_per_job": steps,
+        "statuses": report.statuses,
+        "statuses_by_kind": report.statuses_by_kind,
+        "cancelled_by_run": sorted(traffic.cancelled),
+        "attempts_per_job": report.attempts,
+        "lost": report.lost,
+        "duplicated": report.duplicated,
+        "metrics_rows": len(rows["metrics"]),
+        "rollout_server_restarts_seen": report.server_restarts,
+        "failed_jobs": [
+            {
+                "id": r["id"],
+                "kind": traffic.kind_of.get(str(r["id"]), "tiny"),
+                "error_code": r["error_code"],
+                "error_message": (r["error_message"] or "")[:1000],
+            }
+            for r in rows["jobs"]
+            if r["status"] == "failed"
+        ],
+        "violations": [str(v) for v in report.violations[:200]],
+        "violation_count": len(report.violations),
+    }
+
+
+def _fault_outcome(faults: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary's fields about the faults: those that landed and those skipped, by kind."""
+    landed = [f for f in faults if "skipped" not in f]
+    return {
+        "faults_by_kind": _counts([f["kind"] for f in landed]),
+        "faults_skipped": _counts([f["kind"] for f in faults if "skipped" in f]),
+        "faults": faults,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the cluster and traffic, inject faults for the window, drain, check every
+    invariant; returns the summary (its folder removed when it passed, unless `--keep`)."""
+    rng = random.Random(args.seed)
+    root = Path(tempfile.mkdtemp(prefix=f"grpo-chaos-{args.seed}-"))
+    root.chmod(0o755)  # the private Postgres runs as the postgres user (when we are root)
+    cluster = Cluster(
+        root,
+        workers=args.workers,
+        two_device_workers=args.two_device_workers if args.mix == "all" else 0,
+        inference=not args.no_inference,
+    )
+    summary = _summary_header(args, root)
     traffic: Traffic | None = None
     ok = False
     try:
@@ -103,16 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # About as much training as the workers do in the window, so faults keep landing
         # on running jobs; the drain finishes the rest.
         steps = max(10, int(8 * args.minutes)) if args.steps is None else args.steps
-        traffic = Traffic(
-            cluster,
-            random.Random(rng.random()),
-            jobs=args.jobs,
-            steps=steps,
-            window_s=args.minutes * 60,
-            cancels=args.cancels,
-            mix=args.mix,
-        )
-        traffic.start()
+        traffic = _start_traffic(cluster, rng, args, steps)
         faults = fault_window(cluster, rng, args.minutes, fault_kinds(cluster, args.mix))
         window_end = time.monotonic()
         traffic.mark("drain")
@@ -123,62 +218,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         recovered: dict[str, float | None] = {}
         if traffic.inference is not None:
             recovered = traffic.inference.recovered(args.inference_start_s)
-        for worker in cluster.workers:  # nothing writes while the rows are read
-            if worker is not None:
-                worker.stop(signal.SIGTERM, timeout=30)
-        rows = read_rows(cluster)
-        report = check_run(
-            rows["jobs"],
-            rows["events"],
-            rows["metrics"],
-            rows["checkpoints"],
-            traffic.cancelled,
-            kinds=traffic.kind_of,
-        )
+        rows, report = _read_and_check(cluster, traffic)
         orphans = cluster.orphans()
         inference = traffic.inference.summary() if traffic.inference is not None else {}
-        inference_ok = not inference or (
-            inference["violations"] == 0 and all(v is not None for v in recovered.values())
-        )
-        ok = (
-            report.ok
-            and drained
-            and len(rows["jobs"]) == args.jobs
-            and inference_ok
-            and not orphans
-        )
-        landed = [f for f in faults if "skipped" not in f]
+        ok = _passed(args, report, drained, rows, inference, recovered, orphans)
         summary.update(
             passed=ok,
             all_jobs_finished_in_drain=drained,
-            jobs=len(rows["jobs"]),
-            jobs_submitted=len(traffic.job_ids),
-            jobs_by_kind=_counts(list(traffic.kind_of.values())),
-            submit_errors=traffic.errors,
-            steps_per_job=steps,
-            statuses=report.statuses,
-            statuses_by_kind=report.statuses_by_kind,
-            cancelled_by_run=sorted(traffic.cancelled),
-            attempts_per_job=report.attempts,
-            lost=report.lost,
-            duplicated=report.duplicated,
-            metrics_rows=len(rows["metrics"]),
-            rollout_server_restarts_seen=report.server_restarts,
-            failed_jobs=[
-                {
-                    "id": r["id"],
-                    "kind": traffic.kind_of.get(str(r["id"]), "tiny"),
-                    "error_code": r["error_code"],
-                    "error_message": (r["error_message"] or "")[:1000],
-                }
-                for r in rows["jobs"]
-                if r["status"] == "failed"
-            ],
-            violations=[str(v) for v in report.violations[:200]],
-            violation_count=len(report.violations),
-            faults_by_kind=_counts([f["kind"] for f in landed]),
-            faults_skipped=_counts([f["kind"] for f in faults if "skipped" in f]),
-            faults=faults,
+            **_job_outcome(traffic, rows, report, steps),
+            **_fault_outcome(faults),
             api=traffic.latency_summary(),
             inference=inference,
             inference_recovered_s=recovered,

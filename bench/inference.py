@@ -36,6 +36,7 @@ import httpx
 from openai import APIStatusError, OpenAI
 
 from bench.common import RESULTS_DIR, CpuWindow, load_snapshot, machine_info, write_json
+from bench.inference_stack import ENGINE_START_S, TINY, ensure_base_engine, start_stack
 from bench.services import (
     DEFAULT_PG_ADMIN,
     ROOT,
@@ -46,14 +47,8 @@ from bench.services import (
     drop_database,
     free_port,
     service_env,
-    start_api,
-    wait_for,
 )
 
-TINY = "tiny-random-llama"
-MIB = 1024**2
-GIB = 1024**3
-ENGINE_START_S = 900  # a tiny engine: 53 s measured, up to 290 s seen under load
 JOB_S = 900
 PROMPTS = [
     "what is 3+4?",
@@ -255,7 +250,8 @@ def succeeded_to_first_token(
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (its help is the module's docstring)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=20, help="timed requests per side")
     parser.add_argument("--warmup", type=int, default=2, help="untimed requests per side")
@@ -267,8 +263,59 @@ def main() -> None:
         "--pg-admin", default=os.environ.get("GRPO_BENCH_PG_ADMIN", DEFAULT_PG_ADMIN)
     )
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "inference.json")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def folders(work: Path) -> tuple[Path, Path]:
+    """The services' data folder in the run's folder `work`, and the checkpoint store in it."""
+    data = work / "data"
+    return data, data / "checkpoints"
+
+
+def measure(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    db_url: str,
+    redis: Redis,
+    work: Path,
+    processes: list[Process],
+) -> None:
+    """Start redis and the stack (each process into `processes`), ensure the base engine, then
+    measure the gateway's overhead and both jobs' succeeded -> first token into `result`."""
+    redis.start()
+    queue = f"bench-inference-{secrets.token_hex(3)}"
+    data, store = folders(work)
+    env = service_env(db_url, redis.url, queue, data)
+    env["PYTHONPATH"] = str(ROOT)
+    api_url, control = start_stack(env, work, store, args.kv_cache_mib, processes)
+
+    # The base engine: ensured straight at the control API (its start timed).
+    ensure_started = time.perf_counter()
+    ready = ensure_base_engine(control)
+    result["base_engine_ensure_to_ready_s"] = time.perf_counter() - ensure_started
+    print(f"base engine ready in {result['base_engine_ensure_to_ready_s']:.1f} s", flush=True)
+
+    key = create_project_key(db_url, "bench-inference")
+    gateway = OpenAI(base_url=f"{api_url}/v1", api_key=key, max_retries=60, timeout=300)
+    direct = OpenAI(base_url=f"{ready['base_url']}/v1", api_key="none", timeout=300)
+    # The gateway must know the inference process (its registry row, every 5 s) and
+    # the base warm: one request through it first.
+    first_token_through_gateway(gateway, TINY, 4, 1.0, 120)
+
+    result["gateway_overhead"] = gateway_overhead(
+        direct, ready["served_model"], gateway, args.requests, args.warmup, args.max_tokens
+    )
+    print("gateway overhead measured", flush=True)
+    result["lora_warm_base"] = succeeded_to_first_token(api_url, key, gateway, True, args)
+    print(f"lora: {result['lora_warm_base']['succeeded_to_first_token_s']:.2f} s", flush=True)
+    result["full_cold"] = succeeded_to_first_token(api_url, key, gateway, False, args)
+    print(f"full: {result['full_cold']['succeeded_to_first_token_s']:.2f} s", flush=True)
+    result["engines_after"] = httpx.get(f"{control}/engines", timeout=30).json()
+
+
+def main() -> None:
+    """Run the benchmark on a database, redis and folder of its own; write the JSON, print."""
+    args = parse_args()
     result: dict[str, Any] = {
         "machine": machine_info(),
         "load_before": load_snapshot(),
@@ -281,97 +328,10 @@ def main() -> None:
     processes: list[Process] = []
     with tempfile.TemporaryDirectory(prefix="bench-inference-") as tmp:
         work = Path(tmp)
-        data = work / "data"
-        store = data / "checkpoints"
+        _, store = folders(work)
         store.mkdir(parents=True)
         try:
-            redis.start()
-            queue = f"bench-inference-{secrets.token_hex(3)}"
-            env = service_env(db_url, redis.url, queue, data)
-            env["PYTHONPATH"] = str(ROOT)
-            api_port = free_port()
-            api = start_api(env, api_port, 1, work / "api.log")
-            processes.append(api)
-            worker_env = {
-                **env,
-                "GRPO_HEARTBEAT_SECONDS": "1",
-                "GRPO_MAINTENANCE_SECONDS": "2",
-                "OMP_NUM_THREADS": "2",
-            }
-            worker = Process(["worker"], worker_env, work / "worker.log")
-            worker.start()
-            processes.append(worker)
-            control_port = free_port()
-            inference_env = {
-                **env,
-                "GRPO_CHECKPOINT_DIR": str(store),
-                "GRPO_INFERENCE_SERVER_ID": f"bench-{secrets.token_hex(3)}",
-                "GRPO_INFERENCE_SHARE_DEVICES": "1",
-                "GRPO_INFERENCE_MEMORY_BUDGET_BYTES": str(8 * GIB),
-                "GRPO_INFERENCE_KV_CACHE_BYTES": str(args.kv_cache_mib * MIB),
-                "GRPO_INFERENCE_MAX_LORA_RANK": "8",
-                "GRPO_INFERENCE_ENGINE_START_TIMEOUT_S": str(ENGINE_START_S),
-            }
-            inference = Process(
-                ["inference", "--port", str(control_port), "--bases", TINY],
-                inference_env,
-                work / "inference.log",
-            )
-            inference.start()
-            processes.append(inference)
-            control = f"http://127.0.0.1:{control_port}"
-
-            def healthy() -> bool:
-                if not inference.alive():
-                    raise RuntimeError(f"grpo inference exited:\n{inference.log_tail()}")
-                try:
-                    return httpx.get(f"{control}/health", timeout=2).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            wait_for(healthy, 120, "grpo inference's /health")
-
-            # The base engine: ensured straight at the control API (its start timed).
-            ensure_started = time.perf_counter()
-            ready: dict[str, Any] = {}
-
-            def ensured() -> bool:
-                response = httpx.post(
-                    f"{control}/engines/ensure", json={"base_model": TINY}, timeout=60
-                )
-                if response.status_code == 200:
-                    ready.update(response.json())
-                    return True
-                if response.status_code != 503:
-                    raise RuntimeError(f"ensure: {response.status_code} {response.text}")
-                time.sleep(1)
-                return False
-
-            wait_for(ensured, ENGINE_START_S, "the base engine")
-            result["base_engine_ensure_to_ready_s"] = time.perf_counter() - ensure_started
-            print(
-                f"base engine ready in {result['base_engine_ensure_to_ready_s']:.1f} s", flush=True
-            )
-
-            api_url = f"http://127.0.0.1:{api_port}"
-            key = create_project_key(db_url, "bench-inference")
-            gateway = OpenAI(base_url=f"{api_url}/v1", api_key=key, max_retries=60, timeout=300)
-            direct = OpenAI(base_url=f"{ready['base_url']}/v1", api_key="none", timeout=300)
-            # The gateway must know the inference process (its registry row, every 5 s) and
-            # the base warm: one request through it first.
-            first_token_through_gateway(gateway, TINY, 4, 1.0, 120)
-
-            result["gateway_overhead"] = gateway_overhead(
-                direct, ready["served_model"], gateway, args.requests, args.warmup, args.max_tokens
-            )
-            print("gateway overhead measured", flush=True)
-            result["lora_warm_base"] = succeeded_to_first_token(api_url, key, gateway, True, args)
-            print(
-                f"lora: {result['lora_warm_base']['succeeded_to_first_token_s']:.2f} s", flush=True
-            )
-            result["full_cold"] = succeeded_to_first_token(api_url, key, gateway, False, args)
-            print(f"full: {result['full_cold']['succeeded_to_first_token_s']:.2f} s", flush=True)
-            result["engines_after"] = httpx.get(f"{control}/engines", timeout=30).json()
+            measure(args, result, db_url, redis, work, processes)
         except BaseException:
             for process in processes:
                 print(f"---- {process.args[0]} log\n{process.log_tail()}", file=sys.stderr)
@@ -388,6 +348,7 @@ def main() -> None:
 
 
 def print_table(result: dict[str, Any]) -> None:
+    """The gateway's overhead as a table, then both jobs' succeeded -> first token."""
     overhead = result["gateway_overhead"]
     print(f"\n{'':28} {'direct':>16} {'gateway':>16} {'ratio':>7}")
     print(f"{'':28} {'median / tail':>16} {'median / tail':>16} {'median':>7}")
@@ -411,7 +372,8 @@ def print_table(result: dict[str, Any]) -> None:
             f"{row['submitted_to_succeeded_s']:.1f} s"
         )
     print(
-        f"load before {result['load_before']['uptime']}\nload after  {result['load_after']['uptime']}"
+        f"load before {result['load_before']['uptime']}\n"
+        f"load after  {result['load_after']['uptime']}"
     )
 
 

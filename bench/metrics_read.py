@@ -17,7 +17,8 @@ Reads alternate (ours, MLflow, ours, ...) after a few warm-up reads of each, so 
 same machine load. `--before N` also times N reads the way the endpoint worked before rollups
 (every row loaded as an ORM object, downsampled in Python), in this process.
 
-Output: a summary on stdout and `bench/results/metrics_read.json`.
+Output: a summary on stdout and `bench/results/metrics_read.json`. The MLflow side (its server,
+seeding a run, the sampled reads) is in bench.metrics_read_mlflow.
 """
 
 from __future__ import annotations
@@ -32,26 +33,35 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.common import RESULTS_DIR, load_snapshot, machine_info, write_json
+from bench.metrics_read_mlflow import (
+    MLFLOW,
+    mlflow_path,
+    mlflow_version,
+    read_mlflow,
+    seed_mlflow,
+    start_mlflow,
+    stop_mlflow,
+)
 from bench.services import (
     DEFAULT_PG_ADMIN,
-    ROOT,
+    Process,
     create_database,
     drop_database,
     free_port,
     service_env,
     start_api,
-    wait_for,
 )
 
 NAMES = ["reward/mean", "kl", "loss/policy", "entropy", "grad_norm"]
 UNLIMITED = {"rate_limit_per_minute": 10_000_000, "rate_limit_burst": 1_000_000}
-MLFLOW = ROOT / ".venv-mlflow" / "bin" / "mlflow"
 
 
 def make_steps(steps: int, seed: int = 0) -> list[tuple[int, dict[str, float | None]]]:
@@ -197,110 +207,11 @@ def before_read(database_url: str, job_id: str, points: int) -> dict[str, float]
     return {"seconds": elapsed, "peak_rss_growth_bytes": grown, "buckets": buckets}
 
 
-# --- MLflow ---------------------------------------------------------------------------------
-
-
-def start_mlflow(
-    backend_url: str, port: int, folder: Path, executable: Path = MLFLOW
-) -> subprocess.Popen[bytes]:
-    """`mlflow server` on 127.0.0.1:`port` with `backend_url` as its store, its log and artifacts
-    in `folder`; returns once its /health answers (killed, and an error raised, if it never
-    does). The tests start theirs with this too."""
-    log = open(folder / "mlflow.log", "ab")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(
-        [
-            str(executable),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            backend_url,
-            "--default-artifact-root",
-            (folder / "artifacts").as_uri(),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "MLFLOW_TRACKING_URI": ""},
-    )
-
-    def healthy() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"mlflow server exited: {(folder / 'mlflow.log').read_text()[-3000:]}"
-            )
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(healthy, 180, "mlflow server /health")
-    except (AssertionError, RuntimeError, TimeoutError):
-        proc.kill()
-        proc.wait()
-        raise
-    return proc
-
-
-def seed_mlflow(http: httpx.Client, steps: list[tuple[int, dict[str, float | None]]]) -> str:
-    experiment = http.post("/api/2.0/mlflow/experiments/create", json={"name": "bench"})
-    experiment.raise_for_status()
-    run = http.post(
-        "/api/2.0/mlflow/runs/create",
-        json={"experiment_id": experiment.json()["experiment_id"], "start_time": 0},
-    )
-    run.raise_for_status()
-    run_id = str(run.json()["run"]["info"]["run_id"])
-    batch: list[dict[str, Any]] = []
-    for step, values in steps:
-        for name, value in values.items():
-            batch.append({"key": name, "value": value, "timestamp": step, "step": step})
-            if len(batch) == 1000:  # log_batch's limit
-                http.post(
-                    "/api/2.0/mlflow/runs/log-batch", json={"run_id": run_id, "metrics": batch}
-                ).raise_for_status()
-                batch = []
-    if batch:
-        http.post(
-            "/api/2.0/mlflow/runs/log-batch", json={"run_id": run_id, "metrics": batch}
-        ).raise_for_status()
-    return run_id
-
-
-def mlflow_path(http: httpx.Client, run_id: str) -> str:
-    """The sampled-history endpoint: under /api/2.0 where this version registers it, else the
-    UI's /ajax-api/2.0 route (same handler)."""
-    for prefix in ("/api/2.0", "/ajax-api/2.0"):
-        path = f"{prefix}/mlflow/metrics/get-history-bulk-interval"
-        response = http.get(path, params={"run_ids": run_id, "metric_key": NAMES[0]})
-        if response.status_code == 200:
-            return path
-    raise RuntimeError("no get-history-bulk-interval endpoint answered")
-
-
-def read_mlflow(http: httpx.Client, path: str, run_id: str, points: int) -> float:
-    start = time.perf_counter()
-    bodies = []
-    for name in NAMES:
-        response = http.get(
-            path, params={"run_ids": run_id, "metric_key": name, "max_results": points}
-        )
-        response.raise_for_status()
-        bodies.append(response.json())
-    elapsed = time.perf_counter() - start
-    assert all(len(b["metrics"]) == points for b in bodies), [len(b["metrics"]) for b in bodies]
-    return elapsed
-
-
 # --- the run --------------------------------------------------------------------------------
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
+    """The command line; an error if MLflow's venv is missing."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--points", type=int, default=500, help="max_points / max_results")
@@ -312,90 +223,136 @@ def main() -> int:
     args = parser.parse_args()
     if not MLFLOW.exists():
         parser.error(f"{MLFLOW} not found: install MLflow into .venv-mlflow (bench/README.md)")
+    return args
 
-    result: dict[str, Any] = {
-        "benchmark": "metrics_read",
-        "machine": machine_info(),
-        "load_before": load_snapshot(),
-        "config": {"steps": args.steps, "metrics": NAMES, "points": args.points},
-    }
-    steps = make_steps(args.steps)
-    folder = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
-    ours_db, ours_url = create_database(args.pg_admin, "grpo_bench_metrics")
-    mlflow_db = f"mlflow_bench_{os.getpid()}"
+
+def create_mlflow_database(pg_admin: str) -> str:
+    """A fresh, empty database for MLflow's backend store (MLflow creates its own tables)."""
     import psycopg
 
-    with psycopg.connect(args.pg_admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{mlflow_db}"')
-    api = mlflow = None
-    try:
-        started = time.perf_counter()
-        key, job_id = seed_ours(ours_url, steps)
-        result["ours_seed_s"] = time.perf_counter() - started
+    name = f"mlflow_bench_{os.getpid()}"
+    with psycopg.connect(pg_admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name
 
-        port = free_port()
-        env = service_env(ours_url, "", "bench-metrics", folder / "data", **UNLIMITED)
-        api = start_api(env, port, workers=1, log_path=folder / "api.log")
-        mlflow_port = free_port()
-        backend = f"{args.pg_admin.rsplit('/', 1)[0]}/{mlflow_db}".replace(
-            "postgresql://", "postgresql+psycopg2://", 1
-        )
-        mlflow = start_mlflow(backend, mlflow_port, folder)
-        mlflow_version = subprocess.run(
-            [str(MLFLOW), "--version"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        result["mlflow"] = {"version": mlflow_version, "backend_store": "postgresql"}
 
-        ours_http = httpx.Client(
-            base_url=f"http://127.0.0.1:{port}",
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=120,
-        )
-        mlflow_http = httpx.Client(base_url=f"http://127.0.0.1:{mlflow_port}", timeout=600)
-        started = time.perf_counter()
-        run_id = seed_mlflow(mlflow_http, steps)
-        result["mlflow_seed_s"] = time.perf_counter() - started
-        path = mlflow_path(mlflow_http, run_id)
-        result["mlflow"]["endpoint"] = path
+def mlflow_backend_url(pg_admin: str, database: str) -> str:
+    """`database` on the admin URL's server, as the SQLAlchemy URL MLflow's store takes."""
+    return f"{pg_admin.rsplit('/', 1)[0]}/{database}".replace(
+        "postgresql://", "postgresql+psycopg2://", 1
+    )
 
-        rss_api_before = rss_of_tree(api.pid)
-        for _ in range(args.warmup):
-            read_ours(ours_http, job_id, args.points, args.steps)
-            read_mlflow(mlflow_http, path, run_id, args.points)
-        ours: list[float] = []
-        theirs: list[float] = []
-        for _ in range(args.reads):
-            ours.append(read_ours(ours_http, job_id, args.points, args.steps))
-            theirs.append(read_mlflow(mlflow_http, path, run_id, args.points))
-        result["ours"] = {
-            **summary(ours),
-            "reads_s": ours,
-            "api_rss_before_reads_bytes": rss_api_before,
-            "api_rss_after_reads_bytes": rss_of_tree(api.pid),
-        }
-        result["mlflow"] |= {
-            **summary(theirs),
-            "reads_s": theirs,
-            "server_rss_after_reads_bytes": rss_of_tree(mlflow.pid),
-        }
-        result["ratio_mlflow_over_ours"] = {
-            "p50": result["mlflow"]["p50_ms"] / result["ours"]["p50_ms"],
-            "p95": result["mlflow"]["p95_ms"] / result["ours"]["p95_ms"],
-        }
-        result["before_rollups"] = [
-            before_read(ours_url, job_id, args.points) for _ in range(args.before)
-        ]
-        result["load_after"] = load_snapshot()
-    finally:
-        if api is not None:
-            api.stop()
-        if mlflow is not None and mlflow.poll() is None:
-            os.killpg(mlflow.pid, 15)
-            mlflow.wait(timeout=60)
-        drop_database(args.pg_admin, ours_db)
-        drop_database(args.pg_admin, mlflow_db)
-        shutil.rmtree(folder, ignore_errors=True)
-    write_json(args.out, result)
+
+@dataclass
+class Servers:
+    """The two servers under test, each set once started, so that cleanup stops what started."""
+
+    api: Process | None = None
+    mlflow: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        """Stop the servers that started, the API first."""
+        if self.api is not None:
+            self.api.stop()
+        if self.mlflow is not None:
+            stop_mlflow(self.mlflow)
+
+
+def alternate_reads(
+    read_ours_once: Callable[[], float],
+    read_mlflow_once: Callable[[], float],
+    warmup: int,
+    reads: int,
+) -> tuple[list[float], list[float]]:
+    """`warmup` untimed reads of each side, then `reads` timed ones, alternating so that both
+    sides see the same machine load; returns (ours, MLflow) in seconds."""
+    for _ in range(warmup):
+        read_ours_once()
+        read_mlflow_once()
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(reads):
+        ours.append(read_ours_once())
+        theirs.append(read_mlflow_once())
+    return ours, theirs
+
+
+def record_reads(
+    result: dict[str, Any],
+    ours: list[float],
+    theirs: list[float],
+    api_rss_before: int,
+    api_pid: int,
+    mlflow_pid: int,
+) -> None:
+    """The reads' summaries, the servers' memory and the MLflow / ours ratios into `result`."""
+    result["ours"] = {
+        **summary(ours),
+        "reads_s": ours,
+        "api_rss_before_reads_bytes": api_rss_before,
+        "api_rss_after_reads_bytes": rss_of_tree(api_pid),
+    }
+    result["mlflow"] |= {
+        **summary(theirs),
+        "reads_s": theirs,
+        "server_rss_after_reads_bytes": rss_of_tree(mlflow_pid),
+    }
+    result["ratio_mlflow_over_ours"] = {
+        "p50": result["mlflow"]["p50_ms"] / result["ours"]["p50_ms"],
+        "p95": result["mlflow"]["p95_ms"] / result["ours"]["p95_ms"],
+    }
+
+
+def compare(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    steps: list[tuple[int, dict[str, float | None]]],
+    folder: Path,
+    ours_url: str,
+    mlflow_db: str,
+    servers: Servers,
+) -> None:
+    """Seed both sides, start their servers (into `servers`), time the reads into `result`."""
+    started = time.perf_counter()
+    key, job_id = seed_ours(ours_url, steps)
+    result["ours_seed_s"] = time.perf_counter() - started
+
+    port = free_port()
+    env = service_env(ours_url, "", "bench-metrics", folder / "data", **UNLIMITED)
+    api = servers.api = start_api(env, port, workers=1, log_path=folder / "api.log")
+    mlflow_port = free_port()
+    backend = mlflow_backend_url(args.pg_admin, mlflow_db)
+    mlflow = servers.mlflow = start_mlflow(backend, mlflow_port, folder)
+    result["mlflow"] = {"version": mlflow_version(), "backend_store": "postgresql"}
+
+    ours_http = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=120,
+    )
+    mlflow_http = httpx.Client(base_url=f"http://127.0.0.1:{mlflow_port}", timeout=600)
+    started = time.perf_counter()
+    run_id = seed_mlflow(mlflow_http, steps)
+    result["mlflow_seed_s"] = time.perf_counter() - started
+    path = mlflow_path(mlflow_http, run_id, NAMES[0])
+    result["mlflow"]["endpoint"] = path
+
+    api_rss_before = rss_of_tree(api.pid)
+    ours, theirs = alternate_reads(
+        lambda: read_ours(ours_http, job_id, args.points, args.steps),
+        lambda: read_mlflow(mlflow_http, path, run_id, NAMES, args.points),
+        args.warmup,
+        args.reads,
+    )
+    record_reads(result, ours, theirs, api_rss_before, api.pid, mlflow.pid)
+    result["before_rollups"] = [
+        before_read(ours_url, job_id, args.points) for _ in range(args.before)
+    ]
+    result["load_after"] = load_snapshot()
+
+
+def print_summary(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The run's figures on stdout."""
     o, m = result["ours"], result["mlflow"]
     print(f"{args.steps} steps x {len(NAMES)} metrics, {args.points} points, {args.reads} reads")
     print(f"ours   p50 {o['p50_ms']:.1f} ms  p95 {o['p95_ms']:.1f} ms")
@@ -407,6 +364,31 @@ def main() -> int:
             f"before rollups: {b['seconds']:.2f} s, +{b['peak_rss_growth_bytes'] / 2**20:.0f} MiB"
         )
     print(f"-> {args.out}")
+
+
+def main() -> int:
+    """Seed and read both sides, clean up, write the JSON and print the figures."""
+    args = parse_args()
+    result: dict[str, Any] = {
+        "benchmark": "metrics_read",
+        "machine": machine_info(),
+        "load_before": load_snapshot(),
+        "config": {"steps": args.steps, "metrics": NAMES, "points": args.points},
+    }
+    steps = make_steps(args.steps)
+    folder = Path(tempfile.mkdtemp(prefix="bench-metrics-"))
+    ours_db, ours_url = create_database(args.pg_admin, "grpo_bench_metrics")
+    mlflow_db = create_mlflow_database(args.pg_admin)
+    servers = Servers()
+    try:
+        compare(args, result, steps, folder, ours_url, mlflow_db, servers)
+    finally:
+        servers.stop()
+        drop_database(args.pg_admin, ours_db)
+        drop_database(args.pg_admin, mlflow_db)
+        shutil.rmtree(folder, ignore_errors=True)
+    write_json(args.out, result)
+    print_summary(args, result)
     return 0
 
 

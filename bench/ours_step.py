@@ -19,8 +19,9 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -32,6 +33,10 @@ from bench.common import (
     maxrss_bytes,
     write_json,
 )
+
+if TYPE_CHECKING:
+    from jobspec import JobSpec
+    from trainer.run.callbacks import Callbacks
 
 
 def job_spec_dict(
@@ -84,7 +89,8 @@ def job_spec_dict(
     }
 
 
-def main() -> None:
+def _parse() -> argparse.Namespace:
+    """The command line ``bench.step_vs_trl`` builds for each of our configurations."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--engine", choices=["vllm", "transformers"], required=True)
@@ -99,19 +105,14 @@ def main() -> None:
     parser.add_argument("--train-dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--lora-rank", type=int, default=None, help="train LoRA adapters of rank")
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    cfg = json.loads(args.config.read_text())
-    sampler = RSSSampler().start()
-    load_before = load_snapshot()
-    started_process = time.perf_counter()
+    return parser.parse_args()
 
-    import torch
 
+def _job_spec(cfg: dict[str, Any], args: argparse.Namespace) -> JobSpec:
+    """The validated JobSpec of this configuration."""
     from jobspec import JobSpec
-    from trainer.run.callbacks import Callbacks, RunInfo
-    from trainer.run.loop import train
 
-    spec = JobSpec.model_validate(
+    return JobSpec.model_validate(
         job_spec_dict(
             cfg,
             args.engine,
@@ -122,10 +123,29 @@ def main() -> None:
             args.lora_rank,
         )
     )
-    total = spec.grpo.steps
-    steps: list[dict[str, Any]] = []
-    events: list[str] = []
-    setup: dict[str, float] = {}
+
+
+@dataclass
+class Recording:
+    """What the callbacks record: one row per step, the run's events, the setup's figures."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    setup: dict[str, float] = field(default_factory=dict)
+
+
+def _recorder(
+    recording: Recording,
+    sampler: RSSSampler,
+    started_process: float,
+    engine: str,
+    total: int,
+) -> Callbacks:
+    """Callbacks that fill `recording`, print each step's times, and stop `sampler` at the
+    last step (defined here: the trainer is imported only once the RSS sampler runs)."""
+    from trainer.run.callbacks import Callbacks, RunInfo
+
+    steps, events, setup = recording.steps, recording.events, recording.setup
 
     class Recorder(Callbacks):
         def __init__(self) -> None:
@@ -154,7 +174,7 @@ def main() -> None:
             self.last = now
             steps.append(record)
             print(
-                f"[ours/{args.engine}] step {step}: {metrics['time/step']:.1f} s (rollout "
+                f"[ours/{engine}] step {step}: {metrics['time/step']:.1f} s (rollout "
                 f"{metrics['time/rollout']:.1f}, logprobs {metrics['time/logprobs']:.1f}, update"
                 f" {metrics['time/update']:.1f}, sync {metrics['time/weight_sync']:.1f})",
                 flush=True,
@@ -171,12 +191,45 @@ def main() -> None:
         ) -> None:
             events.append(f"{level} {kind}: {message}")
 
+    return Recorder()
+
+
+def _add_library_versions(versions: dict[str, str], engine: str) -> None:
+    """transformers' version, and vLLM's when it generated, into `versions` (where installed)."""
+    try:
+        import transformers
+
+        versions["transformers"] = transformers.__version__
+        if engine == "vllm":
+            import vllm
+
+            versions["vllm"] = vllm.__version__
+    except ImportError:
+        pass
+
+
+def main() -> None:
+    """Train this configuration in a scratch folder and write its timings and memory."""
+    args = _parse()
+    cfg = json.loads(args.config.read_text())
+    sampler = RSSSampler().start()
+    load_before = load_snapshot()
+    started_process = time.perf_counter()
+
+    import torch
+
+    from trainer.run.loop import train
+
+    spec = _job_spec(cfg, args)
+    recording = Recording()
+    recorder = _recorder(recording, sampler, started_process, args.engine, spec.grpo.steps)
     output_dir = Path(tempfile.mkdtemp(prefix="ours-bench-"))
     try:
-        result_train = train(spec, Recorder(), output_dir=output_dir)
+        result_train = train(spec, recorder, output_dir=output_dir)
     finally:
         shutil.rmtree(output_dir, ignore_errors=True)
     sampler.stop()
+    setup = recording.setup
     result: dict[str, Any] = {
         "side": "ours",
         "engine": f"{args.engine} ({args.dtype})",
@@ -188,23 +241,14 @@ def main() -> None:
         "rss_bytes_after_setup": setup.get("rss_bytes_after_setup"),
         "peak_rss_bytes_after_setup": setup.get("peak_rss_bytes_after_setup"),
         "final_step": result_train.final_step,
-        "steps": steps,
-        "events": events[:50],
+        "steps": recording.steps,
+        "events": recording.events[:50],
         "peak_rss_bytes_sampled": sampler.peak,
         "peak_rss_bytes_ru_maxrss": maxrss_bytes(),
         "load_before": load_before,
         "load_after": load_snapshot(),
     }
-    try:
-        import transformers
-
-        result["versions"]["transformers"] = transformers.__version__
-        if args.engine == "vllm":
-            import vllm
-
-            result["versions"]["vllm"] = vllm.__version__
-    except ImportError:
-        pass
+    _add_library_versions(result["versions"], args.engine)
     write_json(args.out, result)
 
 

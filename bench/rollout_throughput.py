@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import sys
 import time
@@ -40,6 +41,12 @@ from bench.common import (
 )
 
 ISSUE_TARGET_RATIO = 2.5
+TRAINER_MODULES = (
+    "jobspec",
+    "trainer.data.dataset",
+    "trainer.models.loading",
+    "trainer.rollout.registry",
+)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -105,15 +112,20 @@ def _summary(calls: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _parse(argv)
+def _import_trainer_modules() -> None:
+    """Import what the run uses of the project up front: the load snapshot and torch's thread
+    count are taken after these imports (an import may set torch's threads)."""
+    for name in TRAINER_MODULES:
+        importlib.import_module(name)
+
+
+def _encoded_prompts(args: argparse.Namespace) -> tuple[Path, Any, Any, list[list[int]]]:
+    """The model's folder, its float32 policy and tokenizer, and ``--prompts`` arithmetic
+    prompts encoded with the chat template."""
     from jobspec import DatasetSpec, PromptRow
     from trainer.data.dataset import Example, encode_prompts
     from trainer.models.loading import load_policy, resolve_model
-    from trainer.rollout.registry import make_engine
 
-    before = load_snapshot()
-    threads_at_start = torch.get_num_threads()
     rows = arithmetic_rows(args.prompts, seed=0)
     model_path = resolve_model(args.model)
     model, tokenizer = load_policy(model_path, dtype=torch.float32)
@@ -121,7 +133,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts = encode_prompts(
         tokenizer, [Example(r["prompt"], r["answer"]) for r in rows], spec, max_prompt_tokens=256
     )
-    max_model_len = 256 + args.max_new_tokens
+    return model_path, model, tokenizer, prompts
+
+
+def _start_engines(
+    args: argparse.Namespace, model_path: Path, tokenizer: Any, model: Any, max_model_len: int
+) -> tuple[dict[str, Any], float]:
+    """Both engines, vLLM first; returns them and the seconds vLLM's took to start."""
+    from trainer.rollout.registry import make_engine
 
     started = time.perf_counter()
     engines = {
@@ -143,6 +162,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         max_model_len=max_model_len,
         policy_model=model,
     )
+    return engines, vllm_start_s
+
+
+def _interleaved_calls(
+    engines: dict[str, Any], prompts: list[list[int]], args: argparse.Namespace
+) -> tuple[dict[str, dict[str, float]], dict[str, list[dict[str, float]]]]:
+    """One warm-up call per engine, then ``--repeats`` timed calls each, interleaved; returns
+    (warm-up call, timed calls) per engine."""
     calls: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
     warmup: dict[str, dict[str, float]] = {}
     order = list(engines)
@@ -160,11 +187,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 f"cores, machine {call['machine_busy']:.0%} busy)",
                 flush=True,
             )
-    threads_after = torch.get_num_threads()
+    return warmup, calls
+
+
+def _close_engines(engines: dict[str, Any]) -> None:
+    """Close both engines and collect them, so the process's memory is freed before the end."""
     for engine in engines.values():
         engine.close()
-    del engines
+    engines.clear()
     gc.collect()
+
+
+def _settings(
+    args: argparse.Namespace, model_path: Path, max_model_len: int, prompts: list[list[int]]
+) -> dict[str, Any]:
+    """The run's settings as the JSON records them."""
+    return {
+        "model": args.model,
+        "model_path": str(model_path),
+        "dtype": args.dtype,
+        "prompts": args.prompts,
+        "completions_per_prompt": args.n,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "sampling": "full vocabulary (top_k 0, top_p 1)",
+        "repeats": args.repeats,
+        "warmup_calls_excluded": 1,
+        "max_model_len": max_model_len,
+        "kv_cache_gib": args.kv_cache_gib,
+        "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
+        "interface": "trainer.rollout.registry.make_engine(...).generate(prompts, n, ...)",
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Time both engines, write the JSON and print the ratio; returns the JSON's content."""
+    args = _parse(argv)
+    _import_trainer_modules()
+    before = load_snapshot()
+    threads_at_start = torch.get_num_threads()
+    model_path, model, tokenizer, prompts = _encoded_prompts(args)
+    max_model_len = 256 + args.max_new_tokens
+    engines, vllm_start_s = _start_engines(args, model_path, tokenizer, model, max_model_len)
+    warmup, calls = _interleaved_calls(engines, prompts, args)
+    threads_after = torch.get_num_threads()
+    _close_engines(engines)
 
     summary = {name: _summary(c) for name, c in calls.items()}
     ratio = summary["vllm"]["median_tokens_per_s"] / summary["transformers"]["median_tokens_per_s"]
@@ -176,22 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "rollout_throughput",
         "command": "python -m bench.rollout_throughput "
         + " ".join(argv if argv is not None else sys.argv[1:]),
-        "settings": {
-            "model": args.model,
-            "model_path": str(model_path),
-            "dtype": args.dtype,
-            "prompts": args.prompts,
-            "completions_per_prompt": args.n,
-            "max_new_tokens": args.max_new_tokens,
-            "temperature": args.temperature,
-            "sampling": "full vocabulary (top_k 0, top_p 1)",
-            "repeats": args.repeats,
-            "warmup_calls_excluded": 1,
-            "max_model_len": max_model_len,
-            "kv_cache_gib": args.kv_cache_gib,
-            "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
-            "interface": "trainer.rollout.registry.make_engine(...).generate(prompts, n, ...)",
-        },
+        "settings": _settings(args, model_path, max_model_len, prompts),
         "machine": machine_info(),
         "torch_threads": {"start": threads_at_start, "after_engines": threads_after},
         "vllm_engine_start_s": vllm_start_s,

@@ -180,13 +180,9 @@ def _summarise_trl(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = _parse(argv)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    from trainer.models.loading import resolve_model
-
-    model_path = resolve_model("smollm2-135m-instruct")
-    settings = {
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings both sides train with, as the config file and the JSON record them."""
+    return {
         "steps": args.steps,
         "warmup_steps_excluded": 1,
         "prompts_per_step": args.prompts_per_step,
@@ -210,55 +206,57 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ),
         "seed": 0,
     }
-    rows = arithmetic_rows(args.prompts_per_step * args.steps, seed=0)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-step-"))
-    config_path = workdir / "config.json"
-    config_path.write_text(
-        json.dumps({"model_path": str(model_path), "rows": rows, "settings": settings}, indent=2)
-    )
 
-    runs: dict[str, Any] = {}
-    for name in names:
-        out = workdir / f"{name}.json"
-        log = workdir / f"{name}.log"
-        cmd = _command(name, config_path, out, args.trl_python)
-        print(f"== {name}: {' '.join(cmd)} (log {log})", flush=True)
-        before = load_snapshot()
-        started = time.perf_counter()
-        with open(log, "w") as handle:
-            proc = subprocess.run(
-                cmd,
-                cwd=REPO,
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                timeout=args.timeout,
-                check=False,
-            )
-        entry: dict[str, Any] = {
-            "command": cmd,
-            "returncode": proc.returncode,
-            "process_seconds": time.perf_counter() - started,
-            "log": str(log),
-            "load_before": before,
-            "load_after": load_snapshot(),
-        }
-        if proc.returncode == 0 and out.is_file():
-            raw = json.loads(out.read_text())
-            summary = _summarise_trl(raw) if name == "trl" else _summarise_ours(raw)
-            summary["peak_rss_bytes"] = raw["peak_rss_bytes_sampled"]
-            summary["peak_rss_gib"] = raw["peak_rss_bytes_sampled"] / 2**30
-            entry.update(summary=summary, raw=raw)
-            print(
-                f"   {name}: {summary['median_step_s']:.1f} s/step "
-                f"({summary['median_step_cpu_s']:.1f} CPU s), peak RSS "
-                f"{summary['peak_rss_gib']:.2f} GiB",
-                flush=True,
-            )
-        else:
-            entry["log_tail"] = log.read_text()[-4000:] if log.is_file() else ""
-            print(f"   {name} FAILED (rc {proc.returncode}); see {log}", flush=True)
-        runs[name] = entry
 
+def _run_configuration(
+    name: str, config_path: Path, workdir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Run one configuration in its own process (log and result in `workdir`); returns its
+    entry: the command, exit status, load, and the summary and raw result when it succeeded
+    (else the log's tail)."""
+    out = workdir / f"{name}.json"
+    log = workdir / f"{name}.log"
+    cmd = _command(name, config_path, out, args.trl_python)
+    print(f"== {name}: {' '.join(cmd)} (log {log})", flush=True)
+    before = load_snapshot()
+    started = time.perf_counter()
+    with open(log, "w") as handle:
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            timeout=args.timeout,
+            check=False,
+        )
+    entry: dict[str, Any] = {
+        "command": cmd,
+        "returncode": proc.returncode,
+        "process_seconds": time.perf_counter() - started,
+        "log": str(log),
+        "load_before": before,
+        "load_after": load_snapshot(),
+    }
+    if proc.returncode == 0 and out.is_file():
+        raw = json.loads(out.read_text())
+        summary = _summarise_trl(raw) if name == "trl" else _summarise_ours(raw)
+        summary["peak_rss_bytes"] = raw["peak_rss_bytes_sampled"]
+        summary["peak_rss_gib"] = raw["peak_rss_bytes_sampled"] / 2**30
+        entry.update(summary=summary, raw=raw)
+        print(
+            f"   {name}: {summary['median_step_s']:.1f} s/step "
+            f"({summary['median_step_cpu_s']:.1f} CPU s), peak RSS "
+            f"{summary['peak_rss_gib']:.2f} GiB",
+            flush=True,
+        )
+    else:
+        entry["log_tail"] = log.read_text()[-4000:] if log.is_file() else ""
+        print(f"   {name} FAILED (rc {proc.returncode}); see {log}", flush=True)
+    return entry
+
+
+def _ratios_over_trl(runs: dict[str, Any]) -> dict[str, Any]:
+    """Each of our configurations that ran against TRL's: step time, peak RSS, step CPU s."""
     ratios: dict[str, Any] = {}
     trl = runs.get("trl", {}).get("summary")
     for name, entry in runs.items():
@@ -270,7 +268,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "peak_rss": ours["peak_rss_bytes"] / trl["peak_rss_bytes"],
             "step_cpu_seconds": ours["median_step_cpu_s"] / trl["median_step_cpu_s"],
         }
-    # Each configuration against the first one listed (e.g. LoRA and bf16 against full fp32).
+    return ratios
+
+
+def _ratios_over_first(names: list[str], runs: dict[str, Any]) -> dict[str, Any]:
+    """Each configuration that ran against the first listed one that ran (e.g. LoRA and bf16
+    against full fp32): step time, peak RSS, weight sync."""
     first = next((n for n in names if "summary" in runs.get(n, {})), None)
     over_first: dict[str, Any] = {}
     for name, entry in runs.items():
@@ -283,6 +286,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "weight_sync": (ours["phases_median_s"].get("weight_sync") or 0.0)
             / max(1e-9, base["phases_median_s"].get("weight_sync") or 0.0),
         }
+    return over_first
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run each configuration, write the JSON with the ratios, print them; returns the JSON."""
+    args = _parse(argv)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    from trainer.models.loading import resolve_model
+
+    model_path = resolve_model("smollm2-135m-instruct")
+    settings = _settings(args)
+    rows = arithmetic_rows(args.prompts_per_step * args.steps, seed=0)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-step-"))
+    config_path = workdir / "config.json"
+    config_path.write_text(
+        json.dumps({"model_path": str(model_path), "rows": rows, "settings": settings}, indent=2)
+    )
+
+    runs = {name: _run_configuration(name, config_path, workdir, args) for name in names}
+    ratios = _ratios_over_trl(runs)
+    over_first = _ratios_over_first(names, runs)
     result = {
         "benchmark": "step_vs_trl",
         "command": "python -m bench.step_vs_trl "

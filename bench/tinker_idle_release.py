@@ -1,7 +1,8 @@
-"""What an idle release costs a Tinker client (issue 44): a resident training session written to
-disk whole (``TrainingSession.suspend``: adapter, Adam state, pending gradients, sampler
-weights kept in memory) and read back (``TrainingSession.resume``), against building the
-session from its base model (what a worker does for a new client), on the packaged models.
+"""What an idle release costs a Tinker client (docs/tinker.md, "Idle release"): a resident
+training session written to disk whole (``TrainingSession.suspend``: adapter, Adam state,
+pending gradients, sampler weights kept in memory) and read back (``TrainingSession.resume``),
+against building the session from its base model (what a worker does for a new client), on the
+packaged models.
 
     .venv/bin/python -m bench.tinker_idle_release                      # smollm2, ranks 8 and 32
     .venv/bin/python -m bench.tinker_idle_release --model tiny-random-llama --ranks 8

@@ -1,4 +1,4 @@
-"""The Tinker API's price (issue 37): a ``forward_backward`` + ``optim_step`` round trip through
+"""The Tinker API's price: a ``forward_backward`` + ``optim_step`` round trip through
 the service (the official SDK -> API -> database -> worker -> back) against the same work done
 in one process by :class:`trainer.primitives.TrainingSession`, on the same batch and seed.
 

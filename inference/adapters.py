@@ -4,7 +4,7 @@ HTTP, no clock; the caller passes the time and what vLLM says its requests use).
 An engine holds at most ``capacity`` adapters (GRPO_INFERENCE_MAX_ADAPTERS), shared by every
 project whose adapters load into it: a Tinker client's sampler saves and a LoRA job's
 checkpoints alike. Plain LRU with a keep-window renewed by each request let one busy project
-keep every slot and answer everyone else 503 (issue 44). So:
+keep every slot and answer everyone else 503. So:
 
 - **Share.** Each adapter has an owner (its project). A project holds at most ``share`` slots
   (GRPO_INFERENCE_MAX_ADAPTERS_PER_PROJECT): past it, its new adapter replaces one of its own,

@@ -80,7 +80,7 @@ def build_app(settings: InferenceSettings, app_settings: Settings) -> FastAPI:
 
 def token_refusal(settings: InferenceSettings) -> str | None:
     """Why the process must not start without its token: whoever reaches an unguarded control
-    API can make any project's checkpoint servable and call the engines (issue 32)."""
+    API can make any project's checkpoint servable and call the engines."""
     token = settings.token.get_secret_value() if settings.token is not None else ""
     if len(token) >= MIN_TOKEN_CHARS:
         return None

@@ -10,6 +10,20 @@ its runtime (one module each) with the bounded parsers of what tenants write in 
 (templates, formulas, RE2 patterns, Python source). ``grading`` imports nothing of this package:
 both stand on ``specbase``.
 
+Beside the sections, the torch-free rules the API, the trainer and the workers share:
+
+- ``grpo_options``: the ``grpo`` section's sub-sections (DAPO options, ``grpo.async``);
+- ``kl``: the ``grpo.kl`` section and the traits of each KL estimator;
+- ``async_warnings``: the warnings of an async spec whose update is not the on-policy one;
+- ``rows``: one prompt row of a dataset, bounded;
+- ``prompt_format``: how a job's conversations and tool calls are written for the model;
+- ``model_shape``: a decoder's shape from its ``config.json`` and its parameter counts;
+- ``memory_plan``: how much memory one device of a job holds;
+- ``memory_terms``: the bytes of each term of that plan;
+- ``paths``: which model and dataset folders a job may read (the operator's rule);
+- ``checkpoint_files``: where checkpoints live, their file names, deleting and measuring them;
+- ``tinker_losses``: the Tinker API's losses by name and the inputs each one reads.
+
 This package is the one front door: ``from jobspec import JobSpec, GRPOSpec, ...``. It is
 torch-free (the API imports it; an import contract checks) and imports nothing of the trainer.
 """

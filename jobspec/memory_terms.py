@@ -48,6 +48,9 @@ __all__ = [
     "engine_bytes",
     "frozen_bytes",
     "head_chunk_rows",
+    "head_chunk_rows_for",
+    "kv_block_tokens",
+    "kv_cache_bytes",
     "largest_micro_batch",
     "sequences_per_call",
     "whole_gradients",
@@ -199,13 +202,48 @@ def frozen_bytes(shape: ModelShape, dtype: str) -> int:
     return ITEMSIZE[dtype] * linear + 4 * (shape.parameters - linear)
 
 
+def kv_block_tokens(accelerator: str) -> int:
+    """Tokens per KV block: vLLM's own default per platform (vLLM-CPU's attention kernels prefer
+    128; GPU backends take 16). The trainer builds its engine with this block size, so the
+    cache is sized with the block the engine really uses, here and in the plan."""
+    return 128 if accelerator == "cpu" else 16
+
+
+def kv_cache_bytes(
+    per_token: int, *, sequences: int, tokens_per_sequence: int, block_tokens: int
+) -> int:
+    """KV-cache bytes that hold ``sequences`` sequences of ``tokens_per_sequence`` tokens at
+    once, each in whole blocks of ``block_tokens``, at ``per_token`` bytes a token
+    (``jobspec.model_shape.kv_bytes_per_token``) and KV_HEADROOM over it (vLLM-CPU stores
+    about 1.2x the computed bytes, measured). The engine the trainer starts is given this
+    cache; the memory plan counts the same. A cache that fits the whole batch never preempts;
+    a larger one is memory the trainer needs more."""
+    if sequences < 1 or tokens_per_sequence < 1:
+        raise ValueError("sequences and tokens_per_sequence must be positive")
+    blocks = sequences * math.ceil(tokens_per_sequence / block_tokens)
+    return math.ceil(blocks * block_tokens * per_token * KV_HEADROOM)
+
+
+def head_chunk_rows_for(vocab_size: int, *, free_bytes: int | None) -> int:
+    """Rows per output-head chunk: on CPU (``free_bytes`` None) about HEAD_CHUNK_ELEMENTS
+    logits (341 rows for a 49,152-token vocabulary; larger chunks were no faster on CPU); on a
+    device, as many [rows, V] float32 logits (and about three temporaries of the same size) as
+    fit in 5% of its free memory, at most 8192 rows. Never fewer than 16."""
+    vocab = max(1, vocab_size)
+    if free_bytes is None:
+        return max(16, HEAD_CHUNK_ELEMENTS // vocab)
+    return max(16, min(8192, math.floor(free_bytes * 0.05 / (16 * vocab))))
+
+
 def _vllm_kv_bytes(shape: ModelShape, inputs: PlanInputs) -> int:
     if inputs.kv_cache_gib is not None:
         return int(inputs.kv_cache_gib * GIB)
-    block = 128 if inputs.accelerator == "cpu" else 16
-    blocks = inputs.engine_sequences * math.ceil(inputs.sequence_tokens / block)
-    per_token = shape.kv_bytes_per_token(ITEMSIZE[inputs.rollout_dtype])
-    return math.ceil(blocks * block * per_token * KV_HEADROOM)
+    return kv_cache_bytes(
+        shape.kv_bytes_per_token(ITEMSIZE[inputs.rollout_dtype]),
+        sequences=max(1, inputs.engine_sequences),
+        tokens_per_sequence=max(1, inputs.sequence_tokens),
+        block_tokens=kv_block_tokens(inputs.accelerator),
+    )
 
 
 def engine_bytes(shape: ModelShape, inputs: PlanInputs) -> tuple[int, int]:
@@ -221,12 +259,10 @@ def engine_bytes(shape: ModelShape, inputs: PlanInputs) -> tuple[int, int]:
 
 
 def head_chunk_rows(shape: ModelShape, inputs: PlanInputs, device_memory: int) -> int:
-    """Rows of the output head's chunk (``trainer.rollout.colocation.head_chunk_rows_for``)."""
-    vocab = max(1, shape.vocab_size)
-    if inputs.accelerator == "cpu":
-        rows = max(16, HEAD_CHUNK_ELEMENTS // vocab)
-    else:
-        rows = max(16, min(8192, math.floor(device_memory * 0.05 / (16 * vocab))))
+    """Rows of the output head's chunk (:func:`head_chunk_rows_for` on the device), at most
+    a micro-batch's completion tokens."""
+    free = None if inputs.accelerator == "cpu" else device_memory
+    rows = head_chunk_rows_for(shape.vocab_size, free_bytes=free)
     return min(rows, inputs.micro_batch_size * inputs.completion_tokens)
 
 

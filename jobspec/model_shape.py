@@ -35,6 +35,7 @@ __all__ = [
     "default_hub_cache",
     "detected_device_memory",
     "host_memory",
+    "kv_bytes_per_token",
     "lookup_shape",
     "preset_shape",
     "read_model_shape",
@@ -44,8 +45,7 @@ __all__ = [
 Accelerator = Literal["cpu", "cuda"]
 # Architectures whose parameter count the formula gives exactly.
 EXACT_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-# The decoder's linear layers, by the module names peft matches.
-ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+# The decoder's MLP linear layers, by the module names peft matches.
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 _REQUIRED = (
     "hidden_size",
@@ -154,7 +154,9 @@ class ModelShape:
 
     def kv_bytes_per_token(self, itemsize: int) -> int:
         """A key and a value for every layer and KV head, per token."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_size * itemsize
+        return kv_bytes_per_token(
+            self.num_hidden_layers, self.num_key_value_heads, self.head_size, itemsize
+        )
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -187,6 +189,12 @@ class ModelShape:
             qk_norm=model_type == "qwen3",
             model_type=model_type,
         )
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """The KV cache's bytes per token: a key and a value for every layer and KV head,
+    ``2 * layers * kv_heads * head_dim * itemsize`` (46,080 for SmolLM2-135M in float32)."""
+    return 2 * layers * kv_heads * head_dim * itemsize
 
 
 def read_model_shape(folder: Path) -> ModelShape:

@@ -1,6 +1,6 @@
 """How a job's conversations and tool calls are written for the model, declared once for the
-trainer's rollouts and for the served model (issue 32: an agent trained here is called as an
-agent). Plain text and dicts, no tokenizer: the API imports it, and the chat template itself is
+trainer's rollouts and for the served model, so that an agent trained here is called as an
+agent. Plain text and dicts, no tokenizer: the API imports it, and the chat template itself is
 applied by whoever holds the tokenizer (the trainer, or the vLLM server).
 
 - :func:`conversation`: a row's system turn (its own, else the job's ``system_prompt``), the

@@ -2,7 +2,10 @@
 model every spec section and every grader type's spec derives from (unknown fields refused,
 finite floats, storable text) and the helpers of its validation. It imports nothing of the
 project, so ``grading`` can declare its graders' specs without importing ``jobspec``, which
-imports ``grading`` for its ``graders`` section."""
+imports ``grading`` for its ``graders`` section.
+
+- ``strict``: :class:`StrictModel` and the helpers of its validation.
+"""
 
 from specbase.strict import StrictModel, field_error, literal_tag, text_problem
 

@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.settings import Settings, build_settings
-from app.jobs import repository as jobs_repo
+from app.jobs import slots_repository as slots_repo
 from app.main import create_app
 from app.sessions.service import create_key
 from grpo_cli import db as migrations
@@ -238,10 +238,10 @@ class RecordingDispatcher:
         held = -1
         if self.sessions is not None:
             with session_scope(self.sessions) as session:
-                row = jobs_repo.dispatch_row(session, job_id=job_id)
+                row = slots_repo.dispatch_row(session, job_id=job_id)
                 if row is not None:
                     status = row.status
-                    held = jobs_repo.count_dispatched(session, project_id=row.project_id)
+                    held = slots_repo.count_dispatched(session, project_id=row.project_id)
         with self.lock:
             self.sent.append(job_id)
             self.queues[job_id] = queue

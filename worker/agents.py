@@ -1,4 +1,4 @@
-"""The worker's side of agent jobs (issue 27): http tools and http environments on the
+"""The worker's side of agent jobs: http tools and http environments on the
 operator's registered endpoints (``GRPO_TOOL_ENDPOINTS``, :mod:`grading.endpoints`, which says
 the protocol), passed to ``train()`` as ``http_tools``/``http_environment``.
 

@@ -39,6 +39,7 @@ from app.inference import servers_repository
 from app.jobs import deletion_repository as deletion_repo
 from app.jobs import repository as jobs_repo
 from app.jobs import size_classes, transitions
+from app.jobs import slots_repository as slots_repo
 from app.jobs import workers_repository as workers_repo
 from app.jobs.dispatch import fill_slots, send_after_commit, send_job
 from app.jobs.transitions import JobStatus
@@ -178,7 +179,7 @@ def fill_round_robin(ctx: WorkerContext) -> list[str]:
     against the API and other workers doing the same)."""
     cap = ctx.settings.max_dispatched_per_project
     with session_scope(ctx.sessions) as session:
-        projects = jobs_repo.projects_waiting(session, limit=SWEEP_BATCH)
+        projects = slots_repo.projects_waiting(session, limit=SWEEP_BATCH)
     sent: list[str] = []
     while projects and len(sent) < SWEEP_BATCH:
         for project_id in list(projects):

@@ -317,7 +317,15 @@ def run_job(ctx: WorkerContext, job_id: str, *, train: Train | None = None) -> s
     if error is not None:
         return _fail(ctx, job_id, attempt, error)
     assert result is not None
-    reason = callbacks.stop_reason
+    return _record_outcome(ctx, job_id, attempt, result, callbacks.stop_reason)
+
+
+def _record_outcome(
+    ctx: WorkerContext, job_id: str, attempt: int, result: TrainOutcome, reason: str | None
+) -> str:
+    """Record how a run that returned ended, given why it was asked to stop (`reason`: a
+    cancel, a pause, the worker's shutdown, or None): cancelled, paused (by its owner or by a
+    guard of its own), handed back, or succeeded; the outcome word."""
     if reason == "cancelled" and result.stopped_early:
         _end(
             ctx,

@@ -119,7 +119,7 @@ class CeleryDispatcher:
         return True
 
 
-# ---- withdrawing a job's messages (issue 44): a cancelled job's message would wait in the
+# ---- withdrawing a job's messages: a cancelled job's message would wait in the
 # broker until a worker took it only to drop it, and with a size class no worker runs, forever.
 
 # Most messages of one queue a withdrawal reads, so that its cost stays bounded however long the

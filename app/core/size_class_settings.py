@@ -1,5 +1,5 @@
-"""The settings of the workers' size classes (issue 32) that the API reads: the device a job's
-memory plan must fit (``GRPO_WORKER_DEVICE_MEMORY_GIB``, ``GRPO_WORKER_DEVICE_KIND``) and how
+"""The settings of the workers' size classes (docs/scaling.md) that the API reads: the device a
+job's memory plan must fit (``GRPO_WORKER_DEVICE_MEMORY_GIB``, ``GRPO_WORKER_DEVICE_KIND``) and how
 long a worker's announced size class counts. A part of :class:`app.core.settings.Settings`
 (which inherits these fields), kept apart to keep that module readable."""
 

@@ -1,5 +1,5 @@
-"""The tables of the Tinker API (app/tinker, issue 37): sessions, the training models a worker
-holds resident, their requests (futures), sampling sessions and saved checkpoints.
+"""The tables of the Tinker API (app/tinker, docs/tinker.md): sessions, the training models a
+worker holds resident, their requests (futures), sampling sessions and saved checkpoints.
 
 A Tinker training client is a model held by one worker for the life of its session
 (worker/tinker_model.py): the API stores each call as a request row, the worker applies the

@@ -38,8 +38,8 @@ from app.jobs import pausing
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs_service
 from app.jobs.deps import JobCreationDep, JobDep
+from app.jobs.idempotency import spec_fingerprint
 from app.jobs.routes import checked_idempotency_key, created_response
-from app.jobs.service import spec_fingerprint
 from app.progress import metrics_repository as metrics_repo
 from app.progress import repository as progress_repo
 from app.sessions.deps import PrincipalDep

@@ -1,5 +1,5 @@
-"""Agent RFT requests as native agent jobs (issue 27): the part of app.fine_tuning.service's
-mapping that concerns tools, environments and episodes.
+"""Agent RFT requests as native agent jobs: the part of app.fine_tuning.service's mapping that
+concerns tools, environments and episodes (docs/openai-compat.md, "Agent RFT: tools").
 
 - method.reinforcement.tools (OpenAI's function tools, either shape) -> tools, each with the
   implementation grpo_service.tool_implementations gives under its name (``{type: http,

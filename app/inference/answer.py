@@ -1,7 +1,7 @@
 """A non-streamed answer of the engine, passed on as the engine's bytes.
 
 With `n`, `max_tokens` and `top_logprobs` all within a tenant's limits, one answer reaches
-~19 MiB (issue 32), and parsing and re-serialising it on the event loop stalled every other
+~19 MiB, and parsing and re-serialising it on the event loop stalled every other
 request of the API process (and once got both processes killed by their supervisor). So the
 body is never parsed whole:
 

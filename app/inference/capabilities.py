@@ -4,7 +4,7 @@ vLLM enforces `json_object` and `json_schema` by masking every token the grammar
 model whose vocabulary cannot spell JSON (the packaged tiny model's character-level vocabulary
 has no `{` or `"`) has nothing left to sample: the engine samples a masked token, rejects it
 ("grammar rejected tokens") and answers 500, which the gateway passed on as a 502 for every
-such request (issue 32). The engine itself survives; structured outputs work on CPU with a
+such request. The engine itself survives; structured outputs work on CPU with a
 model that can write JSON (SmolLM2's BPE vocabulary, tests/app/inference/test_inference_gateway.py).
 
 So the gateway asks the engine once per served model, through vLLM's own `/tokenize` and

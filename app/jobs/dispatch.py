@@ -30,6 +30,7 @@ from app.core import db
 from app.core import projects_repository as projects_repo
 from app.core.queue import Dispatcher, withdraw
 from app.jobs import repository as jobs_repo
+from app.jobs import slots_repository as slots_repo
 from app.jobs.transitions import ON_JOB_ENDED, JobStatus
 
 _POLICY = "grpo_fair_dispatch"
@@ -99,7 +100,7 @@ def send_after_commit(
 
     def may_send(after: Session) -> str | None:
         """The job's project when the job still waits and its project has a free slot."""
-        state = jobs_repo.dispatch_state(after, job_id=job_id)
+        state = slots_repo.dispatch_state(after, job_id=job_id)
         if state is None or state.status != JobStatus.QUEUED or state.dispatched_at is not None:
             return None  # sent by someone else meanwhile, or no longer queued
         if cap is not None and state.slots_held >= cap:
@@ -147,10 +148,10 @@ def fill_slots(
     rows, inside a unit of work of its own: it holds the project's lock until that commits."""
     projects_repo.lock(session, project_id=project_id)
     due: list[tuple[datetime, str, str]] = []
-    for queue, held in jobs_repo.slots_by_queue(session, project_id=project_id).items():
+    for queue, held in slots_repo.slots_by_queue(session, project_id=project_id).items():
         free = cap - held if limit is None else min(cap - held, limit)
         if free > 0:
-            rows = jobs_repo.waiting(session, project_id=project_id, queue=queue, limit=free)
+            rows = slots_repo.waiting(session, project_id=project_id, queue=queue, limit=free)
             due += [(created_at, job_id, queue) for job_id, queue, created_at in rows]
     sent: list[str] = []
     for _, job_id, queue in sorted(due)[:limit]:
@@ -163,7 +164,7 @@ def fill_slots(
 def job_ended(policy: FairDispatch, session: Session, *, job_id: str) -> None:
     """After-commit work of a job's end (installed by `install`): its slot is free, so the
     project's next waiting jobs are sent."""
-    row = jobs_repo.dispatch_row(session, job_id=job_id)
+    row = slots_repo.dispatch_row(session, job_id=job_id)
     if row is not None:
         fill_slots(
             session, policy.dispatcher, project_id=row.project_id, cap=policy.max_per_project

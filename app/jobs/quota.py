@@ -4,7 +4,7 @@
 
 Both count the jobs in app.core.job_status.QUOTA_COUNTED_STATES (queued, running, cancelling,
 pausing; not paused, not ended), in one pass over the project's active jobs
-(`jobs_repo.count_active_and_dispatched`), under the project's row lock: a create (at its
+(`slots_repo.count_active_and_dispatched`), under the project's row lock: a create (at its
 commit) and a resume both check here, and the lock is held until their commit, so two of them
 at the limit cannot both pass. A refusal is a 429 `quota_exceeded` naming the setting: nothing
 is wrong with the request, it only has to come later. `GET /v1/usage` shows the same figures
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app.core import projects_repository as projects_repo
 from app.core.errors import QuotaExceeded
 from app.core.settings import Settings
-from app.jobs import repository as jobs_repo
+from app.jobs import slots_repository as slots_repo
 
 # A project at its limit waits for jobs to end; there is no better estimate of when.
 QUOTA_RETRY_AFTER_S = 30
@@ -45,7 +45,7 @@ class ActiveUse:
 
 def use_of(session: Session, *, project_id: str, limits: ActiveLimits) -> ActiveUse:
     """The project's active jobs and their devices, against `limits` (a plain read)."""
-    counts = jobs_repo.count_active_and_dispatched(session, project_id=project_id)
+    counts = slots_repo.count_active_and_dispatched(session, project_id=project_id)
     return ActiveUse(counts.jobs, counts.devices, limits)
 
 
@@ -64,7 +64,7 @@ def check_active_jobs(
     thread, and not across the rest of the request, which is what serialised one project's
     creates."""
     projects_repo.lock(session, project_id=project_id)
-    counts = jobs_repo.count_active_and_dispatched(session, project_id=project_id, queue=queue)
+    counts = slots_repo.count_active_and_dispatched(session, project_id=project_id, queue=queue)
     if counts.jobs > limits.jobs:
         raise QuotaExceeded(
             f"this project has {counts.jobs - 1} queued or running jobs, the most it may have "

@@ -8,20 +8,17 @@ Everything here runs inside the caller's unit of work and only flushes; the requ
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core import db
-from app.core.clock import as_utc, utcnow
+from app.core.clock import utcnow
 from app.core.errors import (
     Conflict,
-    IdempotencyKeyReused,
     IllegalTransition,
     InvalidRequest,
     NotFound,
@@ -33,91 +30,15 @@ from app.core.settings import Settings
 from app.datasets import repository as files_repo
 from app.datasets import service as datasets_service
 from app.jobs import admission, transitions
-from app.jobs import idempotency_repository as idem_repo
 from app.jobs import repository as jobs_repo
 from app.jobs.dispatch import send_after_commit, withdraw_after_commit
+from app.jobs.idempotency import Replay, claim_for_request, record_response, spec_fingerprint
 from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.size_classes import SizeClassWatch, record_warning, workers_seen
 from app.jobs.transitions import JobStatus
 from jobspec import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
 from jobspec.memory_plan import MemoryPlan, PlanInputs, plan_memory, refusal
 from jobspec.model_shape import lookup_shape
-
-# An in-progress idempotency claim older than this belongs to a request that died mid-way.
-STALE_CLAIM = timedelta(seconds=60)
-
-
-@dataclass(frozen=True)
-class Replay:
-    """The stored first response of an idempotent retry, to be sent again unchanged."""
-
-    status_code: int
-    body: dict[str, Any]
-
-
-def spec_fingerprint(raw_body: dict[str, Any]) -> str:
-    """Hash of the request body as sent (key order does not matter)."""
-    canonical = json.dumps(raw_body, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _claim_key(
-    claims: sessionmaker[Session], *, project_id: str, key: str, fingerprint: str, ttl: timedelta
-) -> Replay | None:
-    """Claim the idempotency key in its own committed transactions: the one place outside a
-    boundary that commits, on purpose. The claim must be visible to a concurrent duplicate
-    *before* this request has done its work (turning the duplicate into a 409, not a second
-    job), so it cannot wait for the request's commit. `claims` runs each statement as its own
-    transaction (app.core.state); a first request claims with one statement. Returns the
-    stored response for a replay, raises for a mismatch or a request still in flight, or None
-    when this request owns the key and must do the work."""
-    now = utcnow()
-    with db.session_scope(claims) as session:
-        if idem_repo.claim(
-            session,
-            project_id=project_id,
-            key=key,
-            request_hash=fingerprint,
-            now=now,
-            expired_before=now - ttl,
-        ):
-            return None
-        record = idem_repo.get(session, project_id=project_id, key=key)
-    if record is None:  # released between our two statements: try once more
-        raise Conflict(
-            "idempotency key is being reused concurrently; retry", param="Idempotency-Key"
-        )
-    if record.request_hash != fingerprint:
-        raise IdempotencyKeyReused(
-            "this Idempotency-Key was used with a different request body",
-            param="Idempotency-Key",
-        )
-    if record.state != "completed":
-        if now - (as_utc(record.created_at) or now) > STALE_CLAIM:
-            # Its request died mid-way: release the claim (only while it is still that stale
-            # one, never a retry's fresh claim), so the next retry is served.
-            _release_key(claims, project_id=project_id, key=key, claimed_before=now - STALE_CLAIM)
-            raise Conflict(
-                "an earlier request with this Idempotency-Key did not finish; retry",
-                param="Idempotency-Key",
-            )
-        raise Conflict(
-            "a request with this Idempotency-Key is still in progress", param="Idempotency-Key"
-        )
-    return Replay(record.response_status or 201, record.response_body or {})
-
-
-def _release_key(
-    claims: sessionmaker[Session],
-    *,
-    project_id: str,
-    key: str,
-    claimed_before: datetime | None = None,
-) -> None:
-    """Give a claimed key back (its own transaction, like the claim) so a retry can proceed;
-    with `claimed_before`, only an in-progress claim made before then."""
-    with db.session_scope(claims) as session:
-        idem_repo.release(session, project_id=project_id, key=key, claimed_before=claimed_before)
 
 
 def dataset_file(session: Session, *, project_id: str, spec: JobSpec) -> File | None:
@@ -220,7 +141,7 @@ def create_job(
     re-send too) once the request commits; or, for a retry with the same Idempotency-Key and
     spec, the first request's stored response. With a key, the caller hands the response it
     sends to `record_response` in the same unit of work, so the job and its replayable response
-    commit together; `claims` makes the key's own transactions (`_claim_key`). The quota of
+    commit together; `claims` makes the key's own transactions (app.jobs.idempotency). The quota of
     active jobs and devices is checked at the commit (app.jobs.quota): a refusal rolls all back
     and releases the key. `openai` is stored with a job created through the OpenAI-compatible
     API (its request's own words); `fingerprint` replaces the resolved spec's as what a key's
@@ -228,7 +149,8 @@ def create_job(
     reads the workers' announced devices for the memory plan (:func:`memory_plan`)."""
     resolved = spec.model_dump(mode="json")  # the spec as stored, and what the key fingerprints
     if idempotency_key is not None:
-        replay = _claim_key(
+        replay = claim_for_request(
+            session,
             claims,
             project_id=project_id,
             key=idempotency_key,
@@ -237,22 +159,14 @@ def create_job(
         )
         if replay is not None:
             return replay
-        # The claim is already committed. If this unit of work rolls back (a bad dataset file,
-        # the quota, a failed commit), release it, so a retry is served at once instead of
-        # getting 409s until the claim goes stale.
-        db.after_rollback(
-            session,
-            functools.partial(_release_key, claims, project_id=project_id, key=idempotency_key),
-        )
     train_file = dataset_file(session, project_id=project_id, spec=spec)
     train_rows = train_file.row_count if train_file is not None else spec.dataset.known_row_count()
     check_validation_file(session, project_id=project_id, spec=spec, train_rows=train_rows)
     # What this operator allows (model folders, job size): after the claim, so a refusal rolls
     # back and releases the key like any other 4xx.
     admission.admit(spec, settings=settings, project_id=project_id, session=session)
-    plan, _ = memory_plan(
-        spec, settings, session, watch
-    )  # a job its workers' devices cannot hold: 422
+    # A job its workers' devices cannot hold: 422.
+    plan, _ = memory_plan(spec, settings, session, watch)
     if plan is not None and not plan.fits:
         message, fixes = refusal(plan)
         raise InvalidRequest(message, param="model", details=fixes)
@@ -285,22 +199,6 @@ def create_job(
         ),
     )
     return job
-
-
-def record_response(
-    session: Session,
-    *,
-    project_id: str,
-    idempotency_key: str | None,
-    status_code: int,
-    body: dict[str, Any],
-) -> None:
-    """Store the response of the request that owns `idempotency_key`, for its retries to
-    replay byte for byte. No-op without a key."""
-    if idempotency_key is not None:
-        idem_repo.complete(
-            session, project_id=project_id, key=idempotency_key, status=status_code, body=body
-        )
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ the maintenance sweep writes one `tinker_held` event per waiting job and attempt
 Nothing is said (and every lost message is sent again) while no worker of the deployment was
 seen lately (a fresh start, a deployment whose workers start after the API, an outage of every
 worker): then nothing is known of its size classes. A worker that takes no jobs
-(GRPO_WORKER_SERVES=tinker) has no size class. The waiting job holds a dispatch slot of its own size class only
-(app.jobs.dispatch), so it never holds up its project's other jobs.
+(GRPO_WORKER_SERVES=tinker) has no size class. The waiting job holds a dispatch slot of its own
+size class only (app.jobs.dispatch), so it never holds up its project's other jobs.
 """
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ def record_warning(session: Session, *, job_id: str, devices: int, message: str)
     )
 
 
-# ---- a job waiting for workers that hold Tinker training clients (issue 44)
+# ---- a job waiting for workers that all hold Tinker training clients is told why it waits
+# (RELIABILITY.md, "The Tinker API: what one tenant may hold").
 
 TINKER_HELD_EVENT = "tinker_held"
 # How long a job sent to its queue waits before it is told why: a worker often frees itself

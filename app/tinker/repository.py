@@ -78,10 +78,6 @@ def stored_bytes(db: Session, *, project_id: str) -> int:
     return int(total or 0)
 
 
-def models_of_session(db: Session, *, session_id: str) -> list[TinkerModel]:
-    return list(db.scalars(select(TinkerModel).where(TinkerModel.session_id == session_id)))
-
-
 def queued_requests(db: Session, *, model_id: str) -> int:
     query = select(func.count()).where(
         TinkerRequest.model_id == model_id, TinkerRequest.status == "queued"

@@ -45,7 +45,6 @@ from app.tinker.schema_parts import (
     Text,
     TinkerRequest,
     TinkerResponse,
-    TrainingRun,
     Ttl,
     json_at_most,
 )
@@ -397,8 +396,3 @@ class WeightsInfoResponse(TinkerResponse):
     train_unembed: bool | None = None
     train_mlp: bool | None = None
     train_attn: bool | None = None
-
-
-class TrainingRunsResponse(TinkerResponse):
-    training_runs: list[TrainingRun]
-    cursor: Cursor

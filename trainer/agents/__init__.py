@@ -1,5 +1,5 @@
 """Agents: multi-turn episodes with tools and environments, trained only on the tokens the
-model sampled (issue 27).
+model sampled (docs/trainer.md, "Agents: multi-turn episodes").
 
 Owns (token ids and messages, no tensor math):
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jobspec.checkpoint_files import MANIFEST, is_model_file
-from trainer.checkpoint.store import write_atomically
+from trainer.checkpoint.durable import write_atomically
 from trainer.models.lora import (
     ADAPTER_CONFIG,
     adapter_config,

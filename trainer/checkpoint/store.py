@@ -25,10 +25,8 @@ import json
 import os
 import random
 import shutil
-import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +50,7 @@ from jobspec.checkpoint_files import (
     checkpoint_step,
     remove_folder,
 )
+from trainer.checkpoint.durable import fsync_dir, fsync_tree
 from trainer.checkpoint.sharded import load_sharded
 from trainer.models.lora import ADAPTER_WEIGHTS, is_lora, load_adapter_weights
 
@@ -67,7 +66,6 @@ __all__ = [
     "prune_checkpoints",
     "save_checkpoint",
     "sweep_temp_dirs",
-    "write_atomically",
 ]
 
 FORMAT_VERSION = 1
@@ -104,58 +102,6 @@ def new_temp_dir(output_dir: Path, step: int) -> Path:
 
 def checkpoint_path(output_dir: Path, step: int) -> Path:
     return Path(output_dir) / checkpoint_folder_name(step)
-
-
-# --------------------------------------------------------------------------- durability
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    # Directory fsync makes the entries (the rename) durable; not every platform allows it.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            _fsync_file(Path(dirpath) / name)
-        _fsync_dir(Path(dirpath))
-
-
-def write_atomically(out: Path, write: Callable[[Path], None]) -> Path:
-    """Run ``write`` on a fresh temporary sibling folder of ``out``, fsync what it wrote, then
-    rename it to ``out``: ``out`` is complete or absent, even across a crash.
-    FileExistsError when ``out`` exists (nothing is ever overwritten)."""
-    out = Path(out)
-    if out.exists():
-        raise FileExistsError(f"{out} exists; choose a new folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        write(tmp)
-        _fsync_tree(tmp)
-        os.rename(tmp, out)
-        _fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
 
 
 # --------------------------------------------------------------------------- RNG
@@ -311,12 +257,12 @@ def save_checkpoint(
             "files": [*sorted(p.name for p in tmp.iterdir()), MANIFEST],
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if final.exists():
             # Same step saved before (a run resumed and stopped again): replace it.
             remove_folder(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -9,8 +9,10 @@ their registry (:mod:`~trainer.primitives.losses`), the checks of a call
 (:mod:`~trainer.primitives.batch`), target log-probabilities
 (:mod:`~trainer.primitives.scoring`), the adapters (:mod:`~trainer.primitives.adapters`), the
 per-call AdamW step (:mod:`~trainer.primitives.adam`), sampling
-(:mod:`~trainer.primitives.sampling`), saved states (:mod:`~trainer.primitives.state`) and the
-session (:mod:`~trainer.primitives.session`).
+(:mod:`~trainer.primitives.sampling`), saved states (:mod:`~trainer.primitives.state`), what a
+saved state leaves out of a resident session, so that one written to disk and read back
+continues exactly (:mod:`~trainer.primitives.resident`), and the session
+(:mod:`~trainer.primitives.session`).
 """
 
 from trainer.primitives.adapters import WeightsSnapshot

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 # The update's decoder/head split and chunked head, reused rather than copied (they are
 # module-private there; making them public is a rename in trainer.update.logprobs).
-from trainer.update.logprobs import decoder_and_head, head_chunk_rows, head_chunks, logits_divisor
+from jobspec.memory_terms import head_chunk_rows_for
+from trainer.update.logprobs import decoder_and_head, head_chunks, logits_divisor
 
 __all__ = ["target_logprobs"]
 
@@ -47,7 +48,9 @@ def target_logprobs(model: nn.Module, tokens: Tensor, targets: Tensor, mask: Ten
     ids = targets.reshape(-1).index_select(0, rows)
     vocab = int(getattr(head, "out_features", 65_536))
     # Temperature 1; Granite's logits are lm_head(h) / config.logits_scaling.
-    parts, _ = head_chunks(head, states, ids, logits_divisor(model), False, head_chunk_rows(vocab))
+    parts, _ = head_chunks(
+        head, states, ids, logits_divisor(model), False, head_chunk_rows_for(vocab, free_bytes=None)
+    )
     out_dtype = torch.float32 if hidden.dtype in (torch.float16, torch.bfloat16) else hidden.dtype
     flat = torch.zeros(tokens.numel(), dtype=out_dtype, device=tokens.device)
     flat = flat.index_copy(0, rows, torch.cat(parts).to(out_dtype))

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.store import write_atomically
+from trainer.checkpoint.durable import write_atomically
 from trainer.primitives.types import PrimitiveError
 
 __all__ = [

@@ -27,7 +27,6 @@ hot-swap the base weights must survive, so level 1.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from torch import nn
@@ -37,7 +36,6 @@ __all__ = [
     "MIN_ENGINE_SHARE",
     "Colocation",
     "engine_memory_share",
-    "head_chunk_rows_for",
     "sleep_level",
     "trainable_params_on_rank",
     "trainable_params_whole",
@@ -118,18 +116,6 @@ def engine_memory_share(
             "rollout.gpu_memory_utilization"
         )
     return min(share, 0.95)
-
-
-def head_chunk_rows_for(
-    vocab_size: int, *, free_bytes: int | None, cpu_rows: int, fraction: float = 0.05
-) -> int:
-    """Rows per output-head chunk: on CPU (``free_bytes`` None) ``cpu_rows``; on a device, as
-    many [rows, V] float32 logits (and about three temporaries of the same size) as fit in
-    ``fraction`` of its free memory, at least 16 and at most 8192 rows."""
-    if free_bytes is None:
-        return cpu_rows
-    per_row = 4 * 4 * max(1, vocab_size)
-    return max(16, min(8192, math.floor(free_bytes * fraction / per_row)))
 
 
 def sleep_level(lora_sync: str) -> int:

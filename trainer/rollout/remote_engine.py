@@ -1,6 +1,6 @@
 """The client of a rollout server (:mod:`trainer.rollout.rollout_server`): a
 :class:`~trainer.rollout.base.RolloutEngine` whose engine runs in a process of its own, so the
-trainer can update while it generates (asynchronous GRPO, issue 36).
+trainer can update while it generates (asynchronous GRPO, docs/trainer.md).
 
 Weights travel as files, never through the server's socket: ``sync_weights`` and
 ``load_weight_buckets`` WRITE the weights as version :attr:`RemoteEngine.publish_version`

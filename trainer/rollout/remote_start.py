@@ -47,8 +47,9 @@ def start_remote_engine(
     context of the longest call, a vLLM KV cache for the run's largest generate call, the end
     tokens the run declares. ``device`` (default: the run's), ``threads`` and ``cpus`` are
     the server's own; ``options`` go to :class:`RemoteEngine`."""
+    from jobspec.memory_terms import kv_block_tokens
     from trainer.rollout.base import model_context_tokens
-    from trainer.rollout.startup import kv_block_tokens, max_model_len, run_kv_cache_bytes
+    from trainer.rollout.startup import max_model_len, run_kv_cache_bytes
     from trainer.rollout.stop_tokens import stop_token_ids
 
     if setup.model_path is None:

@@ -1,6 +1,6 @@
 """A rollout server: ONE rollout engine in a process of its own, served over HTTP on 127.0.0.1.
 
-Why a process: asynchronous GRPO (issue 36) generates the next steps' rollouts while the
+Why a process: asynchronous GRPO (docs/trainer.md) generates the next steps' rollouts while the
 trainer updates, so the engine must not share the trainer's interpreter, threads or device;
 the same protocol later lets rollouts run on other machines. The client is
 :class:`trainer.rollout.remote_engine.RemoteEngine`, which starts this module as

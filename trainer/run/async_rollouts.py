@@ -1,4 +1,4 @@
-"""Asynchronous GRPO's rollout pipeline (issue 36): the rollouts of steps ``t+1..t+K`` are
+"""Asynchronous GRPO's rollout pipeline (docs/trainer.md): the rollouts of steps ``t+1..t+K`` are
 generated in a rollout server (a process of its own, :mod:`trainer.rollout.remote_engine`)
 while step ``t`` updates.
 

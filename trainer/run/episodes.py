@@ -1,4 +1,4 @@
-"""An agent job's rollout (issue 27): every sample of a group is a multi-turn episode
+"""An agent job's rollout: every sample of a group is a multi-turn episode
 (:mod:`trainer.agents`) instead of one completion.
 
 - Each row's conversation (the dataset's system prompt, then its messages or its prompt as a

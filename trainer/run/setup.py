@@ -34,7 +34,6 @@ from transformers import PreTrainedTokenizerBase
 
 from grading.graders import Grader
 from jobspec import JobSpec
-from jobspec.traits import ROLLOUT_ENGINE_TRAITS
 from trainer.agents import Environment, HttpTools
 from trainer.checkpoint.store import sweep_temp_dirs
 from trainer.data.dataset import (
@@ -45,7 +44,6 @@ from trainer.data.dataset import (
     prompts_for_run,
     split_holdout,
 )
-from trainer.distributed.sharding import broadcast_module, mesh_for, shard_model
 from trainer.distributed.weights import Mirror
 from trainer.distributed.world import World
 from trainer.models.loading import (
@@ -56,10 +54,11 @@ from trainer.models.loading import (
 )
 from trainer.models.lora import apply_lora
 from trainer.models.precision import enable_tf32, store_frozen_linears_for_autocast
-from trainer.models.reference import Reference, reference_for
+from trainer.models.reference import Reference
 from trainer.rollout.base import RolloutEngine
 from trainer.rollout.startup import StartedEngine, start_engine, with_server_share
 from trainer.run.callbacks import Callbacks, RunInfo
+from trainer.run.placement import place_policy
 from trainer.scoring.rewards import RewardFn, Scorer, resolve_scorer
 from trainer.update.compiled import CompileNotSupported, compile_decoder_layers, compile_refusal
 from trainer.update.micro_batch import resolve_run_micro_batch
@@ -195,14 +194,7 @@ def prepare_run(
     pad_id = int(pad if pad is not None else tok.eos_token_id or 0)
     prompts = _encode_prompts(config, callbacks, tok, train_rows, eval_rows)
     sampler = PromptSampler(len(prompts.train_rows), seed=config.seed, shuffle=ds.shuffle)
-    mirror = None
-    if world.distributed:
-        broadcast_module(policy.model, world, device)  # before any copy is taken of it
-        reference = _reference(config, policy.model)
-        mirror = _shard(world, device, policy.model, reference, _mirror_kind(config))
-    else:
-        reference = _reference(config, policy.model)
-        _to_device(device, policy.model, reference)
+    reference, mirror = place_policy(config, policy.model, world, device)
     if given.engine is None:  # an async job's server: its share, now that the trainer is placed
         config = with_server_share(config, policy.model, device, world.is_main, callbacks.on_event)
     if config.grpo.compile:  # last, on the placed policy (trainer.update.compiled's order)
@@ -243,46 +235,6 @@ def prepare_run(
         mirror=mirror,
         shares=config.resources.devices,
     )
-
-
-def _mirror_kind(config: JobSpec) -> str:
-    """ "lazy" (no weights held: the engine loads its own, and the sync streams to it) when the
-    engine loads a folder or runs in an async job's rollout server (a process of its own, which
-    loads the folder whatever its engine), else "eager" (the transformers engine generates with
-    the module)."""
-    if config.grpo.async_.enabled:
-        return "lazy"
-    return "lazy" if ROLLOUT_ENGINE_TRAITS[config.rollout.engine].loads_folder else "eager"
-
-
-def _to_device(device: torch.device, policy: nn.Module, reference: Reference | None) -> None:
-    """One rank: the host policy, then a separate reference (already in its dtype), to the
-    device (in place: a caller's model object stays the trained one)."""
-    policy.to(device)
-    if reference is not None and not reference.shares_policy:
-        reference.model.to(device)
-
-
-def _shard(
-    world: World,
-    device: torch.device,
-    policy: nn.Module,
-    reference: Reference | None,
-    mirror_kind: str,
-) -> Mirror:
-    """Take the mirror of the host policy (eager: on the device, for the transformers engine;
-    lazy: a meta skeleton), then shard a separate reference (already in its dtype) and the
-    policy over the world's ranks; ``fully_shard`` moves them to the device unit by unit. A
-    LoRA reference is the policy itself."""
-    if mirror_kind == "eager":
-        mirror = Mirror.copy_of(policy, world, device)
-    else:
-        mirror = Mirror.skeleton_of(policy, world)
-    mesh = mesh_for(world, device.type)
-    if reference is not None and not reference.shares_policy:
-        shard_model(reference.model, mesh)
-    shard_model(policy, mesh)
-    return mirror
 
 
 def _load_policy(
@@ -338,15 +290,6 @@ def _encode_prompts(
         message, data = prompts.skipped_event()
         callbacks.on_event("dataset", message, level="warning", data=data)
     return prompts
-
-
-def _reference(config: JobSpec, model: nn.Module) -> Reference | None:
-    """The KL reference: the policy as the run starts (the base model, also when resuming,
-    since checkpoints are loaded after this; ``trainer.models.reference``); None when the KL is
-    off."""
-    if not config.grpo.kl.active:
-        return None
-    return reference_for(model, config.grpo.dtype)
 
 
 def start_run_engine(setup: RunSetup) -> StartedEngine:

@@ -23,9 +23,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
-from jobspec import memory_plan
+from jobspec.memory_terms import head_chunk_rows_for
 from trainer.models.precision import exact_float32_matmuls
-from trainer.rollout.colocation import head_chunk_rows_for
 from trainer.update.fused_head import fused_head_logprobs
 from trainer.update.fused_head import row_entropy as _row_entropy
 from trainer.update.fused_head import row_logprobs as _row_logprobs
@@ -139,17 +138,6 @@ def logits_divisor(model: nn.Module) -> float:
     return divisor
 
 
-# Logits elements per output-head chunk: 16M float32 values are 64 MiB, and the chunk's softmax
-# temporaries (and its recomputation in the backward pass) are a few times that. 341 rows for
-# SmolLM2's 49,152-token vocabulary; larger chunks were no faster on CPU and cost memory.
-HEAD_CHUNK_ELEMENTS = memory_plan.HEAD_CHUNK_ELEMENTS  # declared where the memory plan reads it
-
-
-def head_chunk_rows(vocab_size: int) -> int:
-    """Rows per output-head chunk for a vocabulary: about ``HEAD_CHUNK_ELEMENTS`` logits."""
-    return max(16, HEAD_CHUNK_ELEMENTS // max(1, vocab_size))
-
-
 def _check_inputs(
     input_ids: Tensor,
     attention_mask: Tensor,
@@ -174,10 +162,10 @@ def _default_chunk_rows(lm_head: nn.Module, input_ids: Tensor) -> int:
     """Rows per output-head call when the caller names none."""
     weight = getattr(lm_head, "weight", None)
     vocab = int(weight.shape[0]) if weight is not None else 65_536
-    # On a GPU the chunk follows what is free there (trainer.rollout.colocation); on CPU
-    # the fixed 16M-logit chunk, measured as fast as larger ones.
+    # On a GPU the chunk follows what is free there; on CPU the fixed 16M-logit chunk,
+    # measured as fast as larger ones (jobspec.memory_terms.head_chunk_rows_for).
     free = torch.cuda.mem_get_info(input_ids.device)[0] if input_ids.is_cuda else None
-    return head_chunk_rows_for(vocab, free_bytes=free, cpu_rows=head_chunk_rows(vocab))
+    return head_chunk_rows_for(vocab, free_bytes=free)
 
 
 HeadPath = Literal["fused", "plain"]
@@ -326,7 +314,7 @@ def completion_logprobs(
         temperature: the sampling temperature; logits are divided by it (and by Granite's
             ``config.logits_scaling``, :func:`logits_divisor`).
         chunk_size: rows per output-head call (bounds the [rows, V] temporaries); None picks
-            ``head_chunk_rows(V)``.
+            ``head_chunk_rows_for(V, free_bytes=None)``.
         with_entropy: also return the per-position entropy (detached: it is a metric).
         head: ``fused`` (the update's path) or ``plain`` (the checkpointed ``lm_head`` per
             chunk, kept to check the fused one against); see :func:`head_chunks`.

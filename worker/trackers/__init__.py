@@ -5,6 +5,11 @@ the worker accepts (the operator's rule, checked again here), each with its own 
 :class:`Exports` is what the database callbacks and the runner hold: steps go in after the
 database stored them, reports of what was not exported come out as job events, and
 :meth:`Exports.close` ends every run with one bounded wait.
+
+- ``exporter``: one tracker export: a bounded queue and the thread that sends it in batches;
+- ``mlflow``: an MLflow tracking server, through its REST API;
+- ``wandb``: Weights & Biases, through the ``wandb`` package;
+- ``params``: a job's resolved spec as flat tracker params.
 """
 
 from __future__ import annotations

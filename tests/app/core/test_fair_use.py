@@ -24,7 +24,7 @@ from app.core.models import Job
 from app.core.ratelimit import RequestLimiter
 from app.core.settings import Settings
 from app.jobs import dispatch, transitions
-from app.jobs import repository as jobs_repo
+from app.jobs import slots_repository as slots_repo
 from app.jobs.transitions import JobStatus
 from app.main import create_app
 from tests.conftest import (
@@ -178,7 +178,7 @@ def test_concurrent_creates_never_exceed_the_active_job_limit(make_harness: Make
         codes = list(pool.map(post, range(8)))
     assert sorted(codes) == [201] * 3 + [429] * 5
     with session_scope(h.sessions) as session:
-        assert jobs_repo.count_active(session, project_id=project_id) == 3
+        assert slots_repo.count_active(session, project_id=project_id) == 3
 
 
 # -- fair dispatch -------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_a_big_backlog_does_not_hold_back_another_project(make_harness: MakeHarn
     assert [j for j in h.dispatcher.sent if j in a_jobs] == a_jobs[:2]  # A: its cap, oldest first
     assert max(h.dispatcher.held_at_send) < 2  # every send had a free slot of its project
     with session_scope(h.sessions) as session:
-        assert jobs_repo.count_dispatched(session, project_id=_project(h, a_jobs[0])) == 2
+        assert slots_repo.count_dispatched(session, project_id=_project(h, a_jobs[0])) == 2
         waiting = session.get(Job, a_jobs[2])
         assert waiting is not None and waiting.dispatched_at is None  # waits in the database
 
@@ -214,7 +214,7 @@ def test_a_big_backlog_does_not_hold_back_another_project(make_harness: MakeHarn
 
 def _project(h: Harness, job_id: str) -> str:
     with session_scope(h.sessions) as session:
-        row = jobs_repo.dispatch_row(session, job_id=job_id)
+        row = slots_repo.dispatch_row(session, job_id=job_id)
         assert row is not None
         return str(row.project_id)
 

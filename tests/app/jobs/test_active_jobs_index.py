@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.models import Job
-from app.jobs import repository as jobs_repo
+from app.jobs import slots_repository as slots_repo
 from tests.conftest import Api, tiny_spec
 
 INDEX = "ix_jobs_active_project"
@@ -86,11 +86,13 @@ def test_the_counts_are_exact_over_a_long_history(api: Api, engine: Engine) -> N
     project_id = _fill(api, engine)
     with session_scope(make_session_factory(engine)) as session:
         queue = api.settings.queue_name  # the copies' size class (one device)
-        active, dispatched, devices = jobs_repo.count_active_and_dispatched(
+        active, dispatched, devices = slots_repo.count_active_and_dispatched(
             session, project_id=project_id, queue=queue
         )
-        assert jobs_repo.count_active(session, project_id=project_id) == active
-        assert jobs_repo.count_dispatched(session, project_id=project_id, queue=queue) == dispatched
+        assert slots_repo.count_active(session, project_id=project_id) == active
+        assert (
+            slots_repo.count_dispatched(session, project_id=project_id, queue=queue) == dispatched
+        )
     # The 60 queued copies and the template (queued: nothing consumes the test's queue); the
     # copy at 10 holds a slot, and so does the template once it was sent.
     assert active == JOBS // 10 + 1
@@ -101,7 +103,7 @@ def test_the_counts_are_exact_over_a_long_history(api: Api, engine: Engine) -> N
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 def test_the_quota_count_reads_the_active_jobs_index(api: Api, engine: Engine) -> None:
     project_id = _fill(api, engine)
-    statement = jobs_repo._COUNT_ACTIVE_AND_DISPATCHED.params(
+    statement = slots_repo._COUNT_ACTIVE_AND_DISPATCHED.params(
         project_id=project_id, queue=api.settings.queue_name
     )
     compiled = statement.compile(

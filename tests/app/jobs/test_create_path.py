@@ -28,6 +28,7 @@ from app.jobs import idempotency_repository as idem_repo
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs_service
 from app.jobs import size_classes, transitions
+from app.jobs import slots_repository as slots_repo
 from app.jobs.transitions import JobStatus
 from app.main import create_app
 from jobspec import JobSpec
@@ -121,7 +122,7 @@ def test_a_create_refused_at_the_commit_leaves_nothing_and_frees_its_key(
     assert dispatcher.sent == sent_before
     sessions = make_session_factory(make_engine(settings.resolved_database_url))
     with session_scope(sessions) as session:
-        assert jobs_repo.count_active(session, project_id=project_id) == 1
+        assert slots_repo.count_active(session, project_id=project_id) == 1
     # Room again: the same key is served on its merits (not a 409, not a replayed 429).
     assert client.post(f"/v1/jobs/{first.json()['id']}/cancel", headers=headers).status_code == 200
     again = client.post("/v1/jobs", json=tiny_spec(), headers=retried)

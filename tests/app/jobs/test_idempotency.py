@@ -9,7 +9,7 @@ from datetime import timedelta
 from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.models import IdempotencyRecord
-from app.jobs.service import STALE_CLAIM, spec_fingerprint
+from app.jobs.idempotency import STALE_CLAIM, spec_fingerprint
 from jobspec import JobSpec
 from tests.conftest import Api, tiny_spec
 

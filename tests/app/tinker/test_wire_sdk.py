@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from google.protobuf import descriptor_pb2
 
-from app.tinker import proto, schemas, wire
+from app.tinker import proto, schema_parts, schemas, wire
 from app.tinker.wire import FwdBwdRequest, WireDatum, WireError
 
 HERE = Path(__file__).resolve().parent
@@ -274,7 +274,7 @@ def our_replies() -> dict[str, list[dict[str, Any]]]:
             schemas.WeightsInfoResponse(base_model="org/m", is_lora=True, lora_rank=8)
         ],
         "TrainingRun": [
-            schemas.TrainingRun(
+            schema_parts.TrainingRun(
                 training_run_id="sess-abc:train:0",
                 base_model="org/m",
                 model_owner="p-1",

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from jobspec.memory_terms import head_chunk_rows_for
 from tests.trainer.test_loop import tiny_spec
 from trainer.rollout.colocation import (
     DoesNotFit,
     engine_memory_share,
-    head_chunk_rows_for,
     sleep_level,
     update_reserve_bytes,
 )
@@ -57,11 +57,11 @@ def test_the_update_reserve_counts_gradients_optimizer_and_activations() -> None
 
 
 def test_the_head_chunk_fits_the_device_and_stays_fixed_on_cpu() -> None:
-    assert head_chunk_rows_for(49_152, free_bytes=None, cpu_rows=341) == 341
+    assert head_chunk_rows_for(49_152, free_bytes=None) == 341
     # 20 GiB free, 5% of it for [rows, V] float32 logits and three temporaries.
-    rows = head_chunk_rows_for(151_936, free_bytes=20 * GIB, cpu_rows=341)
+    rows = head_chunk_rows_for(151_936, free_bytes=20 * GIB)
     assert rows == int(20 * GIB * 0.05 // (16 * 151_936))
-    assert head_chunk_rows_for(151_936, free_bytes=1 << 20, cpu_rows=341) == 16  # the floor
+    assert head_chunk_rows_for(151_936, free_bytes=1 << 20) == 16  # the floor
 
 
 def test_sleep_levels_and_the_operators_share() -> None:

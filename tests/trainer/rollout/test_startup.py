@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig
 
-from trainer.rollout.startup import KV_HEADROOM, kv_block_tokens, kv_cache_bytes
+from jobspec.memory_terms import KV_HEADROOM, kv_block_tokens
+from trainer.rollout.startup import kv_cache_bytes
 
 # SmolLM2-135M's attention: 30 layers, 9 query heads of 64 dims, 3 KV heads.
 SMOLLM2 = LlamaConfig(

@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 
 from jobspec import AdvantageScale, GRPOSpec, JobSpec, KLEstimatorName
-from trainer.phases import Scored, compute_advantages, reward_kl_penalty  # the documented path
 from trainer.update import kl as kl_math
 from trainer.update.batch import Batch
+from trainer.update.inputs import Scored, compute_advantages, reward_kl_penalty
 
 K = 6  # outcomes of the small categorical: K one-token completions
 BETA = 0.3

@@ -11,11 +11,11 @@ import torch
 from torch import Tensor, nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
+from jobspec.memory_terms import head_chunk_rows_for
 from tests.trainer.conftest import tiny_llama
 from trainer.update.logprobs import (
     completion_logprobs,
     entropy_from_logits,
-    head_chunk_rows,
     selective_logprobs,
 )
 
@@ -189,9 +189,11 @@ def test_full_vocabulary_logits_are_not_kept_for_backward(head: str) -> None:
 
 def test_head_chunks_hold_about_16m_logits() -> None:
     # SmolLM2's vocabulary: 341 rows of 49,152 float32 logits = 64 MiB per chunk.
-    assert head_chunk_rows(49_152) == 341
-    assert head_chunk_rows(49_152) * 49_152 * 4 <= 64 << 20
-    assert head_chunk_rows(10_000_000) == 16  # never fewer rows than that, whatever the vocab
+    assert head_chunk_rows_for(49_152, free_bytes=None) == 341
+    assert head_chunk_rows_for(49_152, free_bytes=None) * 49_152 * 4 <= 64 << 20
+    assert (
+        head_chunk_rows_for(10_000_000, free_bytes=None) == 16
+    )  # never fewer rows than that, whatever the vocab
 
 
 def test_a_sharded_model_keeps_only_the_last_hidden_state(tmp_path: Path) -> None:
