@@ -125,6 +125,8 @@ QUERY_METHODS = {
 }
 TRANSACTION_METHODS = {"commit", "rollback"}
 STATEMENT_BUILDERS = {"select", "insert", "update", "delete", "text"}
+# The one writer of the Tinker API's status columns (app.tinker.states' moves).
+TINKER_STATUS_WRITER = "app/tinker/status_repository.py"
 # What a database session or connection is called in this code base.
 SESSION_NAME = re.compile(r"(^|_)(session|sess|conn|connection)$")
 
@@ -140,8 +142,13 @@ def _receiver_name(node: ast.expr) -> str | None:
 def layer_violations(relative: str, source: str) -> list[str]:
     """Why the module at `relative` (a path like "app/jobs/service.py") breaks the rules:
     queries only in repository modules, commit/rollback only at the boundary, job status
-    compare-and-set only from app/jobs/transitions.py."""
+    compare-and-set only from app/jobs/transitions.py, a Tinker model's or call's status
+    written only by app/tinker/status_repository.py."""
     found: list[str] = []
+    tinker = relative.startswith("app/tinker/") or (
+        relative.startswith("worker/") and "tinker" in relative
+    )
+    writes_tinker_status = tinker and relative != TINKER_STATUS_WRITER
     in_repositories = QUERY_HOME.match(relative) is not None
     sqlalchemy_aliases: set[str] = set()
     for node in ast.walk(ast.parse(source, filename=relative)):
@@ -170,6 +177,8 @@ def layer_violations(relative: str, source: str) -> list[str]:
                 found.append(f"{where}: builds a statement with {receiver}.{node.attr}")
             if node.attr == "compare_and_set" and relative != "app/jobs/transitions.py":
                 found.append(f"{where}: only app/jobs/transitions.py changes a job's status")
+        if writes_tinker_status:
+            found += _tinker_status_writes(node, where)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             receiver = _receiver_name(node.func.value)
             method = node.func.attr
@@ -180,6 +189,24 @@ def layer_violations(relative: str, source: str) -> list[str]:
             if method in TRANSACTION_METHODS and relative != BOUNDARY:
                 found.append(f"{where}: {receiver}.{method}() outside the boundary ({BOUNDARY})")
     return found
+
+
+def _tinker_status_writes(node: ast.AST, where: str) -> list[str]:
+    """A status written outside the Tinker status writer: an UPDATE's ``.values(status=...)``
+    or an assignment to a row's ``.status``."""
+    why = f"{where}: only {TINKER_STATUS_WRITER} changes a Tinker status"
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "values"
+        and any(k.arg == "status" for k in node.keywords)
+    ):
+        return [why]
+    if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if any(isinstance(t, ast.Attribute) and t.attr == "status" for t in targets):
+            return [why]
+    return []
 
 
 def source_modules() -> list[Path]:
@@ -204,6 +231,11 @@ def test_the_layer_check_catches_each_kind_of_violation() -> None:
     assert layer_violations(service, "import sqlalchemy as sa\nq = sa.update(Job)\n")
     assert layer_violations(service, "def f(session):\n    session.commit()\n")
     assert layer_violations(service, "jobs_repo.compare_and_set(session, job_id='j')\n")
+    tinker_repository = "app/tinker/upkeep_repository.py"
+    assert layer_violations(tinker_repository, "q = update(M).values(status='closed')\n")
+    assert layer_violations("worker/tinker_model.py", "def f(model):\n    model.status = 'x'\n")
+    assert not layer_violations(TINKER_STATUS_WRITER, "q = update(M).values(status='closed')\n")
+    assert not layer_violations(tinker_repository, "q = update(M).values(idle_state=None)\n")
     # ...and leaves alone what is allowed.
     assert not layer_violations(service, "def f(session):\n    session.flush()\n")
     assert not layer_violations(service, "def f(d):\n    return d.get('key')\n")

@@ -50,6 +50,7 @@ from app.core.db import session_scope
 from app.core.tinker_tables import TinkerModel
 from app.tinker import repository as repo
 from app.tinker import worker_repository as q
+from app.tinker.states import ModelStatus
 from app.tinker.worker_repository import ModelRef
 from jobspec import PACKAGED_MODELS
 from trainer.errors import TrainerError
@@ -140,7 +141,7 @@ def _hold(ctx: WorkerContext, ref: ModelRef, adopted: list[threading.Thread]) ->
             held = _load(ctx, ref)
         except Exception as exc:
             category, message = _load_failure(ref, exc)
-            _end(ctx, ref, "failed", message, category=category)
+            _end(ctx, ref, ModelStatus.FAILED, message, category=category)
             return "failed"
         ctx.held_tinker_models.add(ref.id)
         try:
@@ -283,7 +284,7 @@ def _serve(
             message = f"the worker holding model {ref.id} stopped" + (
                 f"; restore it from {saved}" if saved else " before any save_state"
             )
-            _end(ctx, ref, "failed", message)
+            _end(ctx, ref, ModelStatus.FAILED, message)
             return "worker_stopped"
         if lease.session_over.is_set():
             return _closed(ctx, ref, lease)
@@ -350,11 +351,16 @@ def _db(ctx: WorkerContext, ref: ModelRef, work: Callable[[Session], T]) -> T:
 def _closed(ctx: WorkerContext, ref: ModelRef, lease: ModelLease) -> str:
     # The client ended the session (or stopped heartbeating): its calls left are its own doing.
     message = f"session ended ({lease.end_reason}); model {ref.id} was closed"
-    return _end(ctx, ref, "closed", message, category="user")
+    return _end(ctx, ref, ModelStatus.CLOSED, message, category="user")
 
 
 def _end(
-    ctx: WorkerContext, ref: ModelRef, status: str, message: str, *, category: str = "server"
+    ctx: WorkerContext,
+    ref: ModelRef,
+    status: ModelStatus,
+    message: str,
+    *,
+    category: str = "server",
 ) -> str:
     """End the model (closed or failed) and fail its queued calls; the outcome word."""
     ended = _db(
@@ -374,4 +380,4 @@ def _end(
         return "lease_lost"
     remove_idle_state(_db(ctx, ref, lambda db: q.idle_state_of(db, model_id=ref.id)))
     log.info("tinker model %s: %s (%s)", ref.id, status, message)
-    return status
+    return status.value

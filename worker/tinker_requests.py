@@ -16,7 +16,7 @@ import json
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -28,6 +28,7 @@ from app.core.db import session_scope
 from app.tinker import names, schemas
 from app.tinker import repository as repo
 from app.tinker import worker_repository as q
+from app.tinker.states import RequestKind
 from app.tinker.wire import (
     WireError,
     decode_forward_backward,
@@ -85,6 +86,19 @@ def _json(value: dict[str, Any]) -> tuple[bytes, str]:
     return json.dumps(value).encode(), "json"
 
 
+# The method applying each kind of call (app.tinker.states.RequestKind, what the routes store).
+HANDLERS: dict[RequestKind, str] = {
+    "create_model": "_create_model",
+    "load_weights": "_load_weights",
+    "forward_backward": "_forward_backward",
+    "forward": "_forward",
+    "optim_step": "_optim_step",
+    "save_weights": "_save_weights",
+    "save_weights_for_sampler": "_save_for_sampler",
+    "sample": "_sample",
+}
+
+
 class HeldModel:
     """A training model resident on this worker and the sampler weights saved from it."""
 
@@ -130,20 +144,11 @@ class HeldModel:
 
     def apply(self, request: QueuedRequest) -> Outcome:
         """Apply one call; never raises."""
-        handlers = {
-            "create_model": self._create_model,
-            "load_weights": self._load_weights,
-            "forward_backward": self._forward_backward,
-            "forward": self._forward,
-            "optim_step": self._optim_step,
-            "save_weights": self._save_weights,
-            "save_weights_for_sampler": self._save_for_sampler,
-            "sample": self._sample,
-        }
         try:
-            handler = handlers.get(request.kind)
-            if handler is None:
+            method = HANDLERS.get(cast(RequestKind, request.kind))  # the row's kind, as stored
+            if method is None:
                 raise RequestRefused(f"unknown call {request.kind!r}")
+            handler: Callable[[bytes], tuple[bytes, str]] = getattr(self, method)
             result, result_format = handler(request.body)
             return Outcome(result=result, result_format=result_format)
         except USER_ERRORS as exc:

@@ -38,6 +38,7 @@ from app.core.errors import NotFound, TooManyRequests
 from app.core.settings import Settings
 from app.tinker import repository as repo
 from app.tinker import upkeep_repository as up
+from app.tinker.states import LIVE_MODEL_STATUSES, ModelStatus, RequestStatus
 
 # How often a held poll reads its request again.
 POLL_INTERVAL_S = 0.05
@@ -104,15 +105,15 @@ def _request_status(db: Session, project_id: str, request_id: str) -> tuple[str,
 def _read(db: Session, settings: Settings, project_id: str, request_id: str) -> Outcome:
     status, model_id = _request_status(db, project_id, request_id)
     waiting = None
-    if status == "queued":
+    if status == RequestStatus.QUEUED:
         waiting = _unclaimed(db, settings, model_id)
         _fail_if_worker_lost(db, settings, model_id)
         status, _ = _request_status(db, project_id, request_id)
-    if status == "queued":
+    if status == RequestStatus.QUEUED:
         return Outcome(None, waiting=waiting)
     row = repo.get_request(db, project_id=project_id, request_id=request_id)
     assert row is not None  # read just above; rows of a live session are not deleted
-    if row.status == "done":
+    if row.status == RequestStatus.DONE:
         if row.result is None:  # read before, and dropped after its grace period
             error = {
                 "error": f"the result of {request_id} was already retrieved and is no longer "
@@ -161,10 +162,12 @@ def _fail_if_worker_lost(db: Session, settings: Settings, model_id: str) -> None
     """Fail the model's queued calls when its model ended or its worker's heartbeat is older
     than the lease (``GRPO_LEASE_SECONDS``)."""
     model = db.get(repo.TinkerModel, model_id)
-    if model is None or model.status == "released":  # its calls send it to the queue again
+    if (
+        model is None or model.status == ModelStatus.RELEASED
+    ):  # its calls send it to the queue again
         return
     now = utcnow()
-    if model.status in repo.LIVE_MODEL_STATUSES:
+    if model.status in LIVE_MODEL_STATUSES:
         lost = f"the worker holding model {model_id} stopped"
         if model.last_saved_path:
             lost += f"; restore it from {model.last_saved_path}"

@@ -19,6 +19,7 @@ from app.tinker.listing_schemas import (
     TinkerSessionList,
     TinkerSessionOut,
 )
+from app.tinker.states import CLIENT_STATUSES, RequestStatus
 
 # Training clients listed per session (the newest); `model_count` says how many it made.
 MODELS_PER_SESSION = 20
@@ -89,19 +90,19 @@ def session_out(
 
 def model_out(row: TinkerModel, calls: dict[str, dict[str, int]]) -> TinkerModelOut:
     """``calls``: the model's call counts per status (queued, done, failed), then per kind."""
-    applied = calls.get("done", {})
+    applied = calls.get(RequestStatus.DONE, {})
     return TinkerModelOut(
         id=row.id,
         base_model=row.base_model,
         lora_rank=row.lora_rank,
         status=row.status,
-        live=row.status in repo.CLIENT_STATUSES,
+        live=row.status in CLIENT_STATUSES,
         created_at=as_utc(row.created_at) or utcnow(),
         last_request_at=as_utc(row.last_request_at) or utcnow(),
         last_saved_path=row.last_saved_path,
         error_message=row.error_message,
         calls_applied=sum(applied.values()),
-        calls_failed=sum(calls.get("failed", {}).values()),
-        calls_queued=sum(calls.get("queued", {}).values()),
+        calls_failed=sum(calls.get(RequestStatus.FAILED, {}).values()),
+        calls_queued=sum(calls.get(RequestStatus.QUEUED, {}).values()),
         applied_by_kind=dict(sorted(applied.items())),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.core.tinker_tables import (
@@ -15,12 +15,8 @@ from app.core.tinker_tables import (
     TinkerSampler,
     TinkerSession,
 )
-
-# Model statuses that hold (or are about to hold) a worker, with its lease.
-LIVE_MODEL_STATUSES = ("starting", "ready")
-# A released model (idle: written to disk, its worker freed) is still the client's: with the
-# live ones, what the project's quota of training clients counts.
-CLIENT_STATUSES = (*LIVE_MODEL_STATUSES, "released")
+from app.tinker.states import CLIENT_STATUSES, LIVE_MODEL_STATUSES, ModelStatus, RequestStatus
+from app.tinker.status_repository import finish_requests, move_model
 
 
 def queued_since(model: type[TinkerModel] = TinkerModel) -> ColumnElement[datetime]:
@@ -80,7 +76,7 @@ def stored_bytes(db: Session, *, project_id: str) -> int:
 
 def queued_requests(db: Session, *, model_id: str) -> int:
     query = select(func.count()).where(
-        TinkerRequest.model_id == model_id, TinkerRequest.status == "queued"
+        TinkerRequest.model_id == model_id, TinkerRequest.status == RequestStatus.QUEUED
     )
     return int(db.scalar(query) or 0)
 
@@ -112,39 +108,34 @@ def request_status(db: Session, *, project_id: str, request_id: str) -> tuple[st
 
 def fail_queued(db: Session, *, model_id: str, error: str, category: str, now: datetime) -> int:
     """Fail every queued request of a model (its worker is gone); how many."""
-    result = db.execute(
-        update(TinkerRequest)
-        .where(TinkerRequest.model_id == model_id, TinkerRequest.status == "queued")
+    return finish_requests(
+        db,
+        to=RequestStatus.FAILED,
+        where=[TinkerRequest.model_id == model_id],
         # The body is dropped with the call: nothing will apply it any more.
-        .values(
-            status="failed",
-            error=error,
-            error_category=category,
-            finished_at=now,
-            body=None,
-            stored_bytes=0,
-        )
-        .execution_options(synchronize_session=False)
+        values={
+            "error": error,
+            "error_category": category,
+            "finished_at": now,
+            "body": None,
+            "stored_bytes": 0,
+        },
+        synchronize=False,
     )
-    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def mark_model_lost(db: Session, *, model_id: str, stale_before: datetime, error: str) -> bool:
     """Mark a model failed when its worker's heartbeat is older than ``stale_before`` (the
     worker died); False when the heartbeat is fresh or the model already ended."""
-    result = db.execute(
-        update(TinkerModel)
-        .where(
-            TinkerModel.id == model_id,
-            TinkerModel.status.in_(LIVE_MODEL_STATUSES),
-            TinkerModel.heartbeat_at.is_not(None),
-            TinkerModel.heartbeat_at < stale_before,
-        )
-        .values(status="failed", error_message=error)
-        # No in-Python evaluation of the criteria (SQLite hands back naive datetimes).
-        .execution_options(synchronize_session=False)
+    return move_model(
+        db,
+        model_id=model_id,
+        to=ModelStatus.FAILED,
+        from_=LIVE_MODEL_STATUSES,
+        where=[TinkerModel.heartbeat_at.is_not(None), TinkerModel.heartbeat_at < stale_before],
+        values={"error_message": error},
+        synchronize=False,
     )
-    return bool(getattr(result, "rowcount", 0))
 
 
 def mark_model_unclaimed(
@@ -153,18 +144,15 @@ def mark_model_unclaimed(
     """Mark a model failed when no worker claimed it since it went to the queue (created, or
     called again once released), before ``created_before``; False otherwise (a worker took it
     meanwhile, or it is younger)."""
-    result = db.execute(
-        update(TinkerModel)
-        .where(
-            TinkerModel.id == model_id,
-            TinkerModel.status == "starting",
-            TinkerModel.heartbeat_at.is_(None),
-            queued_since() < created_before,
-        )
-        .values(status="failed", error_message=error)
-        .execution_options(synchronize_session=False)
+    return move_model(
+        db,
+        model_id=model_id,
+        to=ModelStatus.FAILED,
+        from_=[ModelStatus.STARTING],
+        where=[TinkerModel.heartbeat_at.is_(None), queued_since() < created_before],
+        values={"error_message": error},
+        synchronize=False,
     )
-    return bool(getattr(result, "rowcount", 0))
 
 
 def get_sampler(db: Session, *, project_id: str, sampler_id: str) -> TinkerSampler | None:

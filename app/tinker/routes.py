@@ -24,6 +24,7 @@ from app.tinker import schemas as s
 from app.tinker.deps import ForwardBackwardBody, JsonBody, TinkerPrincipalDep
 from app.tinker.futures import await_outcome
 from app.tinker.schema_parts import REFUSED_ERROR_TYPES
+from app.tinker.states import RequestKind
 from app.tinker.wire import WireError, decode_forward_backward, fwdbwd_chunk_bytes
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], include_in_schema=False)
@@ -209,7 +210,7 @@ def _training_call(
     state: StateDep,
     db: SessionDep,
     model: type[s.OptimStepRequest] | type[s.SaveWeightsRequest],
-    kind: str,
+    kind: RequestKind,
 ) -> dict[str, Any]:
     body = parse_json(raw, model)
     if body.seq_id is None:

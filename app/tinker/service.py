@@ -26,6 +26,8 @@ from app.core.tinker_tables import TinkerModel, TinkerRequest, TinkerSession
 from app.tinker import names, storage
 from app.tinker import repository as repo
 from app.tinker.dispatch import send_model
+from app.tinker.states import ENDED_MODEL_STATUSES, ModelStatus, RequestKind, RequestStatus
+from app.tinker.status_repository import requeue_model
 from jobspec.job import PACKAGED_MODELS
 
 # The LoRA ranks a training client may ask for.
@@ -155,7 +157,7 @@ def new_model(
     *,
     session_id: str,
     model_seq_id: int,
-    kind: str,
+    kind: RequestKind,
     body: bytes,
     fields: dict[str, Any],
     model_id: str | None = None,
@@ -280,7 +282,7 @@ def usable_model(db: Session, settings: Settings, project_id: str, model_id: str
     row = repo.get_model(db, project_id=project_id, model_id=model_id)
     if row is None:
         raise NotFound(f"no Tinker model {model_id[:120]!r}", param="model_id")
-    if row.status in ("failed", "closed"):
+    if row.status in ENDED_MODEL_STATUSES:
         raise Gone(
             f"model {row.id} is no longer held: {row.error_message or row.status}"
             + (f"; restore it from {row.last_saved_path}" if row.last_saved_path else ""),
@@ -297,7 +299,7 @@ def submit(
     *,
     model_id: str,
     seq_id: int,
-    kind: str,
+    kind: RequestKind,
     body: bytes,
 ) -> Accepted:
     """A training call (forward_backward, forward, optim_step, save_weights,
@@ -316,7 +318,7 @@ def submit(
     # takes them in that order, so two calls never wait on each other's.
     projects_repository.lock(db, project_id=project_id)
     locked = repo.lock_model(db, project_id=project_id, model_id=model_id) or model
-    if locked.status in ("failed", "closed"):  # ended since it was read
+    if locked.status in ENDED_MODEL_STATUSES:  # ended since it was read
         usable_model(db, settings, project_id, model_id)
     if seq_id <= locked.last_seq:
         raise TinkerBadRequest(
@@ -337,7 +339,12 @@ def submit(
 
 
 def accept_request(
-    db: Session, settings: Settings, model: TinkerModel, seq_key: str, kind: str, body: bytes
+    db: Session,
+    settings: Settings,
+    model: TinkerModel,
+    seq_key: str,
+    kind: RequestKind,
+    body: bytes,
 ) -> TinkerRequest:
     """A call of ``model`` stored for its worker, within the project's bounds (counted under
     the project's lock: calls waiting for the model, bytes stored); a released model goes back
@@ -362,11 +369,11 @@ def accept_request(
         kind=kind,
         body=body,
         stored_bytes=len(body),
-        status="queued",
+        status=RequestStatus.QUEUED.value,
         created_at=utcnow(),
     )
     db.add(row)
-    if model.status == "released":
+    if model.status == ModelStatus.RELEASED:
         requeue_released(db, settings, model)
     db.flush()
     return row
@@ -375,11 +382,6 @@ def accept_request(
 def requeue_released(db: Session, settings: Settings, model: TinkerModel) -> None:
     """Send a released model to the queue again (its call just arrived): a worker claims it
     and loads the state it was released with (``idle_state``)."""
-    now = utcnow()
-    model.status = "starting"
-    model.lease_owner = None
-    model.heartbeat_at = None
-    model.queued_at = now
-    model.dispatched_at = now
+    requeue_model(model, now=utcnow())
     model_id = model.id
     db_boundary.after_commit(db, lambda _: send_model(settings, model_id))

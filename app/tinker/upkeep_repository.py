@@ -10,6 +10,8 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.tinker_tables import TinkerModel, TinkerRequest, TinkerSession
+from app.tinker.states import ENDED_MODEL_STATUSES, ModelStatus, RequestStatus
+from app.tinker.status_repository import move_model
 
 # A result read by the client stays this long (the answer to a poll may be lost on the way and
 # the SDK polls again); then it is dropped.
@@ -98,7 +100,7 @@ def released_of_ended_sessions(
         select(TinkerModel.id, TinkerModel.idle_state)
         .join(TinkerSession, TinkerSession.id == TinkerModel.session_id)
         .where(
-            TinkerModel.status == "released",
+            TinkerModel.status == ModelStatus.RELEASED,
             (TinkerSession.finished_at.is_not(None)) | (TinkerSession.heartbeat_at < ended_before),
         )
         .limit(limit)
@@ -108,20 +110,21 @@ def released_of_ended_sessions(
 
 def close_released(db: Session, *, model_id: str) -> bool:
     """Close a released model (its session is over); False when it was called again meanwhile."""
-    result = db.execute(
-        update(TinkerModel)
-        .where(TinkerModel.id == model_id, TinkerModel.status == "released")
-        .values(status="closed", idle_state=None)
-        .execution_options(synchronize_session=False)
+    return move_model(
+        db,
+        model_id=model_id,
+        to=ModelStatus.CLOSED,
+        from_=[ModelStatus.RELEASED],
+        values={"idle_state": None},
+        synchronize=False,
     )
-    return _matched(result) == 1
 
 
 def idle_states_of_ended(db: Session, *, limit: int) -> list[tuple[str, str]]:
     """(model id, idle folder) of models that ended (closed or failed) with one recorded."""
     query = (
         select(TinkerModel.id, TinkerModel.idle_state)
-        .where(TinkerModel.status.in_(("closed", "failed")), TinkerModel.idle_state.is_not(None))
+        .where(TinkerModel.status.in_(ENDED_MODEL_STATUSES), TinkerModel.idle_state.is_not(None))
         .limit(limit)
     )
     return [(str(model_id), str(folder)) for model_id, folder in db.execute(query)]
@@ -141,19 +144,25 @@ def requeue_released_with_calls(db: Session, *, now: datetime, limit: int) -> li
     message forgotten so that the next resend pass sends them); their ids."""
     queued = (
         select(TinkerRequest.position)
-        .where(TinkerRequest.model_id == TinkerModel.id, TinkerRequest.status == "queued")
+        .where(
+            TinkerRequest.model_id == TinkerModel.id, TinkerRequest.status == RequestStatus.QUEUED
+        )
         .exists()
     )
     ids = list(
         db.scalars(
-            select(TinkerModel.id).where(TinkerModel.status == "released", queued).limit(limit)
+            select(TinkerModel.id)
+            .where(TinkerModel.status == ModelStatus.RELEASED, queued)
+            .limit(limit)
         )
     )
     for model_id in ids:
-        db.execute(
-            update(TinkerModel)
-            .where(TinkerModel.id == model_id, TinkerModel.status == "released")
-            .values(status="starting", queued_at=now, dispatched_at=None)
-            .execution_options(synchronize_session=False)
+        move_model(
+            db,
+            model_id=model_id,
+            to=ModelStatus.STARTING,
+            from_=[ModelStatus.RELEASED],
+            values={"queued_at": now, "dispatched_at": None},
+            synchronize=False,
         )
     return ids

@@ -19,9 +19,11 @@ from sqlalchemy.orm import Session
 from app.core.clock import as_utc
 from app.core.tinker_tables import TinkerCheckpoint, TinkerModel, TinkerRequest, TinkerSession
 from app.tinker import repository as repo
+from app.tinker.states import LIVE_MODEL_STATUSES, ModelStatus, RequestStatus
+from app.tinker.status_repository import finish_requests, move_model
 
 # The model statuses a worker holds a lease in.
-HELD = repo.LIVE_MODEL_STATUSES
+HELD = LIVE_MODEL_STATUSES
 
 
 def _matched(result: Any) -> int:
@@ -47,7 +49,7 @@ def claim(db: Session, *, model_id: str, owner: str, now: datetime, stale_before
         update(TinkerModel)
         .where(
             TinkerModel.id == model_id,
-            TinkerModel.status == "starting",
+            TinkerModel.status == ModelStatus.STARTING,
             (TinkerModel.lease_owner.is_(None)) | (TinkerModel.heartbeat_at < stale_before),
         )
         .values(lease_owner=owner, heartbeat_at=now)
@@ -98,7 +100,7 @@ def waiting_models(
     query = (
         select(TinkerModel.id)
         .where(
-            TinkerModel.status == "starting",
+            TinkerModel.status == ModelStatus.STARTING,
             (TinkerModel.lease_owner.is_(None)) | (TinkerModel.heartbeat_at < stale_before),
             (TinkerModel.session_id == session_id)
             | (TinkerModel.project_id == project_id)
@@ -119,7 +121,7 @@ def models_to_send(db: Session, *, sent_before: datetime, limit: int) -> list[st
     query = (
         select(TinkerModel.id)
         .where(
-            TinkerModel.status == "starting",
+            TinkerModel.status == ModelStatus.STARTING,
             TinkerModel.lease_owner.is_(None),
             func.coalesce(TinkerModel.dispatched_at, TinkerModel.created_at) < sent_before,
         )
@@ -173,16 +175,13 @@ def session_end(db: Session, *, session_id: str, stale_before: datetime) -> str 
 
 def mark_ready(db: Session, *, model_id: str, owner: str, model_folder: str) -> bool:
     """The model is resident: ready, with the folder it was loaded from (get_info names it)."""
-    result = db.execute(
-        update(TinkerModel)
-        .where(
-            TinkerModel.id == model_id,
-            TinkerModel.lease_owner == owner,
-            TinkerModel.status == "starting",
-        )
-        .values(status="ready", model_folder=model_folder)
+    return move_model(
+        db,
+        model_id=model_id,
+        to=ModelStatus.READY,
+        where=[TinkerModel.lease_owner == owner],
+        values={"model_folder": model_folder},
     )
-    return _matched(result) == 1
 
 
 def end_model(
@@ -190,7 +189,7 @@ def end_model(
     *,
     model_id: str,
     owner: str,
-    status: str,
+    status: ModelStatus,
     message: str,
     category: str,
     now: datetime,
@@ -198,16 +197,15 @@ def end_model(
     """End a held model (``closed`` or ``failed``) and fail its queued calls with ``message``.
     The model row is updated first: its row lock makes a concurrent submission that locks the
     model (app.tinker.service) wait and then see the model ended."""
-    result = db.execute(
-        update(TinkerModel)
-        .where(
-            TinkerModel.id == model_id,
-            TinkerModel.lease_owner == owner,
-            TinkerModel.status.in_(HELD),
-        )
-        .values(status=status, error_message=message if status == "failed" else None)
-    )
-    if _matched(result) != 1:
+    failed = status == ModelStatus.FAILED
+    if not move_model(
+        db,
+        model_id=model_id,
+        to=status,
+        from_=HELD,
+        where=[TinkerModel.lease_owner == owner],
+        values={"error_message": message if failed else None},
+    ):
         return False
     repo.fail_queued(db, model_id=model_id, error=message, category=category, now=now)
     return True
@@ -225,20 +223,22 @@ def release(
     Fenced by the lease, by ``last_call`` (read before the model was written: a call accepted
     since changed it, under the row's lock, app.tinker.service.accept_request) and by an
     empty queue; False when any failed: the model keeps serving."""
-    queued = exists().where(TinkerRequest.model_id == model_id, TinkerRequest.status == "queued")
-    result = db.execute(
-        update(TinkerModel)
-        .where(
-            TinkerModel.id == model_id,
+    queued = exists().where(
+        TinkerRequest.model_id == model_id, TinkerRequest.status == RequestStatus.QUEUED
+    )
+    return move_model(
+        db,
+        model_id=model_id,
+        to=ModelStatus.RELEASED,
+        from_=[ModelStatus.READY],
+        where=[
             TinkerModel.lease_owner == owner,
-            TinkerModel.status == "ready",
             TinkerModel.last_request_at == last_call,
             ~queued,
-        )
-        .values(status="released", lease_owner=None, heartbeat_at=None, idle_state=idle_state)
-        .execution_options(synchronize_session=False)
+        ],
+        values={"lease_owner": None, "heartbeat_at": None, "idle_state": idle_state},
+        synchronize=False,
     )
-    return _matched(result) == 1
 
 
 def idle_state_of(db: Session, *, model_id: str) -> str | None:
@@ -261,7 +261,7 @@ def next_request(db: Session, *, model_id: str) -> QueuedRequest | None:
         select(
             TinkerRequest.position, TinkerRequest.request_id, TinkerRequest.kind, TinkerRequest.body
         )
-        .where(TinkerRequest.model_id == model_id, TinkerRequest.status == "queued")
+        .where(TinkerRequest.model_id == model_id, TinkerRequest.status == RequestStatus.QUEUED)
         .order_by(TinkerRequest.position)
         .limit(1)
     ).one_or_none()
@@ -295,22 +295,13 @@ def settle(
     # The body is dropped once applied (app.tinker.storage): the result is what stays.
     values: dict[str, Any] = {"finished_at": now, "body": None}
     if error is None:
-        stored = len(result or b"")
-        values.update(
-            status="done", result=result, result_format=result_format, stored_bytes=stored
-        )
+        to = RequestStatus.DONE
+        values.update(result=result, result_format=result_format, stored_bytes=len(result or b""))
     else:
-        values.update(status="failed", error=error, error_category=category, stored_bytes=0)
-    written = db.execute(
-        update(TinkerRequest)
-        .where(
-            TinkerRequest.position == position,
-            TinkerRequest.status == "queued",
-            _held_by(model_id, owner),
-        )
-        .values(**values)
-    )
-    if _matched(written) != 1:
+        to = RequestStatus.FAILED
+        values.update(error=error, error_category=category, stored_bytes=0)
+    where = [TinkerRequest.position == position, _held_by(model_id, owner)]
+    if finish_requests(db, to=to, where=where, values=values) != 1:
         return False
     db.execute(update(TinkerModel).where(TinkerModel.id == model_id).values(last_request_at=now))
     return True
