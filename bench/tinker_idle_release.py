@@ -1,6 +1,6 @@
 """What an idle release costs a Tinker client (docs/tinker.md, "Idle release"): a resident
-training session written to disk whole (``TrainingSession.suspend``: adapter, Adam state,
-pending gradients, sampler weights kept in memory) and read back (``TrainingSession.resume``),
+training session written to disk whole (``ResidentModel.suspend``: adapter, Adam state,
+pending gradients, sampler weights kept in memory) and read back (``ResidentModel.resume``),
 against building the session from its base model (what a worker does for a new client), on the
 packaged models.
 
@@ -28,7 +28,7 @@ import torch
 
 from jobspec.checkpoint_files import folder_bytes
 from trainer.models.loading import resolve_model
-from trainer.primitives import Datum, TrainingSession
+from trainer.primitives import Datum, ResidentModel
 
 RESULTS = Path(__file__).with_name("results") / "tinker_idle_release.json"
 
@@ -51,7 +51,7 @@ def _timed(work: Any) -> tuple[float, Any]:
 
 def measure(model: str, rank: int, repeats: int, workdir: Path) -> dict[str, Any]:
     path = resolve_model(model)
-    session = TrainingSession(path, lora_rank=rank, seed=0)
+    session = ResidentModel(path, lora_rank=rank, seed=0)
     batch = _batch(session.vocab_size)
     session.forward_backward(batch, "cross_entropy")
     session.optim_step(learning_rate=1e-3)
@@ -61,13 +61,13 @@ def measure(model: str, rank: int, repeats: int, workdir: Path) -> dict[str, Any
     size = 0
     resumed = session
     for n in range(repeats):
-        seconds, _ = _timed(lambda: TrainingSession(path, lora_rank=rank, seed=0))
+        seconds, _ = _timed(lambda: ResidentModel(path, lora_rank=rank, seed=0))
         build.append(seconds)
         folder = workdir / f"{model}-{rank}-{n}"
         seconds, _ = _timed(lambda folder=folder: session.suspend(folder, snapshots))
         suspend.append(seconds)
         size = folder_bytes(folder)
-        seconds, (resumed, _) = _timed(lambda folder=folder: TrainingSession.resume(folder, path))
+        seconds, (resumed, _) = _timed(lambda folder=folder: ResidentModel.resume(folder, path))
         resume.append(seconds)
     session.optim_step(learning_rate=1e-3)
     resumed.optim_step(learning_rate=1e-3)

@@ -1,6 +1,6 @@
 """The Tinker API's price: a ``forward_backward`` + ``optim_step`` round trip through
 the service (the official SDK -> API -> database -> worker -> back) against the same work done
-in one process by :class:`trainer.primitives.TrainingSession`, on the same batch and seed.
+in one process by :class:`trainer.primitives.ResidentModel`, on the same batch and seed.
 
     .venv/bin/python -m bench.tinker_roundtrip                 # smollm2-135m-instruct, 4 x 128
     .venv/bin/python -m bench.tinker_roundtrip --model tiny-random-llama --iterations 1
@@ -8,7 +8,7 @@ in one process by :class:`trainer.primitives.TrainingSession`, on the same batch
 Runs (``--modes``) of ``--warmup`` + ``--iterations`` iterations each, interleaved (one
 iteration of each in turn, the order rotating every round, so a change of load hits them all):
 
-- ``in_process``: a TrainingSession (LoRA rank 8, seed 0) in this process: forward_backward(
+- ``in_process``: a ResidentModel (LoRA rank 8, seed 0) in this process: forward_backward(
   batch, "cross_entropy") + optim_step(learning_rate), the service's processes stopped
   (SIGSTOP) meanwhile: the primitive's price on the machine alone;
 - ``in_process_beside_idle_service``: the same on a session of its own, the service running
@@ -141,14 +141,14 @@ def frozen() -> Iterator[None]:
 
 
 def in_process_runner(args: argparse.Namespace) -> tuple[Callable[[], dict[str, Any]], Any]:
-    """One-iteration function of a TrainingSession in this process, and its facts."""
+    """One-iteration function of a ResidentModel in this process, and its facts."""
     import torch
 
     from trainer.models.loading import resolve_model
-    from trainer.primitives import Datum, TrainingSession
+    from trainer.primitives import Datum, ResidentModel
 
     start = time.perf_counter()
-    session = TrainingSession(resolve_model(args.model), lora_rank=args.rank, seed=args.seed)
+    session = ResidentModel(resolve_model(args.model), lora_rank=args.rank, seed=args.seed)
     facts: dict[str, Any] = {"setup_s": time.perf_counter() - start, "torch": torch.__version__}
     facts.update(torch_threads=torch.get_num_threads(), vocab_size=session.vocab_size)
     batch = make_batch(session.vocab_size, args.datums, args.tokens, args.seed)

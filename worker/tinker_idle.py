@@ -1,7 +1,7 @@
 """Idle release of a Tinker training client: a model that had no call for
 ``GRPO_TINKER_IDLE_RELEASE_S`` is written to disk whole (weights, Adam state, the gradients
 accumulated since its last step, the sampler weights it keeps in memory:
-``TrainingSession.suspend``) and gives up its worker, even while its session heartbeats. An
+``ResidentModel.suspend``) and gives up its worker, even while its session heartbeats. An
 SDK client heartbeats by itself every 10 s, so without this one idle client kept a worker
 from every job and every other client for as long as its process lived.
 

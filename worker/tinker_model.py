@@ -63,7 +63,7 @@ from worker.tinker_lease import ModelLease
 from worker.tinker_saves import checkpoint_root
 
 if TYPE_CHECKING:
-    from trainer.primitives import TrainingSession, WeightsSnapshot
+    from trainer.primitives import ResidentModel, WeightsSnapshot
     from worker.tinker_requests import HeldModel
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ def model_folder(base_model: str, settings: WorkerSettings) -> Path:
 
 def _load(ctx: WorkerContext, ref: ModelRef) -> HeldModel:
     """The resident model of the claimed row: a fresh LoRA, or a saved state to continue."""
-    from trainer.primitives import TrainingSession  # torch: only once a model loads
+    from trainer.primitives import ResidentModel  # torch: only once a model loads
     from worker.tinker_requests import HeldModel
 
     settings = ctx.settings
@@ -204,11 +204,11 @@ def _load(ctx: WorkerContext, ref: ModelRef) -> HeldModel:
         last_saved, idle_state = row.last_saved_path, row.idle_state
         trained = row.model_trained  # an alias's packaged model (GRPO_TINKER_MODEL_ALIASES)
     folder = model_folder(trained, settings)
-    session: TrainingSession
+    resident: ResidentModel
     snapshots: dict[str, WeightsSnapshot] = {}
     if idle_state is not None:  # released when idle: it continues where it was
         _check_own(settings, ref, Path(idle_state))
-        session, snapshots = TrainingSession.resume(
+        resident, snapshots = ResidentModel.resume(
             Path(idle_state),
             folder,
             device=settings.device,
@@ -217,7 +217,7 @@ def _load(ctx: WorkerContext, ref: ModelRef) -> HeldModel:
     elif restore_from is not None:
         saved = Path(restore_from)
         _check_own(settings, ref, saved)
-        session = TrainingSession.load_state(
+        resident = ResidentModel.load_state(
             saved,
             folder,
             optimizer=restore_optimizer,
@@ -225,7 +225,7 @@ def _load(ctx: WorkerContext, ref: ModelRef) -> HeldModel:
             max_tokens_per_call=settings.tinker_max_tokens_per_call,
         )
     else:
-        session = TrainingSession(
+        resident = ResidentModel(
             folder,
             lora_rank=rank,
             train_attn=bool(lora.get("train_attn", True)),
@@ -236,7 +236,7 @@ def _load(ctx: WorkerContext, ref: ModelRef) -> HeldModel:
             max_tokens_per_call=settings.tinker_max_tokens_per_call,
             base_model=ref.base_model,
         )
-    held = HeldModel(ctx.sessions, settings, ref, session, folder)
+    held = HeldModel(ctx.sessions, settings, ref, resident, folder)
     held.last_saved_path = last_saved
     held.restore_snapshots(snapshots)
     return held

@@ -36,7 +36,7 @@ from app.tinker.wire import (
     encode_sample_response,
 )
 from app.tinker.worker_repository import ModelRef, QueuedRequest
-from trainer.primitives import Datum, PrimitiveError, TrainingSession, WeightsSnapshot
+from trainer.primitives import Datum, PrimitiveError, ResidentModel, WeightsSnapshot
 from worker import tinker_saves as saves
 from worker.settings import WorkerSettings
 from worker.tinker_saves import RequestRefused
@@ -107,26 +107,26 @@ class HeldModel:
         sessions: sessionmaker[Session],
         settings: WorkerSettings,
         ref: ModelRef,
-        session: TrainingSession,
+        resident: ResidentModel,
         folder: Path,
     ) -> None:
         self._sessions = sessions
         self._settings = settings
         self.ref = ref
-        self.session: TrainingSession | None = session
+        self.resident: ResidentModel | None = resident
         self.folder = folder  # the base model's
         self.last_saved_path: str | None = None
         self.snapshots: OrderedDict[str, WeightsSnapshot] = OrderedDict()
 
     @property
-    def _model(self) -> TrainingSession:
-        assert self.session is not None, "the model was closed"
-        return self.session
+    def _model(self) -> ResidentModel:
+        assert self.resident is not None, "the model was closed"
+        return self.resident
 
     def close(self) -> None:
         """Drop the model and its snapshots, and give their memory back."""
         self.snapshots.clear()
-        self.session = None
+        self.resident = None
         gc.collect()  # peft modules hold reference cycles: freed only by the collector
         if self._settings.device.startswith("cuda"):
             import torch
@@ -182,10 +182,10 @@ class HeldModel:
             folder = saves.saved_folder(self._sessions, self.ref, request.path, "weights")
             # Loaded beside the current model, then swapped: a load that fails (a save that
             # does not fit) leaves the model as it was, at the price of a moment's two copies.
-            loaded = TrainingSession.load_state(
+            loaded = ResidentModel.load_state(
                 folder, self.folder, optimizer=request.optimizer, device=self._settings.device
             )
-            self.session = loaded
+            self.resident = loaded
             gc.collect()
         self._saved(request.path)
         return _json({"model_id": self.ref.id, "path": request.path, "type": "load_weights"})

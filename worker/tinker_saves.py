@@ -57,7 +57,7 @@ def write_save(
     ttl_seconds: int | None,
     user_metadata: dict[str, Any] | None,
 ) -> str:
-    """Write a save of the model with ``write(folder)`` (a TrainingSession's save_state or
+    """Write a save of the model with ``write(folder)`` (a ResidentModel's save_state or
     save_adapter) and record it; its tinker path. RequestRefused for a name in use without
     ``overwrite``."""
     path = names.tinker_path(ref.id, kind, name)  # refuses a name that is not one

@@ -1,5 +1,5 @@
 """The calls a held Tinker model applies (worker.tinker_requests), checked against
-trainer.primitives.TrainingSession driven directly: the results decode to what the session
+trainer.primitives.ResidentModel driven directly: the results decode to what the session
 computes, a bad call fails as the user's error and the next call goes on, and a model created
 from a save continues exactly as the saved one did. Rows and bodies as in test_tinker_model."""
 
@@ -89,7 +89,7 @@ def user_error(client: Client, request_id: str) -> str:
 def test_calls_compute_what_the_training_session_computes(
     ctx: WorkerContext, client: Client
 ) -> None:
-    from trainer.primitives import Datum, TrainingSession
+    from trainer.primitives import Datum, ResidentModel
 
     a = client.model()
     sampler = client.sampler(0, a)  # the API adds it before queueing the save for it
@@ -116,7 +116,7 @@ def test_calls_compute_what_the_training_session_computes(
     }
     # The same calls on a session of our own, first: a seeded LoRA initialisation draws from
     # torch's global generator, so two sessions must not be built at the same time.
-    direct = TrainingSession(model_folder(TINY, ctx.settings), lora_rank=4, seed=0, base_model=TINY)
+    direct = ResidentModel(model_folder(TINY, ctx.settings), lora_rank=4, seed=0, base_model=TINY)
     data = [Datum(tokens=t, inputs=i) for t, i in DATA]
     expected_fb = direct.forward_backward(data, "cross_entropy")
     direct.optim_step(**ADAM)

@@ -1,9 +1,9 @@
-"""What a saved state leaves out of a resident session, so that a session written to disk and
+"""What a saved state leaves out of a resident model, so that a model written to disk and
 read back continues exactly as if it had stayed in memory (the service releases an idle
 training client's worker this way and loads it again on its next call).
 
 A state folder (``trainer.primitives.state``) holds the adapter, Adam's state and the step
-count: enough to continue between steps. A resident session also holds
+count: enough to continue between steps. A resident model also holds
 
 - the gradients accumulated since the last ``optim_step`` (a client may go idle between
   ``forward_backward`` and ``optim_step``): ``gradients.safetensors``, by parameter name;
@@ -68,7 +68,7 @@ def read_resident_extras(folder: Path, model: nn.Module) -> OrderedDict[str, Wei
         stored = load_file(str(folder / SNAPSHOTS_FILE))
         keys = json.loads((folder / SNAPSHOT_KEYS_FILE).read_text())
     except (OSError, SafetensorError, ValueError) as exc:
-        raise PrimitiveError(f"path: not a resident session's folder: {exc}") from None
+        raise PrimitiveError(f"path: not a resident model's folder: {exc}") from None
     if not set(gradients) <= set(params):
         raise PrimitiveError("path: the saved gradients are not this model's parameters")
     for name, grad in gradients.items():

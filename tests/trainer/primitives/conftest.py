@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer.models.loading import resolve_model
-from trainer.primitives import TrainingSession
+from trainer.primitives import ResidentModel
 
 
 @pytest.fixture(scope="session")
@@ -17,12 +17,12 @@ def tiny_path() -> Path:
     return resolve_model("tiny-random-llama")
 
 
-def new_session(path: Path, **overrides: Any) -> TrainingSession:
+def new_session(path: Path, **overrides: Any) -> ResidentModel:
     """A rank-4 session (seed 0) whose adapters' B matrices are non-zero: B starts at 0,
     where the model is the base and every A gets a zero gradient, which would make checks of
     gradients and of the adapters' effect trivially true."""
     kwargs: dict[str, Any] = {"lora_rank": 4, "seed": 0, **overrides}
-    session = TrainingSession(path, **kwargs)
+    session = ResidentModel(path, **kwargs)
     generator = torch.Generator().manual_seed(1234)
     with torch.no_grad():
         for name, param in session.model.named_parameters():
@@ -31,16 +31,16 @@ def new_session(path: Path, **overrides: Any) -> TrainingSession:
     return session
 
 
-def trainable(session: TrainingSession) -> dict[str, torch.nn.Parameter]:
+def trainable(session: ResidentModel) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in session.model.named_parameters() if p.requires_grad}
 
 
-def values(session: TrainingSession) -> dict[str, torch.Tensor]:
+def values(session: ResidentModel) -> dict[str, torch.Tensor]:
     """A copy of the trainable tensors."""
     return {n: p.detach().clone() for n, p in trainable(session).items()}
 
 
-def grads(session: TrainingSession) -> dict[str, torch.Tensor | None]:
+def grads(session: ResidentModel) -> dict[str, torch.Tensor | None]:
     return {n: None if p.grad is None else p.grad.clone() for n, p in trainable(session).items()}
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.trainer.primitives.conftest import grads, new_session, trainable, values
-from trainer.primitives import Datum, PrimitiveError, TrainingSession
+from trainer.primitives import Datum, PrimitiveError, ResidentModel
 from trainer.primitives.adam import AdamParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -45,7 +45,7 @@ def _reference_step(
     optimizer.step()
 
 
-def _session(tiny_path: Path) -> TrainingSession:
+def _session(tiny_path: Path) -> ResidentModel:
     return new_session(tiny_path, dtype=torch.float64)
 
 

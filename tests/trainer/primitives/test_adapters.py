@@ -12,7 +12,7 @@ from peft import PeftModel
 
 from tests.trainer.primitives.conftest import new_session, trainable
 from trainer.models.loading import load_policy
-from trainer.primitives import PrimitiveError, TrainingSession
+from trainer.primitives import PrimitiveError, ResidentModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -20,7 +20,7 @@ ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj"}
 MLP = {"gate_proj", "up_proj", "down_proj"}
 
 
-def _adapted(session: TrainingSession) -> set[str]:
+def _adapted(session: ResidentModel) -> set[str]:
     """The module leaf names that carry adapters."""
     return {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in trainable(session)}
 
@@ -37,7 +37,7 @@ def _adapted(session: TrainingSession) -> set[str]:
 def test_the_parts_asked_for_and_only_they_get_adapters(
     tiny_path: Path, flags: dict[str, bool], modules: set[str]
 ) -> None:
-    session = TrainingSession(tiny_path, lora_rank=2, **flags)
+    session = ResidentModel(tiny_path, lora_rank=2, **flags)
     assert _adapted(session) == modules
     names = trainable(session)
     assert names and all(".lora_A." in n or ".lora_B." in n for n in names)
@@ -45,7 +45,7 @@ def test_the_parts_asked_for_and_only_they_get_adapters(
 
 def test_nothing_to_train_is_refused(tiny_path: Path) -> None:
     with pytest.raises(PrimitiveError, match="train_attn, train_mlp, train_unembed"):
-        TrainingSession(
+        ResidentModel(
             tiny_path, lora_rank=2, train_attn=False, train_mlp=False, train_unembed=False
         )
 
@@ -54,9 +54,9 @@ def test_the_same_seed_makes_the_same_adapters_and_keeps_the_global_stream(tiny_
     torch.manual_seed(5)
     expected_draw = torch.rand(3)
     torch.manual_seed(5)
-    a = TrainingSession(tiny_path, lora_rank=2, seed=11)
+    a = ResidentModel(tiny_path, lora_rank=2, seed=11)
     assert torch.equal(torch.rand(3), expected_draw)  # building consumed no global randomness
-    b = TrainingSession(tiny_path, lora_rank=2, seed=11)
+    b = ResidentModel(tiny_path, lora_rank=2, seed=11)
     for x, y in zip(trainable(a).values(), trainable(b).values(), strict=True):
         assert torch.equal(x, y)
 
@@ -90,7 +90,7 @@ def test_a_saved_adapter_reads_back_as_the_snapshot_it_was(tiny_path: Path, tmp_
     assert read.tensors.keys() == snapshot.tensors.keys()
     assert all(torch.equal(read.tensors[k], v) for k, v in snapshot.tensors.items())
 
-    other_rank = TrainingSession(tiny_path, lora_rank=8)
+    other_rank = ResidentModel(tiny_path, lora_rank=8)
     with pytest.raises(PrimitiveError, match=r"path: adapter tensor .* has shape"):
         other_rank.load_snapshot(tmp_path / "sampler")
     with pytest.raises(PrimitiveError, match="path: no readable adapter"):
@@ -100,7 +100,7 @@ def test_a_saved_adapter_reads_back_as_the_snapshot_it_was(tiny_path: Path, tmp_
 def test_a_snapshot_of_another_shape_is_refused_before_any_weight_moves(tiny_path: Path) -> None:
     session = new_session(tiny_path)
     before = {n: p.detach().clone() for n, p in trainable(session).items()}
-    foreign = TrainingSession(tiny_path, lora_rank=8).snapshot()
+    foreign = ResidentModel(tiny_path, lora_rank=8).snapshot()
     with pytest.raises(ValueError, match="not this model's trainable parameters"):
         session.sample([2, 10], 1, max_tokens=2, weights=foreign)
     assert all(torch.equal(p, before[n]) for n, p in trainable(session).items())

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from tests.trainer.primitives.conftest import new_session, trainable
-from trainer.primitives import LOSS_FUNCTIONS, Datum, TrainingSession
+from trainer.primitives import LOSS_FUNCTIONS, Datum, ResidentModel
 from trainer.primitives.losses import LOSSES
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -37,18 +37,18 @@ OFFSETS = (-0.45, 0.45, 0.0)
 TOL = 1e-10
 
 
-def _session(tiny_path: Path) -> TrainingSession:
+def _session(tiny_path: Path) -> ResidentModel:
     # A 20-token budget packs datums 0 and 1 together (padded to 9) and datum 2 alone.
     return new_session(tiny_path, dtype=torch.float64, micro_batch_tokens=20)
 
 
-def _reference_logprobs(session: TrainingSession, tokens: list[int], targets: list[int]) -> Tensor:
+def _reference_logprobs(session: ResidentModel, tokens: list[int], targets: list[int]) -> Tensor:
     """[N] log p(targets[t] | tokens[:t+1]) from a plain forward pass, with gradient."""
     logits = session.model(input_ids=torch.tensor([tokens])).logits[0]
     return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(targets)[:, None])[:, 0]
 
 
-def _build(session: TrainingSession, loss_fn: str, per_token_clips: bool) -> list[Datum]:
+def _build(session: ResidentModel, loss_fn: str, per_token_clips: bool) -> list[Datum]:
     generator = torch.Generator().manual_seed(7)
     vocab = session.vocab_size
     data = []

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.trainer.primitives.conftest import new_session, trainable, values
-from trainer.primitives import Datum, PrimitiveError, TrainingSession
+from trainer.primitives import Datum, PrimitiveError, ResidentModel
 from trainer.primitives.resident import GRADIENTS_FILE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -26,7 +26,7 @@ def _data(seed: int) -> list[Datum]:
     return out
 
 
-def _step(session: TrainingSession, seed: int) -> float:
+def _step(session: ResidentModel, seed: int) -> float:
     loss = session.forward_backward(_data(seed), "cross_entropy").metrics["loss:sum"]
     session.optim_step(learning_rate=1e-2, weight_decay=0.01)
     return loss
@@ -42,7 +42,7 @@ def test_a_session_suspended_mid_step_continues_bit_for_bit(
     straight.suspend(tmp_path / "idle", kept)
     assert (tmp_path / "idle" / GRADIENTS_FILE).is_file()
 
-    resumed, snapshots = TrainingSession.resume(tmp_path / "idle", tiny_path)
+    resumed, snapshots = ResidentModel.resume(tmp_path / "idle", tiny_path)
     assert resumed.steps == straight.steps == 1
     # The pending gradients came back: the step they make is the same.
     for (name, a), b in zip(trainable(resumed).items(), trainable(straight).values(), strict=True):
@@ -70,7 +70,7 @@ def test_a_session_suspended_between_steps_has_no_gradient_after_resume(
     session = new_session(tiny_path)
     _step(session, 0)
     session.suspend(tmp_path / "idle", {})
-    resumed, snapshots = TrainingSession.resume(tmp_path / "idle", tiny_path)
+    resumed, snapshots = ResidentModel.resume(tmp_path / "idle", tiny_path)
     assert snapshots == {}
     assert all(p.grad is None for p in trainable(resumed).values())
 
@@ -81,4 +81,4 @@ def test_a_saved_state_without_the_resident_parts_is_refused(
     session = new_session(tiny_path)
     session.save_state(tmp_path / "state")  # a user's save: no gradients or snapshots
     with pytest.raises(PrimitiveError, match="not a resident session"):
-        TrainingSession.resume(tmp_path / "state", tiny_path)
+        ResidentModel.resume(tmp_path / "state", tiny_path)

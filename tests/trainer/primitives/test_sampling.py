@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from tests.trainer.primitives.conftest import new_session, values
-from trainer.primitives import Datum, PrimitiveError, TrainingSession
+from trainer.primitives import Datum, PrimitiveError, ResidentModel
 from trainer.primitives.sampling import truncated
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -21,7 +21,7 @@ PROMPT = [2, 6, 20, 21, 22, 17]
 EOS = 3  # the tiny tokenizer's <|end|>
 
 
-def _session(tiny_path: Path, **overrides: Any) -> TrainingSession:
+def _session(tiny_path: Path, **overrides: Any) -> ResidentModel:
     return new_session(tiny_path, **overrides)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.trainer.primitives.conftest import new_session, values
-from trainer.primitives import Datum, PrimitiveError, TrainingSession
+from trainer.primitives import Datum, PrimitiveError, ResidentModel
 from trainer.primitives.state import OPTIMIZER_FILE, SESSION_FILE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -25,7 +25,7 @@ def _data(seed: int) -> list[Datum]:
     return out
 
 
-def _train(session: TrainingSession, seed: int) -> float:
+def _train(session: ResidentModel, seed: int) -> float:
     result = session.forward_backward(_data(seed), "cross_entropy")
     session.optim_step(learning_rate=1e-2, weight_decay=0.01)
     return result.metrics["loss:sum"]
@@ -45,7 +45,7 @@ def test_a_loaded_state_continues_exactly_like_the_uninterrupted_session(
         SESSION_FILE,
     }
 
-    resumed = TrainingSession.load_state(tmp_path / "state", tiny_path)
+    resumed = ResidentModel.load_state(tmp_path / "state", tiny_path)
     assert resumed.steps == straight.steps == 2
     # The settings came back with the state (rank 3, no MLP adapters, float64).
     assert values(resumed).keys() == values(straight).keys()
@@ -61,7 +61,7 @@ def test_a_state_loaded_without_its_optimizer_starts_adam_afresh(
     straight = new_session(tiny_path, dtype=torch.float64)
     _train(straight, 0)
     straight.save_state(tmp_path / "state")
-    fresh = TrainingSession.load_state(tmp_path / "state", tiny_path, optimizer=False)
+    fresh = ResidentModel.load_state(tmp_path / "state", tiny_path, optimizer=False)
     assert fresh.steps == 0
     assert all(
         torch.equal(a, b)
@@ -86,11 +86,11 @@ def test_saves_never_overwrite_and_leave_no_partial_folder(tiny_path: Path, tmp_
 
 def test_a_folder_that_is_no_state_is_refused(tiny_path: Path, tmp_path: Path) -> None:
     with pytest.raises(PrimitiveError, match="path: not a saved training state"):
-        TrainingSession.load_state(tmp_path, tiny_path)
+        ResidentModel.load_state(tmp_path, tiny_path)
     session = new_session(tiny_path)
     session.save_state(tmp_path / "state")
     record = json.loads((tmp_path / "state" / SESSION_FILE).read_text())
     record["format"] = 99
     (tmp_path / "state" / SESSION_FILE).write_text(json.dumps(record))
     with pytest.raises(PrimitiveError, match="path: state format 99"):
-        TrainingSession.load_state(tmp_path / "state", tiny_path)
+        ResidentModel.load_state(tmp_path / "state", tiny_path)

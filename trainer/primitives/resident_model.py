@@ -1,5 +1,6 @@
-"""A training session: one resident LoRA model (its base frozen), its AdamW state and the
-gradients accumulated since the last step; the Tinker primitives are its methods.
+"""A resident model: the LoRA model a Tinker training client trains, held in memory (its base
+frozen), with its AdamW state and the gradients accumulated since the last step; the Tinker
+primitives are its methods. (Not a client's session, nor a database session.)
 
 Semantics (Tinker's): ``forward_backward`` adds the gradient of its loss, a SUM over tokens
 and datums, to the accumulated gradients; ``optim_step`` applies them with that call's Adam
@@ -7,8 +8,8 @@ settings and clears them. Everything a call reads is checked before anything is 
 refused call changes nothing. The model always runs in eval mode: there is no dropout to turn
 on, and a training forward pass then computes exactly what sampling and scoring compute.
 
-The session is not thread-safe: its owner (the service's worker) applies calls one at a time,
-in order.
+The resident model is not thread-safe: its owner (the service's worker) applies calls one at a
+time, in order.
 """
 
 from __future__ import annotations
@@ -57,16 +58,16 @@ from trainer.primitives.validation import (
 )
 from trainer.rollout.stop_tokens import stop_token_ids
 
-# One session is built at a time in a process: transformers loads a model under a process-wide
+# One resident model is built at a time in a process: transformers loads a model under a process-wide
 # meta-device context, and the LoRA build seeds torch's global generator, so two threads
 # building at once (a worker holding several training clients) break each other's load or
 # initialisation.
 _BUILDING = threading.Lock()
 
-__all__ = ["TrainingSession"]
+__all__ = ["ResidentModel"]
 
 
-class TrainingSession:
+class ResidentModel:
     """One resident LoRA model (the base model frozen), its Adam state and accumulated
     gradients.
 
@@ -251,7 +252,7 @@ class TrainingSession:
 
     def load_snapshot(self, folder: Path) -> WeightsSnapshot:
         """The adapter saved in ``folder`` (by :meth:`save_adapter` or :meth:`save_state`) as
-        a snapshot of this session's tensors; PrimitiveError when it does not fit."""
+        a snapshot of this model's tensors; PrimitiveError when it does not fit."""
         return read_adapter(self.model, Path(folder))
 
     def save_adapter(self, folder: Path) -> None:
@@ -280,14 +281,14 @@ class TrainingSession:
         device: str = "cpu",
         max_tokens_per_call: int = 65536,
         micro_batch_tokens: int = 8192,
-    ) -> TrainingSession:
-        """A session on ``model_path`` continuing the state saved in ``folder``: its adapter,
+    ) -> ResidentModel:
+        """A resident model on ``model_path`` continuing the state saved in ``folder``: its adapter,
         and with ``optimizer`` its Adam state and step count (without, a fresh optimizer at
         step 0). The limits are this server's, as in the constructor. PrimitiveError when the
         folder is no state or does not fit the model."""
         folder = Path(folder)
         settings, steps = read_settings(folder)
-        session = cls(
+        resident = cls(
             model_path,
             lora_rank=settings.lora_rank,
             train_attn=settings.train_attn,
@@ -299,17 +300,17 @@ class TrainingSession:
             micro_batch_tokens=micro_batch_tokens,
             base_model=settings.base_model,
         )
-        restore(session.model, read_adapter(session.model, folder))
+        restore(resident.model, read_adapter(resident.model, folder))
         if optimizer:
             try:
-                session._optimizer.load_state_dict(read_optimizer(folder, device))
+                resident._optimizer.load_state_dict(read_optimizer(folder, device))
             except (ValueError, KeyError, RuntimeError) as exc:
                 raise PrimitiveError(f"path: the optimizer state does not fit: {exc}") from None
-            session._steps = steps
-        return session
+            resident._steps = steps
+        return resident
 
     def suspend(self, folder: Path, snapshots: Mapping[str, WeightsSnapshot]) -> None:
-        """The whole resident session into ``folder`` (which must not exist): its state as
+        """The whole resident model into ``folder`` (which must not exist): its state as
         :meth:`save_state` writes it, the gradients accumulated since the last step and
         ``snapshots`` (sampler weights kept in memory), so that :meth:`resume` continues
         exactly (``trainer.primitives.resident``)."""
@@ -330,9 +331,9 @@ class TrainingSession:
         device: str = "cpu",
         max_tokens_per_call: int = 65536,
         micro_batch_tokens: int = 8192,
-    ) -> tuple[TrainingSession, dict[str, WeightsSnapshot]]:
-        """The session :meth:`suspend` wrote to ``folder``, with its snapshots in order."""
-        session = cls.load_state(
+    ) -> tuple[ResidentModel, dict[str, WeightsSnapshot]]:
+        """The resident model :meth:`suspend` wrote to ``folder``, with its snapshots in order."""
+        resident = cls.load_state(
             folder,
             model_path,
             optimizer=True,
@@ -340,7 +341,7 @@ class TrainingSession:
             max_tokens_per_call=max_tokens_per_call,
             micro_batch_tokens=micro_batch_tokens,
         )
-        return session, read_resident_extras(Path(folder), session.model)
+        return resident, read_resident_extras(Path(folder), resident.model)
 
     # ------------------------------------------------------------------ sampling
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-import trainer.primitives.session as session_module
+import trainer.primitives.resident_model as session_module
 from tests.trainer.primitives.conftest import assert_logprobs_close, grads, new_session
 from trainer.primitives import Datum
 
