@@ -80,5 +80,5 @@ def test_a_saved_state_without_the_resident_parts_is_refused(
 ) -> None:
     session = new_session(tiny_path)
     session.save_state(tmp_path / "state")  # a user's save: no gradients or snapshots
-    with pytest.raises(PrimitiveError, match="not a resident session"):
+    with pytest.raises(PrimitiveError, match="not a resident model"):
         ResidentModel.resume(tmp_path / "state", tiny_path)
