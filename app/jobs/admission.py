@@ -56,7 +56,7 @@ def admit(spec: JobSpec, *, settings: Settings, project_id: str, session: Sessio
     """Raise InvalidRequest (422, naming the field) unless this service accepts `spec`."""
     _admit_model(spec.model, settings)
     _admit_dataset(spec, settings)
-    _admit_limits(spec, settings)
+    admit_limits(spec, settings)
     _admit_devices(spec, settings)
     _admit_judges(spec)
     _admit_agent_endpoints(spec)
@@ -164,7 +164,9 @@ def _admit_model(model: str, settings: Settings) -> None:
 # ---- operator limits on a job's size -------------------------------------------------------
 
 
-def _admit_limits(spec: JobSpec, settings: Settings) -> None:
+def admit_limits(spec: JobSpec, settings: Settings) -> None:
+    """The operator's limits on a job's size (completions and tokens per step, tokens in
+    all): a 422 naming the first field past one, with every one in its details."""
     violations = spec_limits_violations(
         spec,
         max_completions_per_step=settings.max_completions_per_step,

@@ -31,13 +31,13 @@ from app.core.field_paths import field_path
 from app.core.models import Job
 from app.core.queue import Dispatcher
 from app.core.settings import Settings
+from app.jobs import admission, transitions
 from app.jobs import repository as jobs_repo
 from app.jobs import service as jobs_service
-from app.jobs import transitions
 from app.jobs.dispatch import send_after_commit, withdraw_after_commit
 from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.transitions import JobStatus
-from jobspec import JobSpec, spec_limits_violations
+from jobspec import JobSpec
 from jobspec.memory_plan import refusal
 
 # What a paused job may change when it resumes, as paths into its spec. Anything else (the
@@ -244,15 +244,7 @@ def _check_size(session: Session, job: Job, spec: JobSpec, settings: Settings) -
             "has trained",
             param="grpo.steps",
         )
-    violations = spec_limits_violations(
-        spec,
-        max_completions_per_step=settings.max_completions_per_step,
-        max_tokens_per_step=settings.max_tokens_per_step,
-        max_total_tokens=settings.max_total_tokens,
-    )
-    if violations:
-        param, message = violations[0]
-        raise InvalidRequest(f"{param}: {message}", param=param)
+    admission.admit_limits(spec, settings)
     plan, _ = jobs_service.memory_plan(spec, settings, session)
     if plan is not None and not plan.fits:
         message, fixes = refusal(plan)
