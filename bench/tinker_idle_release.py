@@ -1,5 +1,5 @@
 """What an idle release costs a Tinker client (docs/tinker.md, "Idle release"): a resident
-training session written to disk whole (``ResidentModel.suspend``: adapter, Adam state,
+resident model written to disk whole (``ResidentModel.suspend``: adapter, Adam state,
 pending gradients, sampler weights kept in memory) and read back (``ResidentModel.resume``),
 against building the session from its base model (what a worker does for a new client), on the
 packaged models.
