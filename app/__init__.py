@@ -10,7 +10,7 @@
 - ``fine_tuning``: OpenAI's fine-tuning API (``/v1/fine_tuning``) over native jobs;
 - ``graders``: ``/v1/graders``: try a grader on a sample before a job;
 - ``health``: liveness and readiness probes;
-- ``inference``: the inference gateway: ``/v1/models``, chat and completions;
+- ``gateway``: the inference gateway: ``/v1/models``, chat and completions;
 - ``jobs``: ``/v1/jobs``: create, admission, the state machine, dispatch, pause, deletion;
 - ``progress``: what a running job produces (metrics, samples, checkpoints) and the live streams;
 - ``sessions``: projects, API keys, the dashboard's sign-in and the authenticated caller;

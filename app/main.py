@@ -13,9 +13,9 @@ from app.core.state import build_state
 from app.dashboard import routes as dashboard
 from app.files import routes as files
 from app.fine_tuning import routes as fine_tuning
+from app.gateway import routes as gateway
 from app.graders import routes as graders
 from app.health import routes as health
-from app.inference import routes as inference
 from app.jobs import dispatch
 from app.jobs import routes as jobs
 from app.jobs.service import JobCreation
@@ -70,8 +70,8 @@ def create_app(settings: Settings | None = None, dispatcher: Dispatcher | None =
     app.include_router(files.router)
     app.include_router(graders.router)
     app.include_router(fine_tuning.router)
-    app.include_router(inference.router)
-    app.include_router(inference.completions_router)
+    app.include_router(gateway.router)
+    app.include_router(gateway.completions_router)
     app.include_router(webhooks.router)
     app.include_router(usage.router)
     app.include_router(session.router)

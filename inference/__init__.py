@@ -23,9 +23,9 @@ It owns:
   ``inference_servers``, rewritten every heartbeat (inference.registry).
 
 It touches the rest of the project only through the gateway protocol
-(``app.inference.protocol``, ``app.inference.engine_identity``, and
-``app.inference.served_kinds``: the kinds of served weights and their names, which the gateway
-reads too), the registry queries (``app.inference.servers_repository``), the
+(``app.gateway.protocol``, ``app.gateway.engine_identity``, and
+``app.gateway.served_kinds``: the kinds of served weights and their names, which the gateway
+reads too), the registry queries (``app.gateway.servers_repository``), the
 shared persistence (``app.core.db``, ``app.core.models``, ``app.core.settings``) and the
 trainer's model resolution and chat-template probe (``trainer.models.loading.resolve_model``,
 ``trainer.agents.chat.chat_format``, run in a short-lived subprocess, inference.resolve, so the

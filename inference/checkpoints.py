@@ -13,8 +13,8 @@ import json
 import re
 from pathlib import Path
 
-from app.inference.protocol import SamplerWeightsRef, WeightsRef
-from app.inference.served_kinds import LORA, served_name
+from app.gateway.protocol import SamplerWeightsRef, WeightsRef
+from app.gateway.served_kinds import LORA, served_name
 from jobspec.checkpoint_files import checkpoint_step, job_folder, tinker_save_folder
 
 # Job ids are `job_<hex>` (app.core.ids); any id-like name is accepted, nothing path-like.
@@ -46,7 +46,7 @@ def _named_folder(root: Path, ref: WeightsRef | SamplerWeightsRef) -> Path:
 
 def checkpoint_folder(store: Path, ref: WeightsRef | SamplerWeightsRef, *, marker: str) -> Path:
     """The real folder of ``ref`` under ``store``, holding ``marker`` (its kind's,
-    app.inference.served_kinds). Raises CheckpointRefused or CheckpointMissing."""
+    app.gateway.served_kinds). Raises CheckpointRefused or CheckpointMissing."""
     root = store.resolve()
     named = _named_folder(root, ref)
     try:

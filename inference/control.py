@@ -1,10 +1,10 @@
-"""The control API of a `grpo inference` process, called by the gateway (app.inference):
+"""The control API of a `grpo inference` process, called by the gateway (app.gateway):
 
-- ``POST /engines/ensure`` (app.inference.protocol.ENSURE_PATH): an EnsureRequest (with the
-  revision, dtype and project of app.inference.engine_identity.EngineEnsureRequest); 200 with
+- ``POST /engines/ensure`` (app.gateway.protocol.ENSURE_PATH): an EnsureRequest (with the
+  revision, dtype and project of app.gateway.engine_identity.EngineEnsureRequest); 200 with
   an EnsureResponse, or a Busy body with ``Retry-After``: 503, or 429 when the project already
   holds its share of the engine's adapter slots and its requests use every one
-  (app.inference.protocol.busy_status); 403 for a checkpoint name that
+  (app.gateway.protocol.busy_status); 403 for a checkpoint name that
   leads outside the checkpoint store, 404 for weights that are not here (or a base model not
   served here), 422 for weights that can never be served here (a base model that does not
   resolve, an engine larger than the budget, adapters of a rank past ``max_lora_rank`` or that
@@ -17,7 +17,7 @@
 - ``GET /health``: 200 while the process runs.
 
 Guard: it listens on loopback by default (inference.settings), and every call but /health must
-carry ``GRPO_INFERENCE_TOKEN`` in ``X-Inference-Token`` (app.inference.protocol); `grpo
+carry ``GRPO_INFERENCE_TOKEN`` in ``X-Inference-Token`` (app.gateway.protocol); `grpo
 inference` refuses to start without a token (inference.process). An app built without one (the
 tests' pools in-process) checks nothing.
 """
@@ -31,8 +31,8 @@ from contextlib import AbstractAsyncContextManager
 from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse
 
-from app.inference.engine_identity import EngineEnsureRequest
-from app.inference.protocol import (
+from app.gateway.engine_identity import EngineEnsureRequest
+from app.gateway.protocol import (
     ENSURE_PATH,
     RELEASE_PATH,
     TOKEN_HEADER,

@@ -105,7 +105,7 @@ def engine_log_name(key: str) -> str:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    key: str  # the pool's key (app.inference.engine_identity.engine_key)
+    key: str  # the pool's key (app.gateway.engine_identity.engine_key)
     model_folder: Path
     served_model: str
     log_path: Path

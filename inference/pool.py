@@ -1,6 +1,6 @@
 """The engines of one inference process, and the answer to ``POST /engines/ensure``.
 
-Keys and names (app.inference.served_kinds, which the gateway reads too): a base model's engine
+Keys and names (app.gateway.served_kinds, which the gateway reads too): a base model's engine
 is keyed by the base model's name, its Hub revision and its dtype; a full fine-tune's
 checkpoint, and the full checkpoint a LoRA job started from (``base_weights``), by the
 checkpoint's served name and its dtype. The dtype is the job's rollout dtype unless the
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.core.settings import Settings
-from app.inference.engine_identity import EngineEnsureRequest
-from app.inference.protocol import (
+from app.gateway.engine_identity import EngineEnsureRequest
+from app.gateway.protocol import (
     Busy,
     EngineState,
     EnsureResponse,
@@ -47,7 +47,7 @@ from app.inference.protocol import (
     ServerState,
     WeightsRef,
 )
-from app.inference.served_kinds import (
+from app.gateway.served_kinds import (
     FULL,
     LORA,
     ServedKind,

@@ -22,8 +22,8 @@ from fastapi import FastAPI
 
 from app.core.gateway_settings import MIN_TOKEN_CHARS
 from app.core.settings import Settings
-from app.inference.engine_identity import EngineEnsureRequest
-from app.inference.protocol import HEARTBEAT_S, Busy
+from app.gateway.engine_identity import EngineEnsureRequest
+from app.gateway.protocol import HEARTBEAT_S, Busy
 from inference.control import create_control_app
 from inference.devices import sharing_refusal
 from inference.pool import EnginePool

@@ -21,7 +21,7 @@ from typing import Literal
 
 import httpx
 
-from app.inference.protocol import Busy, EnsureResponse
+from app.gateway.protocol import Busy, EnsureResponse
 from inference.adapters import AdapterSlots, AllPinned, Evict, OverShare
 from inference.engine import Engine, EngineFailed, EngineRefused
 from jobspec.prompt_format import TemplateTraits

@@ -1,4 +1,4 @@
-"""This process's row in ``inference_servers`` (app.inference.servers_repository): written at
+"""This process's row in ``inference_servers`` (app.gateway.servers_repository): written at
 start and every ``HEARTBEAT_S`` with the process's ServerState, removed when it stops. A row
 whose heartbeat stops (the process was killed) goes stale and the gateway stops routing to it
 (``FRESH_S``). Database calls block: the process runs them in a thread."""
@@ -11,8 +11,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.settings import Settings
-from app.inference import servers_repository
-from app.inference.protocol import ServerState
+from app.gateway import servers_repository
+from app.gateway.protocol import ServerState
 from inference.settings import InferenceSettings
 
 log = logging.getLogger(__name__)

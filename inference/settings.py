@@ -15,8 +15,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.gateway_settings import MIN_TOKEN_CHARS
-from app.inference import engine_identity
-from app.inference.protocol import ANY_BASE
+from app.gateway import engine_identity
+from app.gateway.protocol import ANY_BASE
 from inference.adapters import default_share
 from inference.devices import DeviceSet, parse_devices, worker_devices_from_env
 from jobspec import PACKAGED_MODELS

@@ -35,7 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.core.clock import utcnow
 from app.core.db import session_scope
 from app.core.errors import IllegalTransition
-from app.inference import servers_repository
+from app.gateway import servers_repository
 from app.jobs import deletion_repository as deletion_repo
 from app.jobs import repository as jobs_repo
 from app.jobs import size_classes, transitions

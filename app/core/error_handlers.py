@@ -46,7 +46,7 @@ _BODY_PARSE_DETAIL = "There was an error parsing the body"
 
 
 # Paths whose clients are OpenAI's SDKs: files, the fine-tuning API, the models, and chat and
-# completions (app.inference).
+# completions (app.gateway).
 OPENAI_ROOTS = ("/v1/files", "/v1/models", "/v1/chat/completions", "/v1/completions")
 OPENAI_PREFIXES = ("/v1/fine_tuning/", *(f"{root}/" for root in OPENAI_ROOTS))
 # OpenAI's error classes by status (the SDK picks its exception by status; `type` is the class).

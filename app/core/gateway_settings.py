@@ -1,5 +1,5 @@
 """The API's settings of its inference gateway, POST /v1/chat/completions and /v1/completions
-(app.inference): what it sends the inference processes, its fair-use budgets and its request
+(app.gateway): what it sends the inference processes, its fair-use budgets and its request
 bounds (environment GRPO_INFERENCE_*, beside the tier's own, inference.settings). A part of
 :class:`app.core.settings.Settings` (which inherits these fields), kept apart to keep that
 module readable."""

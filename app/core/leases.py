@@ -269,7 +269,7 @@ class WorkBudget:
         self._leases.release(lease)
 
 
-# The inference gateway's requests in flight, counted per project (app.inference).
+# The inference gateway's requests in flight, counted per project (app.gateway).
 INFERENCE_SLOTS = SlotLabels(
     what="chat and completion requests in flight",
     counted="requests in flight",

@@ -292,14 +292,14 @@ class WebhookAttempt(Base):
 class InferenceServer(Base):
     """A running `grpo inference` process (inference/): where its control API answers, which base
     models it serves and what it holds warm. It rewrites its row every heartbeat; the gateway
-    routes only to rows whose heartbeat is fresh (app.inference.servers_repository)."""
+    routes only to rows whose heartbeat is fresh (app.gateway.servers_repository)."""
 
     __tablename__ = "inference_servers"
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     control_url: Mapped[str] = mapped_column(String(2048))
     # The base models it starts engines for (["*"]: any model the host can load).
     bases: Mapped[list[Any]] = mapped_column(JSON)
-    # app.inference.protocol.ServerState as JSON: engines, warm adapters, memory budget.
+    # app.gateway.protocol.ServerState as JSON: engines, warm adapters, memory budget.
     state: Mapped[dict[str, Any]] = mapped_column(JSON)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

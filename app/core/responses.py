@@ -50,7 +50,7 @@ OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
     **{status: doc for status, doc in ERRORS.items() if status != 422},
 }
 
-# Chat and completions (app.inference): OpenAI's errors, plus the gateway's own.
+# Chat and completions (app.gateway): OpenAI's errors, plus the gateway's own.
 INFERENCE_ERRORS: dict[int | str, dict[str, Any]] = {
     **OPENAI_ERRORS,
     429: {

@@ -273,7 +273,7 @@ class Settings(GatewaySettings, TinkerSettings, SizeClassSettings):
         description="Longest an upload waits for a decoding slot before its 429 or 503.",
     )
     # ---- the inference gateway's bounds on what one tenant makes the shared engines do
-    # (app.inference; the rest of its settings are app.core.gateway_settings)
+    # (app.gateway; the rest of its settings are app.core.gateway_settings)
     inference_max_tokens_in_flight_per_project: int = Field(
         default=32_768,
         ge=1,

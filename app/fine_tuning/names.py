@@ -3,7 +3,7 @@
 A job's fine-tuned model is `ft:<model as requested>:<suffix>:<job id>` (the suffix may be
 empty) and a checkpoint's `ft:...:<job id>:ckpt-step-<step>`, stable for the job's life. The
 fine-tuning API shows them (app.fine_tuning.presenters), the model catalogue lists them and
-resolves them back to a job and a step (app.inference.service), and `grpo download` reads them
+resolves them back to a job and a step (app.gateway.service), and `grpo download` reads them
 (grpo_cli.download, which imports no service package and keeps its own reader).
 
 No imports beyond the job row and the id helpers, so any layer may use them."""

@@ -6,7 +6,7 @@
 - usage: the bytes of a project's kept checkpoints, from the sizes recorded with them;
 - the checkpoint storage quota: the bytes a project stores (deleted jobs' checkpoints too,
   until their purge), counted under a per-project lock;
-- the model catalogue (app.inference): the newest kept checkpoints of a page of jobs.
+- the model catalogue (app.gateway): the newest kept checkpoints of a page of jobs.
 
 A checkpoint row marked deleted stays (its download answers 410) until its job is purged.
 """

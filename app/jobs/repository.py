@@ -77,7 +77,7 @@ def list_page(
     """Newest first, deleted jobs left out. `after` is the last id of the previous page; ids
     are time-ordered. `metadata`: only jobs whose spec's metadata has each key with that value.
     `with_kept_checkpoints`: only jobs holding a checkpoint their retention kept (the jobs
-    with weights to serve: the model catalogue, app.inference)."""
+    with weights to serve: the model catalogue, app.gateway)."""
     query = select(Job).where(Job.project_id == project_id, Job.deleted_at.is_(None))
     if statuses:
         query = query.where(Job.status.in_(statuses))

@@ -1,6 +1,6 @@
 """What the inference processes state of themselves in their registry rows (table
 ``inference_servers``, written by each `grpo inference` process every heartbeat; the gateway's
-own reads are app.inference.servers_repository, a domain this one may not import). The jobs
+own reads are app.gateway.servers_repository, a domain this one may not import). The jobs
 domain reads what a job's checkpoints will meet when served: the largest LoRA rank."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.core.models import InferenceServer
 
-# The key of a registry row's state (app.inference.protocol.ServerState) that names the largest
+# The key of a registry row's state (app.gateway.protocol.ServerState) that names the largest
 # LoRA rank its engines load (GRPO_INFERENCE_MAX_LORA_RANK).
 MAX_LORA_RANK_KEY = "max_lora_rank"
 

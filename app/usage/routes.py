@@ -1,7 +1,7 @@
 """/v1/usage: what the caller's project stores (checkpoint bytes, in total and per job), its
 checkpoint storage quota (app.usage.service), its quota of active jobs and their devices
 (app.jobs.quota), the tokens its chat and completion requests used, per model and day,
-against its daily quota (app.inference.quota), and its use of the Tinker API (app.tinker):
+against its daily quota (app.gateway.quota), and its use of the Tinker API (app.tinker):
 sessions, training clients and calls over the last days, and those live now against their
 quotas."""
 
@@ -17,8 +17,8 @@ from app.core.clock import utcnow
 from app.core.deps import SessionDep, StateDep
 from app.core.responses import ERRORS
 from app.core.settings import Settings
-from app.inference import quota as inference_quota
-from app.inference import usage_repository as inference_usage
+from app.gateway import quota as inference_quota
+from app.gateway import usage_repository as inference_usage
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import quota as active_quota
 from app.sessions.deps import PrincipalDep

@@ -1,7 +1,7 @@
 """What the gateway tests run in place of a `grpo inference` process (inference/, built apart):
 
 - :class:`ControlDouble`, a TEST DOUBLE of the inference process's control API only: it answers
-  ``POST /engines/ensure`` (app.inference.protocol) with a fixed vLLM server, or with a 503
+  ``POST /engines/ensure`` (app.gateway.protocol) with a fixed vLLM server, or with a 503
   Busy when told to, and records every EnsureRequest and X-Inference-Token header it got. It loads
   nothing: the weights of a fine-tuned name are not served by it (the base model answers for
   them). The real process and the end-to-end test of both come with inference/.
@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.settings import Settings
-from app.inference import servers_repository as servers_repo
-from app.inference.protocol import (
+from app.gateway import servers_repository as servers_repo
+from app.gateway.protocol import (
     HEARTBEAT_S,
     TOKEN_HEADER,
     Busy,

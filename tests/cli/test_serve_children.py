@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from app.core.settings import build_settings
-from app.inference.protocol import ENSURE_PATH, TOKEN_HEADER
+from app.gateway.protocol import ENSURE_PATH, TOKEN_HEADER
 from tests.cli.conftest import ServerProcess
 from tests.conftest import free_port, wait_until
 from tests.inference.test_embedded import _fresh_rows as registered_servers

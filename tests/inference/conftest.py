@@ -20,8 +20,8 @@ import pytest
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.settings import Settings
-from app.inference import servers_repository
-from app.inference.protocol import ENSURE_PATH, TOKEN_HEADER, Busy, EnsureResponse
+from app.gateway import servers_repository
+from app.gateway.protocol import ENSURE_PATH, TOKEN_HEADER, Busy, EnsureResponse
 from tests.conftest import free_port, wait_until
 from tests.live_server import Server, serve
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from app.inference.engine_identity import EngineEnsureRequest
-from app.inference.protocol import (
+from app.gateway.engine_identity import EngineEnsureRequest
+from app.gateway.protocol import (
     ENSURE_PATH,
     RELEASE_PATH,
     Busy,

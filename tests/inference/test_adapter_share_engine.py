@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.inference.protocol import RELEASE_PATH, Busy, EnsureResponse
+from app.gateway.protocol import RELEASE_PATH, Busy, EnsureResponse
 from tests.conftest import wait_until
 from tests.inference.conftest import (
     CONTROL_HEADERS,

@@ -36,8 +36,8 @@ from inference.control import create_control_app
 from inference.engine import EngineSpec
 from inference.pool import EnginePool
 from inference.settings import build_inference_settings
-from tests.app.inference.test_models_catalogue import _train
-from tests.app.inference_doubles import Registry
+from tests.app.gateway.test_models_catalogue import _train
+from tests.app.gateway_doubles import Registry
 from tests.conftest import RecordingDispatcher, free_port, settings_for, tiny_spec, wait_until
 from tests.inference.test_pool import TRAITS, StandInEngine
 from tests.live_server import Server, serve

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.inference.protocol import SamplerWeightsRef, WeightsRef
-from app.inference.served_kinds import ADAPTER_MARKER, MODEL_MARKER, served_name
+from app.gateway.protocol import SamplerWeightsRef, WeightsRef
+from app.gateway.served_kinds import ADAPTER_MARKER, MODEL_MARKER, served_name
 from inference.checkpoints import (
     CheckpointMissing,
     CheckpointRefused,

@@ -1,4 +1,4 @@
-"""The control API's HTTP shapes (app.inference.protocol) over a stand-in pool: Busy is a 503
+"""The control API's HTTP shapes (app.gateway.protocol) over a stand-in pool: Busy is a 503
 with Retry-After, errors are {"detail"} with their status, and the shared secret is checked."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any, cast
 
 from fastapi.testclient import TestClient
 
-from app.inference.engine_identity import EngineEnsureRequest
-from app.inference.protocol import (
+from app.gateway.engine_identity import EngineEnsureRequest
+from app.gateway.protocol import (
     ENSURE_PATH,
     TOKEN_HEADER,
     Busy,

@@ -10,7 +10,7 @@ import pytest
 
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.settings import build_settings
-from app.inference import servers_repository
+from app.gateway import servers_repository
 from tests.cli.conftest import ServerProcess
 from tests.conftest import free_port, wait_until
 

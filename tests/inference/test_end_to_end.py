@@ -11,7 +11,7 @@ engines, and the unchanged `openai` SDK as the client.
 - The job page's chat panel (headless Chromium) streams an answer from the job's checkpoint.
 
 The JSON-schema `response_format` and the disconnect that stops a generation are tested against
-a real vLLM server in tests/app/inference/test_inference_gateway.py (the tiny model's character tokenizer
+a real vLLM server in tests/app/gateway/test_inference_gateway.py (the tiny model's character tokenizer
 makes vLLM's grammar engine fail, so they use SmolLM2 there) and
 tests/inference/test_process.py."""
 

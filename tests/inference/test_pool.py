@@ -16,8 +16,8 @@ from typing import Any, ClassVar, TypeVar
 import pytest
 
 from app.core.settings import build_settings
-from app.inference.engine_identity import EngineEnsureRequest
-from app.inference.protocol import Busy, EnsureResponse
+from app.gateway.engine_identity import EngineEnsureRequest
+from app.gateway.protocol import Busy, EnsureResponse
 from inference import pool as pool_module
 from inference.engine import EngineFailed, EngineSpec, server_command
 from inference.metrics import EngineLoad

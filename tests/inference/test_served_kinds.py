@@ -1,4 +1,4 @@
-"""The gateway and the inference tier name the served weights alike (app.inference.served_kinds):
+"""The gateway and the inference tier name the served weights alike (app.gateway.served_kinds):
 what a pool made ready, its state shows under the names the gateway looks for, for every kind,
 in the dtype its operator set."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from app.inference import routing
-from app.inference.engine_identity import EngineEnsureRequest
+from app.gateway import routing
+from app.gateway.engine_identity import EngineEnsureRequest
 from inference.pool import EnginePool
 from tests.inference.test_pool import (  # noqa: F401  (make_pool: a fixture)
     ENGINE,

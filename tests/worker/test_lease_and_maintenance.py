@@ -267,7 +267,7 @@ def test_maintenance_forgets_inference_processes_gone_for_an_hour(ctx: WorkerCon
     once its heartbeat is an hour old, and leaves a live process's row alone (rows of gone
     processes stayed forever before)."""
     from app.core.models import InferenceServer
-    from app.inference import servers_repository
+    from app.gateway import servers_repository
 
     with session_scope(ctx.sessions) as session:
         for server_id in ("gone", "alive"):

@@ -13,7 +13,7 @@ import pytest
 
 from app.core.db import session_scope
 from app.core.models import InferenceServer
-from app.inference import servers_repository
+from app.gateway import servers_repository
 from tests.app.jobs.conftest import Deployment
 
 # vLLM's largest max_lora_rank: no registered process of another test can state more.

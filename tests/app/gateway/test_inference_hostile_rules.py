@@ -2,8 +2,8 @@
 the request shapes the engine cannot serve safely (refused before anything is forwarded), the
 per-project budget of work in flight, model names with control characters, the engine's error
 params named as the client's request names them, and the non-streamed answer passed on as the
-engine's bytes. The inference process is ControlDouble (tests/app/inference_doubles.py); what
-the real engine does with each is tests/app/inference/test_inference_tier.py."""
+engine's bytes. The inference process is ControlDouble (tests/app/gateway_doubles.py); what
+the real engine does with each is tests/app/gateway/test_inference_tier.py."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import pytest
 
 from app.core.errors import TooManyRequests
 from app.core.leases import Lease, RedisStore, WorkBudget
-from app.inference import answer, proxy
-from app.inference.engine_limits import HAZARDS
-from app.inference.request_schemas import ChatCompletionRequest, CompletionRequest
-from tests.app.inference_doubles import ControlDouble, Registry, serve_control
+from app.gateway import answer, proxy
+from app.gateway.engine_limits import HAZARDS
+from app.gateway.request_schemas import ChatCompletionRequest, CompletionRequest
+from tests.app.gateway_doubles import ControlDouble, Registry, serve_control
 from tests.conftest import REDIS_URL, Api, new_project_key, settings_for, wait_until
 from tests.live_server import serve
 

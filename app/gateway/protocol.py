@@ -1,4 +1,4 @@
-"""What the gateway (app.inference) and a `grpo inference` process (inference/) say to each other:
+"""What the gateway (app.gateway) and a `grpo inference` process (inference/) say to each other:
 torch-free, so both sides import it.
 
 A request for a fine-tuned model reaches a vLLM OpenAI server in two hops of different kinds:
@@ -16,7 +16,7 @@ A request for a fine-tuned model reaches a vLLM OpenAI server in two hops of dif
    adapters, ``POST {control_url}/engines/release`` with a :class:`HoldRelease`: an adapter is
    kept loaded for the requests using it, and only for them (inference.adapters).
 
-Each process registers itself in ``inference_servers`` (app.inference.servers_repository): its
+Each process registers itself in ``inference_servers`` (app.gateway.servers_repository): its
 control URL, the base models it serves, and its :class:`ServerState` as JSON, rewritten every
 heartbeat. Nothing here is a host path: weights are named by job id and checkpoint folder name
 (or, for a Tinker sampler save, by project, training client and save name), which the inference
@@ -80,11 +80,11 @@ class EnsureResponse(BaseModel):
     warm: bool  # the weights were ready before this call (no engine start, no adapter load)
     # How the engine's chat template takes tools, probed with the trainer's own rule
     # (trainer.agents.chat) where the tokenizer is: a chat with tools is written as training
-    # wrote it (app.inference.chat_as_trained). None: not known (a process older than this
+    # wrote it (app.gateway.chat_as_trained). None: not known (a process older than this
     # field, or a probe that failed); such a chat is refused rather than guessed.
     chat_traits: TemplateTraits | None = None
     # The engine's context in tokens (vLLM's max_model_len): a chat that sets no max_tokens is
-    # sent at most this many (app.inference.proxy). None: not known.
+    # sent at most this many (app.gateway.proxy). None: not known.
     max_model_len: int | None = Field(default=None, ge=1)
     # LoRA adapters: the ensure's hold on them, which keeps them loaded until the gateway
     # releases it (RELEASE_PATH) when its request ends. None: nothing to release.

@@ -1,4 +1,4 @@
-"""The parts of a chat or completion request's body (app.inference.request_schemas), each
+"""The parts of a chat or completion request's body (app.gateway.request_schemas), each
 bounded: text (no NUL), messages (with the tool calls of an assistant turn and the `tool` turns
 that answer them), function tools (validated as a job's tools are,
 jobspec.agents.ToolFunction), stop sequences and response formats."""
@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from app.core.errors import InvalidRequest
-from app.inference.schemas import holds_control_characters
+from app.gateway.schemas import holds_control_characters
 from jobspec.agents import ToolFunction
 
 MAX_MESSAGES = 2048

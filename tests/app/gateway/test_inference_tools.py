@@ -3,7 +3,7 @@ called as an agent): what of OpenAI's tool calling is not served is a 400 naming
 before anything is routed; a tool is validated as a job's tool is; and tools, or a
 conversation holding tool calls, are refused rather than guessed at when the inference process
 does not say how its engine's chat template takes them. The inference process is ControlDouble
-(tests/app/inference_doubles.py); the real engine's test is
+(tests/app/gateway_doubles.py); the real engine's test is
 tests/inference/test_served_as_trained.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.app.inference_doubles import ControlDouble, Registry, serve_control
+from tests.app.gateway_doubles import ControlDouble, Registry, serve_control
 from tests.conftest import Api
 
 CHAT = "/v1/chat/completions"

@@ -1,5 +1,5 @@
 """The kinds of weights the inference tier serves, declared once: the gateway
-(app.inference.service, app.inference.routing) and `grpo inference` (inference.pool,
+(app.gateway.service, app.gateway.routing) and `grpo inference` (inference.pool,
 inference.checkpoints) both read them. Torch-free.
 
 | kind | what an ensure names | its folder holds | the engine it runs in | the name it answers to |
@@ -11,7 +11,7 @@ inference.checkpoints) both read them. Torch-free.
 An engine's key (:func:`engine_name`) is also the name it serves its own weights under: a
 checkpoint's engine (``full``, or the full checkpoint a LoRA job started from, ``base_weights``)
 is keyed by the checkpoint's served name and dtype, a base model's by its name, Hub revision and
-dtype (app.inference.engine_identity.engine_key). A checkpoint's served name is
+dtype (app.gateway.engine_identity.engine_key). A checkpoint's served name is
 ``<job_id>/<folder>`` (:func:`served_name`; a Tinker sampler save's,
 ``tinker/<project>/<model id>/<name>@<version>``): the same in every process and after every reload,
 distinct for distinct checkpoints. The gateway finds warm weights in a process's state by
@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from app.inference.engine_identity import engine_key
-from app.inference.protocol import EnsureRequest, SamplerWeightsRef, WeightsRef
+from app.gateway.engine_identity import engine_key
+from app.gateway.protocol import EnsureRequest, SamplerWeightsRef, WeightsRef
 
 ModelKind = Literal["base", "full", "lora"]
 MODEL_MARKER = "config.json"  # a model folder (transformers' config)

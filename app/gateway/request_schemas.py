@@ -4,10 +4,10 @@
 What is accepted is an allow-list: OpenAI's sampling fields, plus vLLM's `top_k`, `min_p`,
 `repetition_penalty` and `ignore_eos`; for chat, OpenAI's function `tools` (each validated as a
 job's tool is, jobspec.agents.ToolFunction), `tool_choice` `none` or `auto`, assistant
-messages with `tool_calls` and `tool` messages (app.inference.chat_as_trained writes them as
+messages with `tool_calls` and `tool` messages (app.gateway.chat_as_trained writes them as
 training did). Any other field is a 400 naming it (`extra="forbid"`), as OpenAI answers an
 unrecognized argument. vLLM's `prompt_logprobs` is parsed only to be refused
-with its reason (app.inference.engine_limits: what the engine cannot serve safely). The
+with its reason (app.gateway.engine_limits: what the engine cannot serve safely). The
 operator's bounds (`GRPO_INFERENCE_MAX_TOKENS`, `_MAX_CHOICES`, `_MAX_PROMPT_CHARS`) are checked
 by :func:`check_bounds` (they are settings, not constants). The model's context is the engine's
 to check: vLLM answers 400, which the gateway passes on.
@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Discriminator, Field, Tag
 
 from app.core.errors import InvalidRequest
-from app.inference.request_parts import (
+from app.gateway.request_parts import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     MAX_LOGIT_BIAS,
     MAX_MESSAGES,
@@ -43,7 +43,7 @@ from app.inference.request_parts import (
     no_control_characters,
     union_member,
 )
-from app.inference.schemas import MAX_MODEL_NAME
+from app.gateway.schemas import MAX_MODEL_NAME
 
 
 class _Sampling(Strict):

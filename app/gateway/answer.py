@@ -15,7 +15,7 @@ body is never parsed whole:
   whose value is an object holding `prompt_tokens`, and it follows `choices`;
 - a chat whose tool calls are read (:func:`with_tool_calls`: tools it may call) is parsed whole,
   bounded like any answer, in a worker thread, and written back with the calls in OpenAI's
-  shape (app.inference.chat_as_trained).
+  shape (app.gateway.chat_as_trained).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import anyio
 import httpx
 
 from app.core.errors import InvalidRequest, UpstreamFailed
-from app.inference import chat_as_trained
-from app.inference.request_schemas import (
+from app.gateway import chat_as_trained
+from app.gateway.request_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     InferenceRequest,

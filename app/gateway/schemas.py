@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from app.inference.served_kinds import ModelKind
+from app.gateway.served_kinds import ModelKind
 
 # The longest model name accepted (path parameter, later the `model` of a chat request): above
 # the longest name a job's weights can have, `ft:` + a model of 1,000 characters + a suffix of

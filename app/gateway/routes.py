@@ -6,7 +6,7 @@ malformed name, 404 `model_not_found` (param `model`) for any name the project c
 so the SDK's `chat.completions.create` and `completions.create` work unchanged, streaming
 included). The route checks the request's bounds, resolves the model, finds the inference
 processes serving it and checks the project's daily token quota, in its unit of work; the
-response (app.inference.stream) then does the rest with no database session held."""
+response (app.gateway.stream) then does the rest with no database session held."""
 
 from __future__ import annotations
 
@@ -20,22 +20,22 @@ from app.core.deps import SessionDep, StateDep
 from app.core.errors import InvalidRequest
 from app.core.responses import INFERENCE_ERRORS, OPENAI_ERRORS
 from app.core.state import AppState
-from app.inference import quota, routing
-from app.inference import service as models
-from app.inference.engine_limits import refuse_hazards
-from app.inference.request_schemas import (
+from app.gateway import quota, routing
+from app.gateway import service as models
+from app.gateway.engine_limits import refuse_hazards
+from app.gateway.request_schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     InferenceRequest,
     check_bounds,
 )
-from app.inference.schemas import (
+from app.gateway.schemas import (
     MAX_MODEL_NAME,
     ModelList,
     ModelOut,
     holds_control_characters,
 )
-from app.inference.stream import GatewayResponse
+from app.gateway.stream import GatewayResponse
 from app.sessions.deps import InferencePrincipalDep, PrincipalDep
 from app.sessions.service import Principal
 

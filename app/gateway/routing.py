@@ -1,12 +1,12 @@
 """Which inference process serves a request, and making its weights ready there.
 
-1. `plan`: the model name resolves for the project (app.inference.service.resolve_model, 404
+1. `plan`: the model name resolves for the project (app.gateway.service.resolve_model, 404
    `model_not_found` otherwise) into the
-   :class:`~app.inference.protocol.EnsureRequest` an inference process needs: the base model
+   :class:`~app.gateway.protocol.EnsureRequest` an inference process needs: the base model
    alone; a full fine-tune's checkpoint (`full`); or LoRA adapters (`adapter`) over the base
    model, or over the full checkpoint the LoRA job started from (`base_weights`, looked up in
    the project's kept checkpoints); and the
-   :class:`~app.inference.engine_identity.EngineOptions` the engine runs them with: the base
+   :class:`~app.gateway.engine_identity.EngineOptions` the engine runs them with: the base
    model at the job's `model_revision`, in the job's rollout dtype;
 2. the fresh registered processes serving that base (`bases` holding it, or "*") are ordered:
    first those whose state shows the weights warm (the adapter loaded, the full checkpoint's
@@ -26,7 +26,7 @@
    calls it however the request ends): the adapter stays loaded for the requests using it,
    not for a while after them. A release that fails is only logged: the hold lapses by itself.
 
-A process's state names its engines and adapters as app.inference.served_kinds says (the
+A process's state names its engines and adapters as app.gateway.served_kinds says (the
 process reads the same module); the gateway compares those names for equality, in the dtype
 the process runs its engines in (its operator's, ServerState.dtype, or the job's).
 """
@@ -49,11 +49,11 @@ from app.core.errors import (
     TooManyRequests,
 )
 from app.core.models import InferenceServer
-from app.inference import servers_repository as servers_repo
-from app.inference import service as models
-from app.inference.chat_as_trained import TrainedPrompt
-from app.inference.engine_identity import EngineOptions, engine_dtype
-from app.inference.protocol import (
+from app.gateway import servers_repository as servers_repo
+from app.gateway import service as models
+from app.gateway.chat_as_trained import TrainedPrompt
+from app.gateway.engine_identity import EngineOptions, engine_dtype
+from app.gateway.protocol import (
     ANY_BASE,
     ENSURE_PATH,
     RELEASE_PATH,
@@ -65,7 +65,7 @@ from app.inference.protocol import (
     ServerState,
     WeightsRef,
 )
-from app.inference.served_kinds import BASE, FULL, engine_name, kind_of, served_name
+from app.gateway.served_kinds import BASE, FULL, engine_name, kind_of, served_name
 from app.jobs import checkpoints_repository as checkpoints_repo
 from jobspec.checkpoint_files import folder_name
 
@@ -108,7 +108,7 @@ class Plan:
     options: EngineOptions
     candidates: list[Candidate]
     # A fine-tuned model's prompt settings, which a chat request is written with
-    # (app.inference.chat_as_trained); None for a base model.
+    # (app.gateway.chat_as_trained); None for a base model.
     prompt: TrainedPrompt | None = None
     # The project asking: its LoRA adapters count against its share of an engine's slots.
     project_id: str | None = None

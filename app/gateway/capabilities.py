@@ -5,7 +5,7 @@ model whose vocabulary cannot spell JSON (the packaged tiny model's character-le
 has no `{` or `"`) has nothing left to sample: the engine samples a masked token, rejects it
 ("grammar rejected tokens") and answers 500, which the gateway passed on as a 502 for every
 such request. The engine itself survives; structured outputs work on CPU with a
-model that can write JSON (SmolLM2's BPE vocabulary, tests/app/inference/test_inference_gateway.py).
+model that can write JSON (SmolLM2's BPE vocabulary, tests/app/gateway/test_inference_gateway.py).
 
 So the gateway asks the engine once per served model, through vLLM's own `/tokenize` and
 `/detokenize`, whether a small JSON text survives the round trip, and refuses a request for a
@@ -21,7 +21,7 @@ import time
 
 import httpx
 
-from app.inference.request_parts import UnsupportedParameter
+from app.gateway.request_parts import UnsupportedParameter
 
 log = logging.getLogger(__name__)
 

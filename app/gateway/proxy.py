@@ -1,10 +1,10 @@
 """Forwarding a chat or completion request to the vLLM OpenAI server that has the weights, and
 reading its answer back in the client's terms.
 
-- The body is the client's, validated (app.inference.request_schemas), with `model` replaced by
+- The body is the client's, validated (app.gateway.request_schemas), with `model` replaced by
   the name the engine serves it under (:func:`upstream_body`).
 - A chat to a model trained with a system prompt or few-shot turns, or one with tools or tool
-  turns, is written as training wrote prompts (app.inference.chat_as_trained, by the engine's
+  turns, is written as training wrote prompts (app.gateway.chat_as_trained, by the engine's
   chat-template traits, which its ensure answer carries).
 - A chat that sets no `max_tokens` is sent min(GRPO_INFERENCE_MAX_TOKENS, the engine's
   context): vLLM then generates at most the context left after the prompt (it clamps to it),
@@ -15,11 +15,11 @@ reading its answer back in the client's terms.
   what the engine did even when the client leaves mid-stream; the usage is dropped again from
   the chunks, and the final usage chunk unless the client asked for it.
 - Every `model` field of the answer, and of each chunk, is the client's name again (a
-  non-streamed answer: app.inference.answer).
+  non-streamed answer: app.gateway.answer).
 - The engine's 4xx (a prompt past the model's context, a schema it cannot compile) becomes the
   same status with OpenAI's error body, its message kept and its `param` named as the client's
   request names it (:func:`client_param`); a 5xx, a dropped connection or a timeout is a 502 or
-  504 (a 503 while the engine is down: app.inference.stream).
+  504 (a 503 while the engine is down: app.gateway.stream).
 
 The SSE relay (:class:`SseRelay`) works event by event, never holding more than one event:
 each is parsed, rewritten and handed on as it arrives.
@@ -35,11 +35,11 @@ from typing import Any, Literal
 import httpx
 
 from app.core.errors import ApiError, UpstreamFailed, UpstreamRefused
-from app.inference import chat_as_trained
-from app.inference.chat_as_trained import TrainedPrompt
-from app.inference.protocol import EnsureResponse
-from app.inference.request_parts import UnsupportedParameter
-from app.inference.request_schemas import ChatCompletionRequest, InferenceRequest
+from app.gateway import chat_as_trained
+from app.gateway.chat_as_trained import TrainedPrompt
+from app.gateway.protocol import EnsureResponse
+from app.gateway.request_parts import UnsupportedParameter
+from app.gateway.request_schemas import ChatCompletionRequest, InferenceRequest
 from jobspec.prompt_format import TemplateTraits
 
 Endpoint = Literal["chat/completions", "completions"]

@@ -1,13 +1,13 @@
 """The gateway finds warm weights in an inference process's state by their whole served name
-(app.inference.served_kinds), never by a part of it: a job id or a checkpoint folder that
+(app.gateway.served_kinds), never by a part of it: a job id or a checkpoint folder that
 holds another's is another checkpoint."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.inference import routing
-from app.inference.protocol import EnsureRequest, ServerState, WeightsRef
+from app.gateway import routing
+from app.gateway.protocol import EnsureRequest, ServerState, WeightsRef
 
 STEP_100000 = WeightsRef(job_id="job_a", folder="checkpoint-100000")
 # Names that hold both the job id and the folder of STEP_100000, of other checkpoints.

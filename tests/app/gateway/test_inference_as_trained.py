@@ -17,13 +17,13 @@ from urllib.parse import quote
 import pytest
 
 from app.core.db import make_engine, make_session_factory, session_scope
-from app.inference import routing
-from app.inference.engine_identity import EngineOptions, engine_key
-from app.inference.protocol import EnsureRequest, WeightsRef
+from app.gateway import routing
+from app.gateway.engine_identity import EngineOptions, engine_key
+from app.gateway.protocol import EnsureRequest, WeightsRef
 from jobspec import PACKAGED_MODELS
-from tests.app.inference.test_inference_rules import _engine, _hub_model, _state
-from tests.app.inference.test_models_catalogue import _job, _not_found, _train
-from tests.app.inference_doubles import Registry
+from tests.app.gateway.test_inference_rules import _engine, _hub_model, _state
+from tests.app.gateway.test_models_catalogue import _job, _not_found, _train
+from tests.app.gateway_doubles import Registry
 from tests.conftest import Api
 
 

@@ -1,5 +1,5 @@
 """Issue 32, item 2: a chat request with `tools` to a model trained here is written as its
-training wrote prompts (app.inference.chat_as_trained over jobspec.prompt_format), and the
+training wrote prompts (app.gateway.chat_as_trained over jobspec.prompt_format), and the
 tool calls of its answer come back in OpenAI's shape.
 
 Checked against the trainer itself, with a real tokenizer (the tiny packaged model's) under three
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from app.inference.chat_as_trained import TrainedPrompt, render_messages, with_tool_calls
+from app.gateway.chat_as_trained import TrainedPrompt, render_messages, with_tool_calls
 from jobspec.prompt_format import (
     TemplateTraits,
     conversation,

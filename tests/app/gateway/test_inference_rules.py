@@ -3,7 +3,7 @@ param, before anything is routed), names the project cannot use (404), the routi
 the EnsureRequest each kind of model needs, 503 + Retry-After when no process serves the base
 or the process says it is busy, usage upserts on both databases, the daily quota (429
 `insufficient_quota`) and GET /v1/usage. The inference process is ControlDouble
-(tests/app/inference_doubles.py); the real engine's tests are test_inference_gateway.py."""
+(tests/app/gateway_doubles.py); the real engine's tests are test_inference_gateway.py."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import pytest
 from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.models import InferenceServer
-from app.inference import quota, routing
-from app.inference import usage_repository as usage_repo
-from app.inference.protocol import Busy, EnsureRequest, WeightsRef
-from tests.app.inference.test_models_catalogue import _ft, _job, _train
-from tests.app.inference_doubles import ControlDouble, Registry, serve_control
+from app.gateway import quota, routing
+from app.gateway import usage_repository as usage_repo
+from app.gateway.protocol import Busy, EnsureRequest, WeightsRef
+from tests.app.gateway.test_models_catalogue import _ft, _job, _train
+from tests.app.gateway_doubles import ControlDouble, Registry, serve_control
 from tests.conftest import Api, free_port, new_project_key, settings_for, wait_until
 from tests.live_server import serve
 

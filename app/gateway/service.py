@@ -47,12 +47,12 @@ from app.fine_tuning.names import (
     fine_tuned_model_name,
     read_fine_tuned_name,
 )
-from app.inference import servers_repository as servers_repo
-from app.inference.chat_as_trained import TrainedPrompt
-from app.inference.engine_identity import DEFAULT_DTYPE, EngineDtype
-from app.inference.protocol import SamplerWeightsRef
-from app.inference.schemas import ModelInfo, ModelOut
-from app.inference.served_kinds import BASE, FULL, LORA, ModelKind
+from app.gateway import servers_repository as servers_repo
+from app.gateway.chat_as_trained import TrainedPrompt
+from app.gateway.engine_identity import DEFAULT_DTYPE, EngineDtype
+from app.gateway.protocol import SamplerWeightsRef
+from app.gateway.schemas import ModelInfo, ModelOut
+from app.gateway.served_kinds import BASE, FULL, LORA, ModelKind
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import repository as jobs_repo
 from app.progress import repository as progress_repo
@@ -100,7 +100,7 @@ class ResolvedModel:
     # Hub revision (the spec's model_revision) and the rollout dtype.
     revision: str | None = None
     dtype: EngineDtype = DEFAULT_DTYPE
-    # What the job's rollouts put around a conversation (app.inference.chat_as_trained).
+    # What the job's rollouts put around a conversation (app.gateway.chat_as_trained).
     prompt: TrainedPrompt | None = None
     # A Tinker sampler save's adapters (then job_id is None), and its tinker:// path.
     sampler: SamplerWeightsRef | None = None

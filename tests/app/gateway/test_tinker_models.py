@@ -19,10 +19,10 @@ from pydantic import ValidationError
 from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.settings import Settings
-from app.inference import routing
-from app.inference.protocol import SamplerWeightsRef
-from app.inference.served_kinds import served_name
-from app.inference.service import resolve_model
+from app.gateway import routing
+from app.gateway.protocol import SamplerWeightsRef
+from app.gateway.served_kinds import served_name
+from app.gateway.service import resolve_model
 from app.main import create_app
 from app.tinker import worker_repository
 from app.tinker.names import read_sampler_model_name, sampler_model_name

@@ -1,6 +1,6 @@
 """The inference processes' registry (table ``inference_servers``): each `grpo inference` process
 writes its row at start and every heartbeat and removes it when it stops; the gateway reads the
-fresh rows to route a request (app.inference.protocol says what the rows hold)."""
+fresh rows to route a request (app.gateway.protocol says what the rows hold)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.core.clock import as_utc, utcnow
 from app.core.models import InferenceServer
-from app.inference.protocol import ANY_BASE, FRESH_S
+from app.gateway.protocol import ANY_BASE, FRESH_S
 
 
 def register(

@@ -8,7 +8,7 @@ flight per project (GRPO_INFERENCE_MAX_CONCURRENT_PER_PROJECT, app.core.ratelimi
   Requests already in flight finish and are counted, so the day's use may pass the quota by
   what they generate;
 - usage recording: every answered request adds its tokens to the project's row for the model
-  name (as the client gave it) and the UTC day (app.inference.usage_repository).
+  name (as the client gave it) and the UTC day (app.gateway.usage_repository).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from app.core.errors import InsufficientQuota
-from app.inference import usage_repository as usage_repo
+from app.gateway import usage_repository as usage_repo
 
 SETTING = "GRPO_INFERENCE_DAILY_TOKENS_PER_PROJECT"
 

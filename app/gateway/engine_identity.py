@@ -1,9 +1,9 @@
 """Which engine serves a request, beyond which weights: the base model's Hub revision and the
 dtype the job's rollouts ran in, so that the served model answers as the trained model does.
-Torch-free; the gateway (app.inference.routing) and `grpo inference` (inference.pool) both read it.
+Torch-free; the gateway (app.gateway.routing) and `grpo inference` (inference.pool) both read it.
 
 :class:`EngineOptions` holds the two; the ensure body a process reads is
-:class:`EngineEnsureRequest`, app.inference.protocol's :class:`EnsureRequest` with them (a
+:class:`EngineEnsureRequest`, app.gateway.protocol's :class:`EnsureRequest` with them (a
 process that only knows EnsureRequest ignores them, so old and new processes and gateways keep
 talking). :func:`engine_key` names a base model's engine (or
 a checkpoint's) for the pool and for the gateway's warmth ranking: two jobs that trained over
@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from app.inference.protocol import EnsureRequest
+from app.gateway.protocol import EnsureRequest
 from jobspec import CPU_ROLLOUT_DTYPE
 from jobspec.checkpoint_files import PROJECT_ID
 from jobspec.model_source import MAX_REVISION_CHARS
@@ -47,7 +47,7 @@ class EngineOptions(BaseModel):
 
 
 class EngineEnsureRequest(EnsureRequest, EngineOptions):
-    """The ensure body (app.inference.protocol.ENSURE_PATH): the weights, how to run them, and
+    """The ensure body (app.gateway.protocol.ENSURE_PATH): the weights, how to run them, and
     the project asking (whose share of an engine's adapter slots LoRA adapters count against:
     inference.adapters)."""
 

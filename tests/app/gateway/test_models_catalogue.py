@@ -21,8 +21,8 @@ from app.core.clock import utcnow
 from app.core.db import make_engine, make_session_factory, session_scope
 from app.core.errors import ModelNotFound
 from app.core.settings import Settings
-from app.inference.schemas import MAX_MODEL_NAME
-from app.inference.service import CHECKPOINTS_PER_JOB, resolve_model
+from app.gateway.schemas import MAX_MODEL_NAME
+from app.gateway.service import CHECKPOINTS_PER_JOB, resolve_model
 from app.jobs import checkpoints_repository as checkpoints_repo
 from app.jobs import transitions
 from app.jobs.transitions import JobStatus

@@ -27,9 +27,9 @@ import pytest
 from openai import OpenAI
 
 from app.core.settings import Settings
-from app.inference.protocol import EnsureRequest, WeightsRef
-from tests.app.inference.test_models_catalogue import _NoDispatch, _train
-from tests.app.inference_doubles import (
+from app.gateway.protocol import EnsureRequest, WeightsRef
+from tests.app.gateway.test_models_catalogue import _NoDispatch, _train
+from tests.app.gateway_doubles import (
     ControlDouble,
     Registry,
     running_requests,

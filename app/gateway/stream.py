@@ -7,17 +7,17 @@ When the response runs, it:
    the request's work from the project's budget (GRPO_INFERENCE_MAX_TOKENS_IN_FLIGHT_PER_PROJECT:
    choices x max_tokens plus the prompt), in Redis when configured (429 beyond), renewed while
    it runs and released however it ends;
-2. has an inference process make the weights ready (app.inference.routing.ensure_ready; 503
+2. has an inference process make the weights ready (app.gateway.routing.ensure_ready; 503
    with Retry-After while an engine starts, 429 with Retry-After while the project's requests
    use its whole share of the engine's adapter slots); a `response_format` request for a model
-   that cannot write JSON is a 400 (app.inference.capabilities); the ensure's hold on LoRA
+   that cannot write JSON is a 400 (app.gateway.capabilities); the ensure's hold on LoRA
    adapters is released when the request ends, however it ends (routing.release);
-3. forwards the request (app.inference.proxy: a chat written as the model was trained) and
+3. forwards the request (app.gateway.proxy: a chat written as the model was trained) and
    answers:
    - not streamed: the engine's bytes, `model` rewritten in place and nothing else parsed, up
-     to GRPO_INFERENCE_MAX_RESPONSE_BYTES (app.inference.answer; 400 beyond); a chat with tools
+     to GRPO_INFERENCE_MAX_RESPONSE_BYTES (app.gateway.answer; 400 beyond); a chat with tools
      the model may call is parsed (in a thread) and its tool calls given in OpenAI's shape
-     (app.inference.chat_as_trained; streaming one is refused before it starts). A client that
+     (app.gateway.chat_as_trained; streaming one is refused before it starts). A client that
      leaves does not stop it: the engine finishes, and the request is charged what it did and
      holds its slot and work until then (aborting it freed both at once and charged nothing,
      so leaving was a way past every budget);
@@ -25,7 +25,7 @@ When the response runs, it:
      event; a client that leaves cancels the relay, which closes the upstream stream (vLLM
      aborts the generation). An upstream failure after the first byte ends the stream with an
      `error` event (the openai SDK raises it);
-4. records the tokens used (app.inference.quota.record), in a thread, whatever happened: the
+4. records the tokens used (app.gateway.quota.record), in a thread, whatever happened: the
    engine's usage (for a stream left early, the engine's running count at its last chunk);
 5. an engine that fails to answer while it is down (its /health not 200: it died and the
    inference process restarts it at the next ensure) is a 503 with Retry-After, which the SDK
@@ -52,9 +52,9 @@ from app.core.db import session_scope
 from app.core.errors import ApiError, InferenceUnavailable, UpstreamFailed, UpstreamTimeout
 from app.core.leases import STREAM_RENEW_S, Lease
 from app.core.state import AppState
-from app.inference import answer, capabilities, proxy, quota, routing
-from app.inference.protocol import EnsureResponse
-from app.inference.request_schemas import ChatCompletionRequest, InferenceRequest
+from app.gateway import answer, capabilities, proxy, quota, routing
+from app.gateway.protocol import EnsureResponse
+from app.gateway.request_schemas import ChatCompletionRequest, InferenceRequest
 
 log = logging.getLogger(__name__)
 
