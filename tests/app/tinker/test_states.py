@@ -33,12 +33,23 @@ EXPECTED = {S: {R, C, F}, R: {RL, C, F}, RL: {S, C}, C: set(), F: set()}
 @pytest.fixture
 def sessions(settings: Settings) -> Iterator[sessionmaker[Session]]:
     engine = make_engine(settings.resolved_database_url)
-    yield make_session_factory(engine)
+    factory = make_session_factory(engine)
+    yield factory
+    # The database is shared with other tests, whose upkeep passes would find these rows
+    # (released models of sessions that go silent): gone with this test.
+    with session_scope(factory) as db:
+        for table in (TinkerRequest, TinkerModel, TinkerSession):
+            db.query(table).filter(table.project_id.in_(CREATED)).delete(synchronize_session=False)
+    CREATED.clear()
     engine.dispose()
+
+
+CREATED: set[str] = set()  # the projects this module's tests made
 
 
 def model_in(sessions: sessionmaker[Session], settings: Settings, status: ModelStatus) -> str:
     _, project_id = new_project_key(settings)
+    CREATED.add(project_id)
     session_id = f"sess-{secrets.token_hex(4)}"
     with session_scope(sessions) as db:
         db.add(TinkerSession(id=session_id, project_id=project_id))
