@@ -355,7 +355,7 @@ def workers_device(
     chosen = kind or (announced[1] if announced is not None else None)
     if memory_gib is not None:
         memory = int(memory_gib * (1 << 30))
-    elif announced is not None and announced[1] == (chosen or announced[1]):
+    elif announced is not None and announced[1] == chosen:
         memory = announced[0]
     else:
         memory = detected_device_memory()[0]

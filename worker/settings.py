@@ -163,14 +163,14 @@ class WorkerSettings(Settings):
     def serves_jobs(self) -> bool:
         return self.worker_serves in ("both", "jobs")
 
-    def device_announced(self) -> tuple[Accelerator, int]:
-        """What this worker trains on, as it announces it with its size class for the API's
-        memory plan: ``cuda`` and its first GPU's bytes (nvidia-smi) when `device` is CUDA and
-        a GPU is there, else ``cpu`` and the host's memory."""
+    def device_announced(self) -> tuple[int, Accelerator]:
+        """What this worker trains on (bytes, kind), as it announces it with its size class
+        for the API's memory plan: its first GPU's bytes (nvidia-smi) and ``cuda`` when
+        `device` is CUDA and a GPU is there, else the host's memory and ``cpu``."""
         memory, kind = detected_device_memory()
         if self.device.startswith("cuda") and kind == "cuda":
-            return "cuda", memory
-        return "cpu", host_memory()
+            return memory, "cuda"
+        return host_memory(), "cpu"
 
 
 def detected_devices(device: str) -> int:

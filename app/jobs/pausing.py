@@ -10,9 +10,9 @@ pausing takes the pause back. Both are idempotent; a succeeded, cancelled or can
 operator's allowance of attempts given anew), so a job the mismatch guard or a lost worker ended
 can follow the advice it was given.
 
-A paused or failed job may resume with some settings changed (:func:`resume_with_changes`): those the
-mismatch guard's advice names (the learning rate, the async staleness and the guard's bounds)
-and how many steps it trains. The changes are written into the job's spec in the same
+A paused or failed job may resume with some settings changed (:func:`resume_with_changes`):
+those the mismatch guard's advice names (the learning rate, the async staleness and the guard's
+bounds) and how many steps it trains. The changes are written into the job's spec in the same
 compare-and-set that queues it again, so the next worker trains the changed spec from the last
 checkpoint (trainer.run.checkpoints says what each change does there).
 """
@@ -38,7 +38,6 @@ from app.jobs.dispatch import send_after_commit, withdraw_after_commit
 from app.jobs.quota import ActiveLimits, check_active_jobs
 from app.jobs.transitions import JobStatus
 from jobspec import JobSpec
-from jobspec.memory_plan import refusal
 
 # What a paused job may change when it resumes, as paths into its spec. Anything else (the
 # model, the data, the group size...) would no longer be the run its checkpoints belong to.
@@ -164,9 +163,9 @@ def resume_with_changes(
     settings: Settings,
 ) -> Job:
     """Paused or failed -> queued with ``changes`` (paths of :data:`RESUME_SETTINGS` ->
-    values) written into its spec, validated as a new job's spec is (a 422 naming the field). A job that is
-    queued or running already with exactly these settings is returned as is (a retried
-    request); pausing is a 409 to retry once it is paused; any other state is a 409."""
+    values) written into its spec, validated as a new job's spec is (a 422 naming the field).
+    A job that is queued or running already with exactly these settings is returned as is (a
+    retried request); pausing is a 409 to retry once it is paused; any other state is a 409."""
     spec = changed_spec(session, job, changes, settings)
     before = {path: _at(job.spec, path) for path in changes}
     after = {path: _at(spec, path) for path in changes}
@@ -245,10 +244,7 @@ def _check_size(session: Session, job: Job, spec: JobSpec, settings: Settings) -
             param="grpo.steps",
         )
     admission.admit_limits(spec, settings)
-    plan, _ = jobs_service.memory_plan(spec, settings, session)
-    if plan is not None and not plan.fits:
-        message, fixes = refusal(plan)
-        raise InvalidRequest(message, param="model", details=fixes)
+    jobs_service.check_plan_fits(spec, settings, session)
 
 
 def _node(spec: dict[str, Any], names: list[str]) -> dict[str, Any]:

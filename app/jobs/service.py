@@ -34,7 +34,7 @@ from app.jobs import repository as jobs_repo
 from app.jobs.dispatch import send_after_commit, withdraw_after_commit
 from app.jobs.idempotency import Replay, claim_for_request, record_response, spec_fingerprint
 from app.jobs.quota import ActiveLimits, check_active_jobs
-from app.jobs.size_classes import SizeClassWatch, record_warning, workers_seen
+from app.jobs.size_classes import SizeClassWatch, record_warning
 from app.jobs.transitions import JobStatus
 from jobspec import MAX_HOLDOUT_ROWS, MAX_INLINE_ROWS, JobSpec
 from jobspec.memory_plan import MemoryPlan, PlanInputs, plan_memory, refusal
@@ -93,14 +93,22 @@ def memory_plan(
         return None, reason
     announced = None
     if not settings.declares_worker_device():
-        if watch is not None:
-            seen = watch.seen(session)
-        else:
-            seen = workers_seen(session, settings, queue_name=settings.queue_name)
+        seen = (watch or SizeClassWatch(settings)).seen(session)
         announced = seen.device_of(queue_for(settings.queue_name, spec.resources.devices))
     memory, kind = settings.worker_device_memory(announced)
     inputs, devices = PlanInputs.from_spec(spec, kind), settings.max_devices_per_job
     return plan_memory(shape, inputs, device_memory=memory, max_devices=devices), None
+
+
+def check_plan_fits(
+    spec: JobSpec, settings: Settings, session: Session, watch: SizeClassWatch | None = None
+) -> None:
+    """A 422 naming ``model``, with the plan's suggested fixes, for a job its workers'
+    devices cannot hold (:func:`memory_plan`); nothing when it fits or cannot be planned."""
+    plan, _ = memory_plan(spec, settings, session, watch)
+    if plan is not None and not plan.fits:
+        message, fixes = refusal(plan)
+        raise InvalidRequest(message, param="model", details=fixes)
 
 
 def _admit_and_dispatch_at_commit(
@@ -141,12 +149,13 @@ def create_job(
     re-send too) once the request commits; or, for a retry with the same Idempotency-Key and
     spec, the first request's stored response. With a key, the caller hands the response it
     sends to `record_response` in the same unit of work, so the job and its replayable response
-    commit together; `claims` makes the key's own transactions (app.jobs.idempotency). The quota of
-    active jobs and devices is checked at the commit (app.jobs.quota): a refusal rolls all back
-    and releases the key. `openai` is stored with a job created through the OpenAI-compatible
-    API (its request's own words); `fingerprint` replaces the resolved spec's as what a key's
-    retries must match (that API fills a missing seed at random, so its body is stable). `watch`
-    reads the workers' announced devices for the memory plan (:func:`memory_plan`)."""
+    commit together; `claims` makes the key's own transactions (app.jobs.idempotency). The
+    quota of active jobs and devices is checked at the commit (app.jobs.quota): a refusal rolls
+    all back and releases the key. `openai` is stored with a job created through the
+    OpenAI-compatible API (its request's own words); `fingerprint` replaces the resolved spec's
+    as what a key's retries must match (that API fills a missing seed at random, so its body is
+    stable). `watch` reads the workers' announced devices for the memory plan
+    (:func:`memory_plan`)."""
     resolved = spec.model_dump(mode="json")  # the spec as stored, and what the key fingerprints
     if idempotency_key is not None:
         replay = claim_for_request(
@@ -165,11 +174,7 @@ def create_job(
     # What this operator allows (model folders, job size): after the claim, so a refusal rolls
     # back and releases the key like any other 4xx.
     admission.admit(spec, settings=settings, project_id=project_id, session=session)
-    # A job its workers' devices cannot hold: 422.
-    plan, _ = memory_plan(spec, settings, session, watch)
-    if plan is not None and not plan.fits:
-        message, fixes = refusal(plan)
-        raise InvalidRequest(message, param="model", details=fixes)
+    check_plan_fits(spec, settings, session, watch)
     now = utcnow()
     job = Job(
         id=new_id("job"),

@@ -73,13 +73,11 @@ class WorkersSeen:
         deployment's other workers announced (a job of a size nobody runs yet is planned for
         the devices the deployment has: the smallest GPU when any has one), else None."""
         own = self.of_queue(queue)
-        if own is not None and own.device_kind is not None and own.device_memory:
-            return own.device_memory, "cuda" if own.device_kind == "cuda" else "cpu"
-        announced = [c for c in self.classes if c.device_kind is not None and c.device_memory]
+        classes = [own] if own is not None and own.device_memory else self.classes
         for kind in ("cuda", "cpu"):
-            sizes = [c.device_memory for c in announced if c.device_kind == kind]
+            sizes = [c.device_memory for c in classes if c.device_kind == kind and c.device_memory]
             if sizes:
-                return min(s for s in sizes if s is not None), kind
+                return min(sizes), kind
         return None
 
     def held_by_tinker(self) -> list[SizeClassSeen]:

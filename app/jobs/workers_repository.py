@@ -21,12 +21,12 @@ def announce(
     devices: int,
     now: datetime,
     tinker_models: int = 0,
-    device: tuple[str, int] | None = None,
+    device: tuple[int, str] | None = None,
 ) -> None:
     """Write (or rewrite) the worker's row, seen `now`: its size class (`devices`; 0 for a
-    worker that takes no jobs), the Tinker training clients it holds and its `device` (kind,
-    one device's bytes)."""
-    kind, memory = device if device is not None else (None, None)
+    worker that takes no jobs), the Tinker training clients it holds and its `device` (one
+    device's bytes, its kind)."""
+    memory, kind = device if device is not None else (None, None)
     row = session.get(WorkerSighting, name)
     if row is None:
         session.add(

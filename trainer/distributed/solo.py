@@ -30,7 +30,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -69,6 +69,7 @@ class _Ranks(Protocol):
     def is_main(self) -> bool: ...
     @property
     def timeout_s(self) -> float: ...
+    def phase(self, name: str) -> AbstractContextManager[None]: ...
 
 
 @functools.cache
@@ -156,7 +157,8 @@ def _beating(store: Store, key: str, *, beat_s: float) -> Iterator[None]:
 def _wait_for_main(store: Store, key: str, world: _Ranks, phase: str, poll_s: float) -> None:
     last: bytes | None = None
     changed = time.monotonic()
-    try:
+    # A store gone (rank 0's agent ended) fails its calls: the world's phase names it.
+    with world.phase(phase):
         while True:
             # Not written yet raises too (as does a store gone: the check below says which).
             with contextlib.suppress(Exception):
@@ -176,10 +178,6 @@ def _wait_for_main(store: Store, key: str, world: _Ranks, phase: str, poll_s: fl
                     f"rank 0 gave no sign of life for {world.timeout_s:g}s while it worked "
                     "alone (GRPO_DIST_TIMEOUT_S)",
                 )
-    except DistributedTimeout:
-        raise
-    except Exception as exc:  # the store is gone (rank 0's agent ended)
-        raise DistributedTimeout(world.rank, phase, str(exc).splitlines()[0][:300]) from exc
 
 
 def _forget(store: Store, key: str) -> None:

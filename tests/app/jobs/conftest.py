@@ -30,10 +30,10 @@ class Deployment:
         self.sessions = make_session_factory(self.engine)
 
     def worker_seen(
-        self, devices: int, *, tinker_models: int = 0, device: tuple[str, int] | None = None
+        self, devices: int, *, tinker_models: int = 0, device: tuple[int, str] | None = None
     ) -> str:
         """A worker of `devices` devices, holding `tinker_models` Tinker training clients, on
-        `device` (kind, bytes), announces itself, as each does every maintenance pass
+        `device` (bytes, kind), announces itself, as each does every maintenance pass
         (worker.maintenance.announce_worker); returns its name."""
         name = f"worker-{secrets.token_hex(4)}"
         with session_scope(self.sessions) as session:

@@ -99,8 +99,8 @@ def test_undeclared_the_plan_is_for_the_device_the_jobs_workers_announce(
     on_host, _ = plan_on(api_host, spec)
     assert on_host.kv_cache / GIB == pytest.approx(13.12, abs=0.01)  # the bug: a CPU plan
 
-    api_host.worker_seen(8, device=("cuda", 80 * GIB))
-    api_host.worker_seen(1, device=("cpu", HOST_RAM))  # another class: not this job's
+    api_host.worker_seen(8, device=(80 * GIB, "cuda"))
+    api_host.worker_seen(1, device=(HOST_RAM, "cpu"))  # another class: not this job's
     declared, _ = plan_on(api_host, spec, worker_device_memory_gib=80, worker_device_kind="cuda")
     announced, _ = plan_on(api_host, spec)
     assert announced == declared and announced.fits
@@ -109,7 +109,7 @@ def test_undeclared_the_plan_is_for_the_device_the_jobs_workers_announce(
     four = JobSpec.model_validate({**SEVEN_B, "resources": {"devices": 4}})
     assert plan_on(api_host, four)[0].device_memory == 80 * GIB
 
-    api_host.worker_seen(8, device=("cuda", 40 * GIB))
+    api_host.worker_seen(8, device=(40 * GIB, "cuda"))
     smaller, _ = plan_on(api_host, spec)
     assert smaller.device_memory == 40 * GIB and not smaller.fits
     as_cpu, _ = plan_on(api_host, spec, worker_device_kind="cpu")
